@@ -1,0 +1,183 @@
+"""The text environment: one episode = one prompt → one completion → one reward (single turn).
+
+Design. An LLM rollout is not stepped token by token through gymnasium: the inference engine generates whole
+completions for a batch of prompts at once. So an episode has exactly one step: ``reset()`` returns a prompt
+(observation, a string), ``step(completion)`` (action, a string) returns the verifier's reward and
+``terminated=True``. Token ids and behavior log-probs live in the RLlib episode built by the EnvRunner, not in
+the gym spaces, which are `gymnasium.spaces.Text` placeholders. The EnvRunner uses the batched helpers
+(`TextEnv.next_rows`, `TextEnv.score`) so the reward function sees whole batches, as TRL's does.
+
+``env_config``:
+    ``dataset``: a ``.parquet``/``.jsonl``/``.json`` path or a list of dicts, each with at least ``prompt``; other
+        columns (e.g. ``answer``) are passed to the reward function as keyword lists.
+    ``reward_fn``: ``reward_fn(prompts: list[str], completions: list[str], **columns) -> list[float]`` (TRL's
+        signature), or ``"module:function"``.
+    ``eval_dataset``: optional held-out rows (same formats) for greedy evaluation.
+    ``seed``: shuffling seed (default 0).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+import gymnasium as gym
+import numpy as np
+
+Row = Dict[str, Any]
+DatasetSpec = Union[str, os.PathLike, Sequence[Mapping[str, Any]]]
+
+
+class DatasetError(ValueError):
+    """A prompt dataset is missing, empty or malformed; the message names the file, row and column."""
+
+
+class RewardFunctionError(RuntimeError):
+    """The user's reward function raised or returned an invalid value; the message names it and the prompt."""
+
+
+def load_prompt_dataset(spec: DatasetSpec, name: str = "dataset") -> List[Row]:
+    """Rows of a prompt dataset from a Parquet/JSONL/JSON file or a list of dicts, validated."""
+    if isinstance(spec, (str, os.PathLike)):
+        path = os.fspath(spec)
+        if not os.path.exists(path):
+            raise DatasetError(f"{name}: file not found: {path}")
+        if path.endswith(".parquet") or os.path.isdir(path):
+            import pyarrow.parquet as pq
+
+            try:
+                rows = pq.read_table(path).to_pylist()
+            except Exception as e:
+                raise DatasetError(f"{name}: cannot read Parquet {path}: {e}") from e
+        elif path.endswith(".jsonl"):
+            rows = []
+            with open(path) as f:
+                for i, line in enumerate(f):
+                    if line.strip():
+                        try:
+                            rows.append(json.loads(line))
+                        except json.JSONDecodeError as e:
+                            raise DatasetError(f"{name}: {path} line {i + 1} is not valid JSON: {e}") from e
+        elif path.endswith(".json"):
+            with open(path) as f:
+                rows = json.load(f)
+        else:
+            raise DatasetError(f"{name}: unsupported file type {path} (use .parquet, .jsonl or .json)")
+        where = path
+    else:
+        rows, where = [dict(r) for r in spec], f"{name} (in-memory list)"
+    if not rows:
+        raise DatasetError(f"{where}: the dataset is empty")
+    for i, r in enumerate(rows):
+        if not isinstance(r, Mapping):
+            raise DatasetError(f"{where}: row {i} is a {type(r).__name__}, expected a mapping with a 'prompt'")
+        if "prompt" not in r:
+            raise DatasetError(f"{where}: row {i} has no 'prompt' column (columns: {sorted(r)})")
+        if not isinstance(r["prompt"], str) or not r["prompt"]:
+            raise DatasetError(f"{where}: row {i} column 'prompt' must be a non-empty string, got {r['prompt']!r}")
+    return [dict(r) for r in rows]
+
+
+def resolve_callable(fn: Union[str, Callable]) -> Callable:
+    """A callable, or ``"package.module:function"`` imported by name (handy in Tune/CLI configs)."""
+    if callable(fn):
+        return fn
+    if isinstance(fn, str) and ":" in fn:
+        module, attr = fn.split(":", 1)
+        return getattr(importlib.import_module(module), attr)
+    raise ValueError(f"reward_fn must be a callable or 'module:function', got {fn!r}")
+
+
+class RewardFunction:
+    """Calls a TRL-style batched reward function and checks what it returns."""
+
+    def __init__(self, fn: Union[str, Callable]):
+        self.fn = resolve_callable(fn)
+        self.name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+
+    def __call__(self, prompts: List[str], completions: List[str], rows: List[Row]) -> np.ndarray:
+        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
+        try:
+            out = self.fn(prompts, completions, **columns)
+        except Exception as e:
+            raise RewardFunctionError(
+                f"reward function {self.name} raised {type(e).__name__}: {e} "
+                f"(batch of {len(prompts)}, first prompt {prompts[0]!r})") from e
+        try:
+            values = [float(v) for v in out]
+        except (TypeError, ValueError) as e:
+            raise RewardFunctionError(f"reward function {self.name} must return a list of floats, got {out!r:.200}") from e
+        if len(values) != len(prompts):
+            raise RewardFunctionError(
+                f"reward function {self.name} returned {len(values)} rewards for {len(prompts)} completions "
+                f"(first prompt {prompts[0]!r})")
+        for p, c, v in zip(prompts, completions, values):
+            if not math.isfinite(v):
+                raise RewardFunctionError(
+                    f"reward function {self.name} returned {v} for prompt {p!r} and completion {c!r}")
+        return np.asarray(values, dtype=np.float32)
+
+
+class TextEnv(gym.Env):
+    """Single-turn text environment: ``reset() -> prompt``, ``step(completion) -> reward, terminated=True``."""
+
+    metadata = {"render_modes": []}
+
+    @staticmethod
+    def observation_space_default() -> gym.Space:
+        return gym.spaces.Text(max_length=1 << 20)
+
+    @staticmethod
+    def action_space_default() -> gym.Space:
+        return gym.spaces.Text(max_length=1 << 20)
+
+    def __init__(self, config: Optional[Mapping[str, Any]] = None):
+        config = dict(config or {})
+        if "dataset" not in config:
+            raise DatasetError("TextEnv needs env_config['dataset'] (a Parquet/JSONL path or a list of dicts).")
+        if "reward_fn" not in config:
+            raise ValueError("TextEnv needs env_config['reward_fn'] (TRL signature: prompts, completions, **columns).")
+        self.rows = load_prompt_dataset(config["dataset"])
+        self.eval_rows = (load_prompt_dataset(config["eval_dataset"], "eval_dataset")
+                          if config.get("eval_dataset") is not None else [])
+        self.reward = RewardFunction(config["reward_fn"])
+        # Each runner reads its own shard of the prompts, so runners do not duplicate work within an epoch.
+        index, count = int(config.get("worker_index", 0)), int(config.get("num_workers", 1))
+        if count > 1 and len(self.rows) >= count:
+            self.rows = self.rows[(index - 1) % count::count]
+        self._rng = np.random.default_rng([int(config.get("seed", 0)), index])
+        self._order: List[int] = []
+        self._current: Optional[Row] = None
+        self.observation_space = self.observation_space_default()
+        self.action_space = self.action_space_default()
+
+    def next_rows(self, k: int) -> List[Row]:
+        """The next ``k`` rows of a reshuffled-every-epoch pass over the (sharded) dataset."""
+        out = []
+        while len(out) < k:
+            if not self._order:
+                self._order = list(self._rng.permutation(len(self.rows)))
+            out.append(self.rows[self._order.pop()])
+        return out
+
+    def score(self, prompts: List[str], completions: List[str], rows: List[Row]) -> np.ndarray:
+        return self.reward(prompts, completions, rows)
+
+    # gymnasium API (one step per episode) ------------------------------------------------------------------------
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self._rng, self._order = np.random.default_rng(seed), []
+        self._current = self.next_rows(1)[0]
+        return self._current["prompt"], {"row": self._current}
+
+    def step(self, action: str):
+        if self._current is None:
+            raise RuntimeError("TextEnv.step() called before reset().")
+        row, self._current = self._current, None
+        reward = float(self.score([row["prompt"]], [action], [row])[0])
+        return row["prompt"], reward, True, False, {"row": row}

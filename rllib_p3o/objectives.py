@@ -1,0 +1,295 @@
+"""The P3O objective and its GRPO/PPO-clip baseline, as small pure-torch functions.
+
+Shapes: ``logprobs``, ``behavior_logprobs``, ``ref_logprobs``, ``entropy`` and ``mask`` are ``[B, T]`` (one entry
+per *target* token; ``mask`` is 1 for completion tokens and 0 for prompt tokens and padding). ``advantages`` is
+either ``[B]`` (one per sequence, broadcast to its tokens) or ``[B, T]``.
+
+Distributed contract: when ``torch.distributed`` is initialized, every statistic that defines the objective (the
+ESS sums and the valid-token count ``N``) is all-reduced over the default process group. Each rank then returns
+its *share* of the global loss, ``Σ_{t on this rank} ℓ_t / N``: summing these shares (or their gradients) over the
+ranks gives exactly the loss of one process holding the whole batch. DDP *averages* gradients, so a caller under
+DDP multiplies the returned loss by the world size (the learner does). All ranks must call these functions the
+same number of times (collectives inside).
+
+This module imports only torch.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+# |log-ratio| beyond which the k3 KL is continued linearly (see `kl_k3`). exp(10) ≈ 2.2e4 bounds a token's gradient.
+KL_LOG_RATIO_CLIP = 10.0
+
+# A ratio counts toward `cap_fraction` only if it exceeds ESS by more than this relative margin.
+CAP_RTOL = 1e-4
+
+Metrics = Dict[str, torch.Tensor]
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _all_reduce(t: torch.Tensor, op=None, enabled: bool = True) -> torch.Tensor:
+    """All-reduce ``t`` in place over the default group when distributed; a no-op otherwise."""
+    if enabled and _distributed():
+        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return t
+
+
+def _expand(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    if advantages.dim() == 1:
+        return advantages.unsqueeze(-1).expand_as(like)
+    if advantages.shape != like.shape:
+        raise ValueError(f"advantages must be [B] or {list(like.shape)}, got {list(advantages.shape)}")
+    return advantages
+
+
+def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # `where`, not `x * mask`: a NaN/inf in a padded slot must not leak into the sum.
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
+
+
+def _log_ratio_stats(log_ratios: torch.Tensor, mask: torch.Tensor, all_reduce: bool = True) -> Dict[str, torch.Tensor]:
+    """Global (all-reduced) ratio statistics computed stably from log-ratios, in float64.
+
+    ESS is scale-invariant, ``ESS(c·r) = ESS(r)``, so the ratios are rescaled by the global maximum before summing:
+    ``w = exp(l - max l)``. No ratio can overflow; if some ratios are +inf, the limit is taken exactly (the inf tokens
+    get weight 1, the rest 0, so ESS = #inf / n). NaN log-ratios are left out of the statistic.
+    """
+    with torch.no_grad():
+        l = log_ratios.detach().to(torch.float64)
+        valid = mask.bool() & ~torch.isnan(l)
+        neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=l.device)
+        l_max = torch.where(valid, l, neg_inf).max() if l.numel() else neg_inf.clone()
+        l_max = _all_reduce(l_max.reshape(1).clone(), dist.ReduceOp.MAX, all_reduce)[0]
+        if torch.isposinf(l_max):
+            w = (l == float("inf")).to(torch.float64)
+        elif torch.isneginf(l_max):  # no valid token, or every ratio is 0: nothing to weigh
+            w = torch.ones_like(l)
+        else:
+            w = torch.exp(l - l_max)
+        sums = torch.stack([_masked_sum(w, valid), _masked_sum(w * w, valid), valid.sum().to(torch.float64)])
+        s1, s2, n = _all_reduce(sums, enabled=all_reduce)
+        if n > 0 and s2 > 0:
+            ess = (s1 * s1 / (n * s2)).clamp(0.0, 1.0)
+        else:
+            ess = torch.ones((), dtype=torch.float64, device=l.device)
+        return {"ess": ess, "n": n, "log_ratio_max": l_max}
+
+
+def effective_sample_size_from_log_ratios(log_ratios: torch.Tensor, mask: torch.Tensor,
+                                          all_reduce: bool = True) -> torch.Tensor:
+    """Normalized ESS of ``r = exp(log_ratios)`` over the valid tokens; see `effective_sample_size`.
+
+    ``all_reduce=False`` gives the ESS of this process's tokens only (for diagnostics of a subset).
+    """
+    return _log_ratio_stats(log_ratios, mask, all_reduce)["ess"]
+
+
+def effective_sample_size(ratios: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Normalized effective sample size of importance ratios over the valid tokens of the (global) batch.
+
+    ``ESS = (Σ r)² / (n · Σ r²)`` over the ``n`` tokens where ``mask`` is 1, which lies in ``[1/n, 1]``: 1 when all
+    ratios are equal (on-policy data), ``k/n`` when ``k`` tokens carry all the weight. Sums are taken in float64
+    after rescaling by the largest ratio (ESS is scale-invariant), so large ratios cannot overflow. When
+    ``torch.distributed`` is initialized, ``Σr``, ``Σr²`` and ``n`` are all-reduced before dividing, so every rank
+    gets the ESS of the union of the shards. Returns a 0-dim float64 tensor without gradient; 1.0 when no token
+    is valid. Never NaN (NaN ratios are left out).
+    """
+    return effective_sample_size_from_log_ratios(torch.log(ratios.detach().to(torch.float64)), mask)
+
+
+def kl_k3(logprobs: torch.Tensor, other_logprobs: torch.Tensor, clip: float = KL_LOG_RATIO_CLIP) -> torch.Tensor:
+    """Per-token k3 estimate of ``KL(π || π_other)``: ``K(l) = l + exp(-l) - 1`` with ``l = logπ - logπ_other``.
+
+    ``K ≥ 0``, ``K(0) = 0``, ``dK/dl = 1 - exp(-l)``: positive when π puts more mass on the token than π_other and
+    negative when less, so minimizing K always pulls ``logπ`` toward ``logπ_other``.
+
+    For ``|l| > clip`` the function is continued linearly with the slope it has at ``±clip``. This keeps value and
+    gradient finite and, unlike clamping the exponent (which makes the slope +1 for ``l < -clip``, pushing the
+    policy *further* from π_other exactly when it is far away), never flips the gradient's sign. Within
+    ``[-clip, clip]`` it is exactly the usual k3 value. Gradients flow into whichever argument requires grad.
+    """
+    l = logprobs - other_logprobs
+    lc = l.clamp(-clip, clip)
+    k_at = lc + torch.exp(-lc) - 1.0
+    slope = (1.0 - torch.exp(-lc)).detach()
+    # Inside the range (l == lc) the second term is 0 and the value is exact with autograd's own gradient.
+    return k_at + slope * (l - lc)
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Group-normalized advantages: ``A_i = (R_i - mean_g) / (std_g + eps)`` over the rows of each group ``g``.
+
+    ``std_g`` is the sample standard deviation (n-1). A group of one row, or whose rewards are all equal, gets 0:
+    it carries no preference. Compute this over whole groups *before* the batch is sharded across learners.
+    """
+    rewards = rewards.to(torch.float64)
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    n_groups = counts.numel()
+    sums = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, rewards)
+    means = sums / counts
+    centered = rewards - means[inverse]
+    sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, centered * centered)
+    std = torch.sqrt(sq / (counts - 1).clamp(min=1))
+    adv = centered / (std[inverse] + eps)
+    return torch.where(counts[inverse] > 1, adv, torch.zeros_like(adv)).to(torch.float32)
+
+
+def _global_token_count(mask: torch.Tensor) -> torch.Tensor:
+    n = mask.sum().to(torch.float64).reshape(1)
+    return _all_reduce(n)[0].clamp(min=1.0)
+
+
+def _token_mean(x: torch.Tensor, mask: torch.Tensor, n_global: torch.Tensor) -> torch.Tensor:
+    """This rank's share of the global token-mean: ``Σ_{valid, local} x / N_global``."""
+    return _masked_sum(x, mask) / n_global.to(x.dtype)
+
+
+def _diagnostics(log_ratios: torch.Tensor, mask: torch.Tensor, kl_tok: torch.Tensor, n_global: torch.Tensor,
+                 cap: Optional[torch.Tensor], extra: Dict[str, torch.Tensor]) -> Metrics:
+    """Global token-means of the diagnostics, with one SUM all-reduce."""
+    with torch.no_grad():
+        r = torch.exp(log_ratios.detach().to(torch.float64))
+        names = ["ratio_mean", "kl_behavior"] + list(extra)
+        vals = [r, kl_tok.detach().to(torch.float64)] + [v.detach().to(torch.float64) for v in extra.values()]
+        if cap is not None:
+            names.append("cap_fraction")
+            # Relative tolerance: float noise (r = 1 + 5e-7 against ESS = 1) is not a cap.
+            vals.append((r > cap * (1.0 + CAP_RTOL)).to(torch.float64))
+        sums = _all_reduce(torch.stack([_masked_sum(v, mask) for v in vals]))
+        return {k: (s / n_global).to(torch.float32) for k, s in zip(names, sums)}
+
+
+def _prepare(logprobs, behavior_logprobs, advantages, mask):
+    mask = mask.bool()
+    # Padded behavior entries may hold anything (0, NaN): make their log-ratio exactly 0 so no NaN can reach the
+    # gradient through an unselected `where` branch.
+    behavior = torch.where(mask, behavior_logprobs.to(logprobs.dtype), logprobs.detach())
+    adv = _expand(advantages.to(logprobs.dtype), logprobs)
+    return mask, behavior, adv
+
+
+def _regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff):
+    """``β_ref · KL(π‖π_ref) - β_ent · H`` as token-means, plus their metrics."""
+    loss = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    extra: Dict[str, torch.Tensor] = {}
+    if ref_logprobs is not None:
+        ref = torch.where(mask, ref_logprobs.to(logprobs.dtype), logprobs.detach())
+        kl_ref = kl_k3(logprobs, ref)
+        extra["kl_ref"] = kl_ref
+        if kl_ref_coeff:
+            loss = loss + kl_ref_coeff * _token_mean(kl_ref, mask, n_global)
+    if entropy is not None:
+        extra["entropy"] = entropy
+        if entropy_coeff:
+            loss = loss - entropy_coeff * _token_mean(entropy, mask, n_global)
+    return loss, extra
+
+
+def p3o_loss(
+    logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logprobs: Optional[torch.Tensor] = None,
+    kl_ref_coeff: float = 0.0,
+    entropy: Optional[torch.Tensor] = None,
+    entropy_coeff: float = 0.0,
+) -> Tuple[torch.Tensor, Metrics]:
+    """The batch-adaptive P3O loss.
+
+    With ``r_t = exp(logπθ_t - logπ_b_t)`` and ``ESS`` the normalized effective sample size of all valid ``r_t`` of
+    the global batch (`effective_sample_size`), per valid token::
+
+        ℓ_t = -sg(clamp(r_t, 0, ESS)) · logπθ_t · A_t  +  (1 - ESS) · K(logπθ_t - logπ_b_t)
+              + β_ref · K(logπθ_t - logπ_ref_t)  -  β_ent · H_t
+
+    and ``L = (1/N) Σ_t ℓ_t`` with ``N`` the global number of valid tokens (``K`` is `kl_k3`, ``sg`` stop-gradient).
+    On fresh data ``ESS ≈ 1`` and ``r ≈ 1``: plain REINFORCE with the given advantages. Off-policy data lowers ESS,
+    which both caps the importance weights lower and strengthens the pull toward the behavior policy; the policy
+    gradient never vanishes (the weight is ``min(r, ESS) > 0`` for ``r > 0``). ESS carries no gradient.
+
+    Returns ``(loss, metrics)`` where loss is this rank's share (see module docstring) and metrics are global
+    token-means: ``loss``, ``pg_loss``, ``ess``, ``ratio_mean``, ``ratio_max``, ``cap_fraction`` (tokens with
+    ``r > ESS``), ``kl_behavior``, ``kl_weight`` (= 1 - ESS), ``num_tokens`` and, when given, ``kl_ref``/``entropy``.
+    """
+    mask, behavior, adv = _prepare(logprobs, behavior_logprobs, advantages, mask)
+    log_ratios = logprobs - behavior
+    stats = _log_ratio_stats(log_ratios, mask)
+    ess = stats["ess"]
+    n_global = stats["n"].clamp(min=1.0)
+
+    weight = torch.exp(log_ratios.detach()).clamp(0.0, float(ess))
+    pg_tok = -weight * logprobs * adv
+    kl_tok = kl_k3(logprobs, behavior)
+    pg_loss = _token_mean(pg_tok, mask, n_global)
+    kl_loss = _token_mean(kl_tok, mask, n_global)
+    reg_loss, extra = _regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
+    loss = pg_loss + (1.0 - float(ess)) * kl_loss + reg_loss
+
+    metrics = _diagnostics(log_ratios, mask, kl_tok, n_global, cap=ess, extra=extra)
+    metrics.update(_loss_metrics(loss, pg_loss, n_global, stats))
+    metrics["kl_weight"] = (1.0 - ess).to(torch.float32)
+    return loss, metrics
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    ref_logprobs: Optional[torch.Tensor] = None,
+    kl_ref_coeff: float = 0.0,
+    entropy: Optional[torch.Tensor] = None,
+    entropy_coeff: float = 0.0,
+) -> Tuple[torch.Tensor, Metrics]:
+    """GRPO / PPO-clip baseline with token-mean normalization (the objective the paper compares P3O against).
+
+    Per valid token, with ``r_t = exp(logπθ_t - logπ_b_t)``::
+
+        ℓ_t = -min(r_t · A_t, clip(r_t, 1 - ε_low, 1 + ε_high) · A_t)  +  β_ref · K(logπθ_t - logπ_ref_t)  -  β_ent · H_t
+
+    ``L = (1/N) Σ_t ℓ_t`` over the ``N`` valid tokens of the global batch, as in `p3o_loss`. Metrics as in
+    `p3o_loss` (``ess`` and ``kl_behavior`` are diagnostics here, not part of the loss) plus ``clip_fraction``,
+    the share of tokens whose surrogate was clipped (no gradient).
+    """
+    mask, behavior, adv = _prepare(logprobs, behavior_logprobs, advantages, mask)
+    log_ratios = logprobs - behavior
+    stats = _log_ratio_stats(log_ratios, mask)
+    n_global = stats["n"].clamp(min=1.0)
+
+    ratio = torch.exp(log_ratios)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    pg_tok = -torch.minimum(unclipped, clipped)
+    pg_loss = _token_mean(pg_tok, mask, n_global)
+    reg_loss, extra = _regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
+    loss = pg_loss + reg_loss
+
+    extra = dict(extra, clip_fraction=(clipped < unclipped).to(torch.float64))
+    metrics = _diagnostics(log_ratios, mask, kl_k3(logprobs.detach(), behavior), n_global, cap=None, extra=extra)
+    metrics.update(_loss_metrics(loss, pg_loss, n_global, stats))
+    return loss, metrics
+
+
+def _loss_metrics(loss, pg_loss, n_global, stats) -> Metrics:
+    with torch.no_grad():
+        # The returned loss is this rank's share; the metric is the global loss.
+        shares = _all_reduce(torch.stack([loss.detach(), pg_loss.detach()]).to(torch.float64))
+        return {
+            "loss": shares[0].to(torch.float32),
+            "pg_loss": shares[1].to(torch.float32),
+            "ess": stats["ess"].to(torch.float32),
+            "ratio_max": torch.exp(stats["log_ratio_max"]).to(torch.float32),
+            "num_tokens": n_global.to(torch.float32),
+        }

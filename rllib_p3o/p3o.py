@@ -1,0 +1,367 @@
+"""P3O: batch-adaptive policy-gradient post-training of language models, as an RLlib Algorithm.
+
+    from rllib_p3o import P3OConfig
+    config = (
+        P3OConfig()
+        .environment(env_config={"dataset": "prompts.jsonl", "reward_fn": my_reward})
+        .training(model="/path/to/hf-model", loss="p3o", group_size=8, prompts_per_step=32, max_tokens=64, lr=1e-5)
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=1)
+    )
+    algo = config.build_algo()
+    algo.train()
+
+One ``training_step``: the vLLM EnvRunners sample ``group_size`` completions for each of ``prompts_per_step``
+prompts → group-normalized advantages over each prompt's completions (before sharding across learners) → one
+padded token batch → ``learner_group.update`` (``num_epochs`` × minibatches of ``minibatch_size`` rows per learner)
+→ the new weights are loaded into every runner's engine in place → metrics.
+
+ESS scope: the objective's ESS is computed over one optimizer step's minibatch across all learners. With the
+default (no ``minibatch_size``, one epoch) that is the whole training batch of the iteration.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Dict, List, Optional, Type, Union
+
+import gymnasium as gym
+import numpy as np
+import ray
+from typing_extensions import Self
+
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
+
+from rllib_p3o import batching
+from rllib_p3o.env import TextEnv
+from rllib_p3o.episodes import episodes_to_records
+from rllib_p3o.objectives import group_advantages
+
+logger = logging.getLogger(__name__)
+
+LOSSES = ("p3o", "grpo")
+
+
+class P3OConfig(AlgorithmConfig):
+    """Configuration of the P3O algorithm (and of its GRPO/PPO-clip baseline, ``loss="grpo"``)."""
+
+    def __init__(self, algo_class: Optional[Type["P3O"]] = None):
+        super().__init__(algo_class=algo_class or P3O)
+        from rllib_p3o.env_runner import VLLMEnvRunner
+
+        # Model and objective. (`.training(model=PATH)` sets `policy_model`: `model` is RLlib's legacy model dict.)
+        self.policy_model: Optional[str] = None
+        self.model_dtype = "float32"
+        self.trust_remote_code = False
+        self.loss = "p3o"
+        self.clip_low = 0.2
+        self.clip_high = 0.2
+        self.kl_ref_coeff = 0.0
+        self.entropy_coeff = 0.0
+        self.logprob_chunk_size = 8
+        # Sampling.
+        self.group_size = 8
+        self.prompts_per_step = 16
+        self.max_tokens = 64
+        self.temperature = 1.0
+        self.top_p = 1.0
+        self.top_k = -1
+        # "processed": behavior log-probs of the distribution actually sampled from (after temperature/top-p),
+        # which is what the importance ratio needs when sampling at T != 1. "raw": the model's own log-probs.
+        self.logprobs_mode = "processed"
+        self.vllm_kwargs: Dict[str, Any] = {}
+        self.verify_weight_sync = True
+        # Max |learner - engine| log-prob on the probe; fp32 engines agree to ~1e-5, bf16 needs ~5e-2.
+        self.weight_sync_tolerance = 1e-3
+        # Held-out evaluation (greedy), every `eval_interval` iterations; 0 disables.
+        self.eval_interval = 1
+        self.eval_max_prompts = 200
+        # RLlib settings this algorithm relies on.
+        self.lr = 1e-5
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        self.num_epochs = 1
+        self.minibatch_size = None
+        self.shuffle_batch_per_epoch = True
+        self.env = TextEnv
+        self.env_runner_cls = VLLMEnvRunner
+        self.num_env_runners = 1
+        self.num_envs_per_env_runner = 1
+        # A 1-step episode per completion; the train batch size is prompts_per_step * group_size.
+        self.rollout_fragment_length = 1
+        # Weights are pushed to the runners by P3O itself (runner state holds no connector stats to merge).
+        self._dont_auto_sync_env_runner_states = True
+        self.merge_env_runner_states = False
+        self.broadcast_env_runner_states = False
+        self.add_default_connectors_to_learner_pipeline = False
+        self.observation_space = TextEnv.observation_space_default()
+        self.action_space = TextEnv.action_space_default()
+
+    def training(
+        self,
+        *,
+        model: Optional[str] = NotProvided,
+        model_dtype: Optional[str] = NotProvided,
+        trust_remote_code: Optional[bool] = NotProvided,
+        loss: Optional[str] = NotProvided,
+        clip_low: Optional[float] = NotProvided,
+        clip_high: Optional[float] = NotProvided,
+        kl_ref_coeff: Optional[float] = NotProvided,
+        entropy_coeff: Optional[float] = NotProvided,
+        logprob_chunk_size: Optional[int] = NotProvided,
+        group_size: Optional[int] = NotProvided,
+        prompts_per_step: Optional[int] = NotProvided,
+        max_tokens: Optional[int] = NotProvided,
+        temperature: Optional[float] = NotProvided,
+        top_p: Optional[float] = NotProvided,
+        top_k: Optional[int] = NotProvided,
+        logprobs_mode: Optional[str] = NotProvided,
+        vllm_kwargs: Optional[Dict[str, Any]] = NotProvided,
+        verify_weight_sync: Optional[bool] = NotProvided,
+        weight_sync_tolerance: Optional[float] = NotProvided,
+        eval_interval: Optional[int] = NotProvided,
+        eval_max_prompts: Optional[int] = NotProvided,
+        **kwargs,
+    ) -> Self:
+        """Sets the P3O training options.
+
+        Args:
+            model: Hugging Face causal-LM directory (or hub id) of the policy; the tokenizer is loaded from it.
+            model_dtype: "float32" (default), "bfloat16" or "float16", for learner and engine alike.
+            trust_remote_code: Passed to transformers and vLLM; off unless asked.
+            loss: "p3o" (default) or "grpo" (PPO-style clipped surrogate, the baseline).
+            clip_low, clip_high: GRPO's ε_low/ε_high (ignored by P3O, which has no clip knob).
+            kl_ref_coeff: Weight of a k3 KL to the frozen initial model (0 = off; the learner then loads it).
+            entropy_coeff: Entropy bonus weight (0 = off; computing entropy needs the full vocabulary per token).
+            logprob_chunk_size: Sequences per LM-head chunk in the learner (bounds full-vocabulary logits memory).
+            group_size: Completions sampled per prompt; advantages are normalized within each group.
+            prompts_per_step: Prompts per training step (train batch = prompts_per_step * group_size rows).
+            max_tokens, temperature, top_p, top_k: vLLM sampling parameters of the rollouts.
+            logprobs_mode: "processed" (default: log-probs of the sampling distribution, after temperature and
+                top-p/top-k, i.e. the true behavior policy) or "raw" (the model's unprocessed log-probs).
+            vllm_kwargs: Extra ``vllm.LLM`` arguments (e.g. ``kv_cache_memory_bytes``, ``max_model_len``).
+            verify_weight_sync: After each sync, check that the engine's log-probs on a probe sequence match the
+                learner's (raises on a silent sync failure).
+            weight_sync_tolerance: Largest allowed |learner - engine| log-prob on that probe.
+            eval_interval: Greedy held-out evaluation every this many iterations (needs ``eval_dataset`` in
+                env_config); 0 disables.
+            eval_max_prompts: At most this many held-out prompts per evaluation.
+        """
+        if isinstance(model, (str, os.PathLike)):
+            self.policy_model = os.fspath(model)
+        elif model is not NotProvided:
+            kwargs["model"] = model  # RLlib's own (old-stack) model dict
+        super().training(**kwargs)
+        for name, value in dict(
+            model_dtype=model_dtype, trust_remote_code=trust_remote_code, loss=loss,
+            clip_low=clip_low, clip_high=clip_high, kl_ref_coeff=kl_ref_coeff, entropy_coeff=entropy_coeff,
+            logprob_chunk_size=logprob_chunk_size, group_size=group_size, prompts_per_step=prompts_per_step,
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, logprobs_mode=logprobs_mode,
+            vllm_kwargs=vllm_kwargs, verify_weight_sync=verify_weight_sync,
+            weight_sync_tolerance=weight_sync_tolerance, eval_interval=eval_interval,
+            eval_max_prompts=eval_max_prompts,
+        ).items():
+            if value is not NotProvided:
+                setattr(self, name, value)
+        return self
+
+    @property
+    def train_batch_rows(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.policy_model:
+            self._value_error("P3OConfig needs a policy model: .training(model='/path/to/hf-causal-lm').")
+        if self.loss not in LOSSES:
+            self._value_error(f"loss must be one of {LOSSES}, got {self.loss!r}.")
+        if self.logprobs_mode not in ("processed", "raw"):
+            self._value_error(f"logprobs_mode must be 'processed' or 'raw', got {self.logprobs_mode!r}.")
+        if self.group_size < 2 and self.loss in LOSSES:
+            self._value_error("group_size must be >= 2: advantages are normalized within each prompt group.")
+        if self.minibatch_size is not None and self.minibatch_size <= 0:
+            self._value_error("minibatch_size must be positive or None.")
+
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        from rllib_p3o.rl_module import HFCausalLMRLModule
+
+        return RLModuleSpec(module_class=HFCausalLMRLModule, model_config=self.lm_model_config())
+
+    def lm_model_config(self) -> Dict[str, Any]:
+        return {
+            "model": self.policy_model,
+            "dtype": self.model_dtype,
+            "trust_remote_code": self.trust_remote_code,
+            "logprob_chunk_size": self.logprob_chunk_size,
+            "compute_entropy": self.entropy_coeff > 0,
+        }
+
+    def get_default_learner_class(self) -> Union[Type["Learner"], str]:
+        from rllib_p3o.torch.p3o_torch_learner import P3OTorchLearner
+
+        return P3OTorchLearner
+
+    @property
+    def _model_config_auto_includes(self) -> Dict[str, Any]:
+        # Users can still override any key through `.rl_module(model_config=...)`.
+        return super()._model_config_auto_includes | self.lm_model_config()
+
+
+class P3O(Algorithm):
+    """The P3O algorithm; see the module docstring for one training step."""
+
+    @classmethod
+    def get_default_config(cls) -> P3OConfig:
+        return P3OConfig()
+
+    def setup(self, config: P3OConfig) -> None:
+        super().setup(config)
+        self._rng = np.random.default_rng(config.seed)
+        self._weights_seq_no = 0
+        self._pad_id = self._sampling_runner_call("pad_token_id")
+        self._probe_ids = self._sampling_runner_call("probe_token_ids") if config.verify_weight_sync else None
+        self._sync_weights()
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+
+    def _sampling_runners(self) -> bool:
+        return self.env_runner_group.num_remote_env_runners() > 0
+
+    def _foreach_sampling_runner(self, fn) -> List[Any]:
+        """Run ``fn`` on every sampling runner; raise if any runner failed (RLlib would only log it)."""
+        if not self._sampling_runners():
+            return [fn(self.env_runner)]
+        expected = self.env_runner_group.num_remote_env_runners()
+        results = self.env_runner_group.foreach_env_runner(fn, local_env_runner=False)
+        if len(results) != expected or self.env_runner_group.num_healthy_remote_workers() < expected:
+            raise RuntimeError(f"{expected - len(results)} of {expected} EnvRunners failed; see the actor errors "
+                               "above (engine start-up, weight sync or reward function).")
+        return results
+
+    def _sampling_runner_call(self, method: str, *args, **kwargs):
+        """Call a runner method on the first sampling runner (remote if any, else the local one)."""
+        if self._sampling_runners():
+            return self.env_runner_group.foreach_env_runner(
+                lambda r: getattr(r, method)(*args, **kwargs), remote_worker_ids=[1], local_env_runner=False)[0]
+        return getattr(self.env_runner, method)(*args, **kwargs)
+
+    def _sync_weights(self) -> Dict[str, float]:
+        """Push the learner's weights into every runner's engine (in place) and return sync stats."""
+        self._weights_seq_no += 1
+        state = self.learner_group.get_state(components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE,
+                                             inference_only=True)[COMPONENT_LEARNER][COMPONENT_RL_MODULE]
+        payload = {"rl_module": ray.put(state), "weights_seq_no": self._weights_seq_no}
+        if self._probe_ids is not None:
+            probe_ids = self._probe_ids
+            results = self.learner_group.foreach_learner(
+                lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().sequence_logprobs(probe_ids))
+            payload["probe"] = {"token_ids": probe_ids, "logprobs": [r.get() for r in results][0]}
+            payload["tolerance"] = self.config.weight_sync_tolerance
+        results = self._foreach_sampling_runner(lambda r: r.load_policy_weights(payload))
+        return {k: float(np.max([res[k] for res in results])) for k in results[0]} if results else {}
+
+    # -- one iteration -------------------------------------------------------------------------------------------
+
+    def training_step(self) -> None:
+        cfg: P3OConfig = self.config
+        t0 = time.perf_counter()
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            episodes, runner_metrics = synchronous_parallel_sample(
+                worker_set=self.env_runner_group,
+                max_env_steps=cfg.train_batch_rows,
+                sample_timeout_s=cfg.sample_timeout_s,
+                _uses_new_env_runners=True,
+                _return_metrics=True,
+            )
+        t_sample = time.perf_counter() - t0
+        if not episodes:
+            raise RuntimeError("No completions were sampled: an EnvRunner failed (see the errors above) or "
+                               f"sampling took longer than sample_timeout_s={cfg.sample_timeout_s}.")
+        self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+
+        t1 = time.perf_counter()
+        records = episodes_to_records(episodes)
+        rewards = np.asarray([r["reward"] for r in records], dtype=np.float32)
+        groups = np.asarray([r["group_id"] for r in records], dtype=np.int64)
+        import torch
+
+        adv = group_advantages(torch.from_numpy(rewards), torch.from_numpy(groups)).numpy()
+        for r, a in zip(records, adv):
+            r["advantage"] = float(a)
+        batch = batching.pad_records(records, pad_id=self._pad_id)
+        batch = batching.shuffle_rows(batch, self._rng)
+        batch = batching.pad_rows_to_multiple(batch, max(1, cfg.num_learners) * (cfg.minibatch_size or 1))
+        t_batch = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            update_kwargs = dict(num_epochs=cfg.num_epochs, shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch)
+            if cfg.minibatch_size:  # passing None explicitly breaks multi-learner sharding in RLlib 2.60
+                update_kwargs["minibatch_size"] = cfg.minibatch_size
+            learner_results = self.learner_group.update(
+                batch=batching.to_multi_agent_batch(batch),
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                    (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)},
+                **update_kwargs,
+            )
+        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        t_train = time.perf_counter() - t2
+
+        t3 = time.perf_counter()
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            sync_stats = self._sync_weights()
+        t_sync = time.perf_counter() - t3
+
+        n_gen = int(sum(len(r["completion_ids"]) for r in records))
+        n_trained = int(batch["completion_mask"].sum())
+        total = time.perf_counter() - t0
+        step = {
+            "reward_mean": float(rewards.mean()) if len(rewards) else float("nan"),
+            "completion_len_mean": n_gen / max(1, len(records)),
+            "num_completions": len(records),
+            "generated_tokens": n_gen,
+            "trained_tokens": n_trained,
+            "time_generate_s": t_sample,
+            "time_train_s": t_train,
+            "time_sync_s": t_sync,
+            "time_batching_s": t_batch,
+            "time_other_s": total - t_sample - t_train - t_sync - t_batch,
+            "generated_tokens_per_s": n_gen / max(t_sample, 1e-9),
+            "trained_tokens_per_s": n_trained / max(t_train, 1e-9),
+            "weights_seq_no": self._weights_seq_no,
+            **{f"sync_{k}": v for k, v in sync_stats.items()},
+        }
+        for k, v in step.items():
+            self.metrics.log_value(("p3o", k), v, window=1)
+
+        if cfg.eval_interval and self.iteration is not None and (self.iteration + 1) % cfg.eval_interval == 0:
+            self._log_heldout()
+
+    def _log_heldout(self) -> None:
+        res = self._sampling_runner_call("evaluate_heldout", self.config.eval_max_prompts)
+        if res is not None:
+            for k, v in res.items():
+                self.metrics.log_value(("p3o", f"heldout_{k}"), v, window=1)
+
+    # -- export ------------------------------------------------------------------------------------------------
+
+    def export_hf(self, path: str) -> str:
+        """Write the current policy as a Hugging Face model directory (weights + config + tokenizer)."""
+        results = self.learner_group.foreach_learner(
+            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().save_pretrained(path))
+        return [r.get() for r in results][0]

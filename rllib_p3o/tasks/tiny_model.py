@@ -1,0 +1,98 @@
+"""Build a tiny causal LM and a tokenizer trained locally, saved as an ordinary Hugging Face directory.
+
+Nothing is downloaded: the tokenizer is trained with `tokenizers` on the task's text and the model is a
+randomly initialized `transformers` config. The result loads through exactly the code path a user's hub or
+local model does (``AutoModelForCausalLM`` / ``AutoTokenizer`` / ``vllm.LLM``). head_dim is 64 because vLLM's
+CPU attention backend rejects smaller heads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable, Optional
+
+PAD, EOS = "<pad>", "<eos>"
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 64):
+    """A byte-free BPE tokenizer trained on ``corpus``, with digits always split into single tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(),
+        pre_tokenizers.Digits(individual_digits=True),
+    ])
+    tok.decoder = decoders.BPEDecoder()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS], show_progress=False)
+    tok.train_from_iterator(list(corpus), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS)
+
+
+def build_tiny_model(
+    path: str,
+    corpus: Optional[Iterable[str]] = None,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int = 256,
+    tie_word_embeddings: bool = True,
+    max_position_embeddings: int = 128,
+    vocab_size: int = 64,
+    init_std: float = 0.02,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> str:
+    """Write a tiny Qwen2-architecture model + tokenizer to ``path`` and return ``path``.
+
+    ``corpus`` defaults to the built-in arithmetic task's text. An existing directory built with the same
+    arguments is reused unless ``overwrite``.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    args = dict(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings,
+                max_position_embeddings=max_position_embeddings, vocab_size=vocab_size, init_std=init_std,
+                seed=seed, custom_corpus=corpus is not None)
+    stamp = os.path.join(path, "build_args.json")
+    if not overwrite and corpus is None and os.path.exists(stamp):
+        with open(stamp) as f:
+            if json.load(f) == args:
+                return path
+    if corpus is None:
+        from rllib_p3o.tasks.arithmetic import ArithmeticTask
+
+        corpus = ArithmeticTask().corpus()
+    tokenizer = build_tokenizer(corpus, vocab_size=vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=init_std,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    if config.head_dim != 64:
+        raise ValueError(f"head_dim = hidden_size / num_heads must be 64 for vLLM on CPU, got {config.head_dim}")
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with open(stamp, "w") as f:
+        json.dump(args, f)
+    return path

@@ -1,0 +1,103 @@
+"""P3O TorchLearner: padded token batch → `p3o_loss` / `grpo_loss`, with RLlib's optimizer, grad-clip and metrics.
+
+Batch columns (numpy or torch, right-padded; see `rllib_p3o.batching`):
+    ``input_ids`` [B, T], ``attention_mask`` [B, T], ``completion_mask`` [B, T-1] (1 on completion targets),
+    ``behavior_logprobs`` [B, T-1], ``advantages`` [B]; optional ``ref_logprobs`` [B, T-1], ``source_id`` [B],
+    ``weights_seq_no`` [B] (RLlib then logs how many updates behind the sampler each batch was).
+
+Multi-learner scaling: the objective all-reduces its statistics (ESS sums, token count) over the learners' process
+group, so with ``num_learners=k`` the ESS every learner uses is the ESS of the union of the k shards, and each
+learner's loss is its share of the global token-mean. DDP averages gradients over the k learners, so the loss
+handed to autograd is multiplied by k: the applied gradient then equals the gradient of one learner holding the
+whole minibatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+import torch.distributed as dist
+
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.utils.typing import ModuleID, TensorType
+
+from rllib_p3o import objectives
+from rllib_p3o.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
+
+SOURCE_ID = "source_id"
+
+
+class P3OTorchLearner(TorchLearner):
+    """Applies the configured objective (``config.loss``: "p3o" or "grpo") to a padded token batch."""
+
+    def build(self) -> None:
+        super().build()
+        self._ref_models: Dict[ModuleID, torch.nn.Module] = {}
+
+    def compute_loss_for_module(
+        self, *, module_id: ModuleID, config: "P3OConfig", batch: Dict[str, Any], fwd_out: Dict[str, TensorType]
+    ) -> TensorType:
+        logp = fwd_out[TOKEN_LOGP]
+        mask = batch["completion_mask"].bool()
+        ref_logp = batch.get("ref_logprobs")
+        if ref_logp is None and config.kl_ref_coeff > 0:
+            ref_logp = self._reference_logprobs(module_id, config, batch)
+        common = dict(
+            ref_logprobs=ref_logp,
+            kl_ref_coeff=config.kl_ref_coeff,
+            entropy=fwd_out.get(TOKEN_ENTROPY),
+            entropy_coeff=config.entropy_coeff,
+        )
+        if config.loss == "p3o":
+            loss, metrics = objectives.p3o_loss(logp, batch["behavior_logprobs"], batch["advantages"], mask, **common)
+        elif config.loss == "grpo":
+            loss, metrics = objectives.grpo_loss(logp, batch["behavior_logprobs"], batch["advantages"], mask,
+                                                 clip_low=config.clip_low, clip_high=config.clip_high, **common)
+        else:  # validated in P3OConfig; kept for configs built by hand
+            raise ValueError(f"Unknown loss {config.loss!r}; expected 'p3o' or 'grpo'.")
+
+        self.metrics.log_dict({(module_id, k): float(v) for k, v in metrics.items()}, window=1)
+        if SOURCE_ID in batch:
+            self._log_per_source(module_id, logp.detach(), batch, mask, metrics["ess"])
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return loss * world
+
+    def _log_per_source(self, module_id, logp, batch, mask, ess) -> None:
+        """Per-source diagnostics (online policy, offline dataset, each behavior model), local to this learner.
+
+        The loss uses one ESS for the whole batch; these per-source values show which source is off-policy.
+        They are local because a source need not be present on every learner (no collective can depend on it).
+        """
+        with torch.no_grad():
+            source = batch[SOURCE_ID]
+            log_ratio = logp - torch.where(mask, batch["behavior_logprobs"].to(logp.dtype), logp)
+            for sid in torch.unique(source).tolist():
+                m = mask & (source == sid).unsqueeze(-1)
+                n = float(m.sum())
+                if n == 0:
+                    continue
+                r = torch.exp(log_ratio[m].double())
+                key = (module_id, "by_source", str(int(sid)))
+                self.metrics.log_dict({
+                    key + ("ess",): float(objectives.effective_sample_size_from_log_ratios(
+                        log_ratio, m, all_reduce=False)),
+                    key + ("ratio_mean",): float(r.mean()),
+                    key + ("cap_fraction",): float((r > ess * (1 + objectives.CAP_RTOL)).double().mean()),
+                    key + ("kl_behavior",): float(objectives.kl_k3(log_ratio[m], torch.zeros_like(log_ratio[m])).mean()),
+                    key + ("num_tokens",): n,
+                }, window=1)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, module_id: ModuleID, config, batch) -> torch.Tensor:
+        """Log-probs under the frozen initial model, for the optional reference-KL term."""
+        if module_id not in self._ref_models:
+            module = self.module[module_id].unwrapped()
+            ref = load_causal_lm(module.model_path, module.model_config.get("dtype", "float32"),
+                                 module.model_config.get("trust_remote_code", False)).to(self._device).eval()
+            for p in ref.parameters():
+                p.requires_grad_(False)
+            self._ref_models[module_id] = ref
+        ref = self._ref_models[module_id]
+        logits = ref(input_ids=batch["input_ids"].long(), attention_mask=batch["attention_mask"]).logits[:, :-1]
+        return torch.log_softmax(logits.float(), -1).gather(-1, batch["input_ids"][:, 1:].long().unsqueeze(-1)).squeeze(-1)
