@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny locally built models (no hub access) and a Ray session sized for 2 cores."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Tiny Qwen2 with tied embeddings and the arithmetic tokenizer."""
+    from rllib_p3o.tasks import build_tiny_model
+
+    return build_tiny_model(str(tmp_path_factory.mktemp("models") / "tiny_tied"))
+
+
+@pytest.fixture(scope="session")
+def tiny_untied_model(tmp_path_factory):
+    from rllib_p3o.tasks import build_tiny_model
+
+    return build_tiny_model(str(tmp_path_factory.mktemp("models") / "tiny_untied"), tie_word_embeddings=False,
+                            seed=1, init_std=0.1)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    # More logical CPUs than cores, so a runner and learners fit; the work itself is tiny.
+    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
+    yield
+    ray.shutdown()
