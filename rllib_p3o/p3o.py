@@ -319,6 +319,8 @@ class P3O(Algorithm):
                     (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)},
                 **update_kwargs,
             )
+        per_learner_ess = [float(r[DEFAULT_MODULE_ID]["ess"].peek()) for r in learner_results
+                           if DEFAULT_MODULE_ID in r and "ess" in r[DEFAULT_MODULE_ID]]
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         t_train = time.perf_counter() - t2
 
@@ -344,6 +346,8 @@ class P3O(Algorithm):
             "generated_tokens_per_s": n_gen / max(t_sample, 1e-9),
             "trained_tokens_per_s": n_trained / max(t_train, 1e-9),
             "weights_seq_no": self._weights_seq_no,
+            # The loss all-reduces its statistics: every learner must have used the same ESS (0 spread).
+            "ess_spread_across_learners": (max(per_learner_ess) - min(per_learner_ess)) if per_learner_ess else 0.0,
             **{f"sync_{k}": v for k, v in sync_stats.items()},
         }
         for k, v in step.items():
@@ -357,6 +361,12 @@ class P3O(Algorithm):
         if res is not None:
             for k, v in res.items():
                 self.metrics.log_value(("p3o", f"heldout_{k}"), v, window=1)
+
+    def restore_from_path(self, path, *args, **kwargs):
+        super().restore_from_path(path, *args, **kwargs)
+        # RLlib's own post-restore sync is fire-and-forget; push (and verify) the restored weights before going on.
+        self._weights_seq_no = max(self._weights_seq_no, int(self.iteration or 0) + 1)
+        self._sync_weights()
 
     # -- export ------------------------------------------------------------------------------------------------
 

@@ -55,7 +55,16 @@ class ArithmeticTask:
     def heldout_rows(self) -> List[Dict[str, str]]:
         return self.splits()["heldout"]
 
+    def pretraining_corpus(self) -> List[str]:
+        """Plain sums ``"37+45=82"`` of the *training* pairs only: knowledge for a base model, not the task.
+
+        The demo's base model is pretrained on this (next-token prediction) before RL. It never sees the task's
+        format ``(a+b)%10=`` nor any held-out operand pair, so its held-out task accuracy starts near chance.
+        """
+        pairs = {tuple(int(x) for x in r["prompt"][1:6].split("+")) for r in self.train_rows()}
+        return [f"{a:02d}+{b:02d}={a + b}" for a, b in sorted(pairs)]
+
     def corpus(self) -> List[str]:
         """Text the demo tokenizer is trained on: the prompts and answers (no pairing of the two)."""
         rows = self._rows()
-        return [r["prompt"] for r in rows] + [str(i) for i in range(self.modulus)]
+        return [r["prompt"] for r in rows] + [str(i) for i in range(2 * self.max_operand + 1)]

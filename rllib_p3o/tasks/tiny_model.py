@@ -96,3 +96,25 @@ def build_tiny_model(
     with open(stamp, "w") as f:
         json.dump(args, f)
     return path
+
+
+def build_demo_model(path: str, *, pretrain_steps: int = 1500, overwrite: bool = False,
+                     progress=None) -> str:
+    """The demo's base model: `build_tiny_model` + a short pretraining on plain sums of the training pairs.
+
+    Cached: a directory already built with the same settings is reused (the first build takes ~1 minute on 2 cores).
+    """
+    from rllib_p3o.tasks.arithmetic import ArithmeticTask
+    from rllib_p3o.tasks.pretrain import pretrain_causal_lm
+
+    stamp = os.path.join(path, "pretrain_args.json")
+    args = {"pretrain_steps": pretrain_steps, "corpus": "ArithmeticTask().pretraining_corpus()", "version": 1}
+    if not overwrite and os.path.exists(stamp):
+        with open(stamp) as f:
+            if json.load(f) == args:
+                return path
+    build_tiny_model(path, overwrite=True)
+    pretrain_causal_lm(path, ArithmeticTask().pretraining_corpus(), steps=pretrain_steps, progress=progress)
+    with open(stamp, "w") as f:
+        json.dump(args, f)
+    return path

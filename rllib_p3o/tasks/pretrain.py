@@ -1,0 +1,48 @@
+"""Short next-token pretraining of a local base model on a text corpus (used to build the demo's base model).
+
+Real users start from a pretrained hub or local model; the demo builds its own tiny one, so it pretrains it
+here for a minute on knowledge the RL task can build on (see `ArithmeticTask.pretraining_corpus`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Optional, Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def pretrain_causal_lm(path: str, corpus: Sequence[str], *, steps: int = 600, batch_size: int = 128,
+                       lr: float = 1e-3, seed: int = 0,
+                       progress: Optional[Callable[[int, float], None]] = None) -> str:
+    """Next-token training of the model at ``path`` on ``corpus`` (each line + EOS), saved back in place."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    enc = [tok(line).input_ids + [tok.eos_token_id] for line in corpus]
+    width = max(map(len, enc))
+    ids = torch.full((len(enc), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, e in enumerate(enc):
+        ids[i, :len(e)] = torch.as_tensor(e)
+        mask[i, :len(e)] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(steps):
+        idx = torch.randint(len(enc), (batch_size,), generator=gen)
+        loss = model(input_ids=ids[idx], attention_mask=mask[idx], labels=labels[idx]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if progress is not None and (step % 50 == 0 or step == steps - 1):
+            progress(step, float(loss))
+    logger.info("pretrained %s for %d steps in %.0fs", path, steps, time.perf_counter() - t0)
+    model.save_pretrained(path)
+    return path
