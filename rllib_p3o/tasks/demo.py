@@ -1,0 +1,29 @@
+"""The built-in demo setting: the arithmetic task, its base model and the P3O config that trains it on 2 CPU cores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rllib_p3o.p3o import P3OConfig
+from rllib_p3o.tasks.arithmetic import ArithmeticTask, arithmetic_reward
+
+
+def demo_config(model_path: str, **training: Any) -> P3OConfig:
+    """64 prompts x 8 completions per iteration, 2 optimizer steps per iteration, greedy held-out eval every 5.
+
+    The learning rate warms up linearly over the first 10 iterations (5120 sampled completions): Adam's first
+    steps move every weight by ~lr, which at full lr can wreck a small model before any learning happens.
+    """
+    task = ArithmeticTask()
+    options = dict(model=model_path, loss="p3o", group_size=8, prompts_per_step=64, max_tokens=3,
+                   lr=[[0, 1e-5], [5120, 1e-3]], minibatch_size=256, eval_interval=5, eval_max_prompts=200)
+    options.update(training)
+    return (
+        P3OConfig()
+        .environment(env_config={"dataset": task.train_rows(), "eval_dataset": task.heldout_rows(),
+                                 "reward_fn": arithmetic_reward})
+        .training(**options)
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=0)
+        .debugging(seed=0)
+    )
