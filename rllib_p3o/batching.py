@@ -11,12 +11,16 @@ target position ``P - 1 + j``; ``completion_mask`` and ``behavior_logprobs`` are
 
 from __future__ import annotations
 
-from typing import Iterable, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+
+COLUMNS = ("input_ids", "attention_mask", "completion_mask", "behavior_logprobs", "advantages", "weights_seq_no",
+           "source_id")
 
 
 def pad_records(records: Sequence[Mapping], pad_id: int, pad_to: Optional[int] = None) -> dict:
@@ -86,22 +90,19 @@ def to_multi_agent_batch(batch: dict, module_id: str = DEFAULT_MODULE_ID) -> Mul
     return MultiAgentBatch({module_id: SampleBatch(batch)}, env_steps=n)
 
 
-def records_token_count(records: Iterable[Mapping]) -> int:
-    return sum(len(r["completion_ids"]) for r in records)
-
-
-def concat_batches(batches: List[dict], pad_id: int) -> dict:
-    """Concatenate padded batches of different widths by re-padding to the widest."""
+def concat_padded(batches: List[dict], pad_id: int) -> dict:
+    """Concatenate padded batches of different widths, re-padding each to the widest."""
+    if len(batches) == 1:
+        return batches[0]
     width = max(b["input_ids"].shape[1] for b in batches)
     out = {}
-    for k in batches[0]:
+    for k in COLUMNS:
         parts = []
         for b in batches:
             v = b[k]
-            if v.ndim == 2 and v.shape[1] < width - (k != "input_ids" and k != "attention_mask"):
+            if v.ndim == 2:
                 target = width if k in ("input_ids", "attention_mask") else width - 1
-                fill = pad_id if k == "input_ids" else 0
-                v = np.pad(v, ((0, 0), (0, target - v.shape[1])), constant_values=fill)
+                v = np.pad(v, ((0, 0), (0, target - v.shape[1])), constant_values=pad_id if k == "input_ids" else 0)
             parts.append(v)
         out[k] = np.concatenate(parts)
     return out

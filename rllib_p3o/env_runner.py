@@ -71,13 +71,15 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         env_config.update(worker_index=self.worker_index, num_workers=self.num_workers,
                           seed=env_config.get("seed", config.seed or 0))
         self.config.env_config = env_config
-        self.env = make_env(self.config)
         self.tokenizer = AutoTokenizer.from_pretrained(config.policy_model, trust_remote_code=config.trust_remote_code)
         self._weights_seq_no = 0
         self._groups_sampled = 0
         self._env_steps_lifetime = 0
         self._llm = None
-        self.is_sampler = self.worker_index > 0 or self.num_workers == 0
+        # An offline-only run without remote runners needs no engine (nor prompts) at all.
+        offline_only = config.resolved_offline_fraction >= 1.0
+        self.is_sampler = self.worker_index > 0 or (self.num_workers == 0 and not offline_only)
+        self.env = make_env(self.config) if (self.is_sampler or "dataset" in env_config) else None
         if self.is_sampler:
             self._llm = self._make_engine()
 
@@ -121,6 +123,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     def _encode(self, prompt: str) -> List[int]:
         return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
+    def has_engine(self) -> bool:
+        return self._llm is not None
+
     def pad_token_id(self) -> int:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.tokenizer.eos_token_id)
@@ -145,11 +150,12 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             raise RuntimeError(f"VLLMEnvRunner {self.worker_index} has no engine.")
 
     def get_spaces(self):
-        spaces = (self.env.observation_space, self.env.action_space)
+        spaces = (TextEnv.observation_space_default(), TextEnv.action_space_default())
         return {INPUT_ENV_SPACES: spaces, DEFAULT_MODULE_ID: spaces}
 
     def prompts_per_sample(self) -> int:
-        return math.ceil(self.config.prompts_per_step / max(1, self.num_workers))
+        online_prompts = round((1.0 - self.config.resolved_offline_fraction) * self.config.prompts_per_step)
+        return math.ceil(online_prompts / max(1, self.num_workers))
 
     def sample(self, num_prompts: Optional[int] = None, **kwargs) -> List:
         """Sample ``group_size`` completions for each of ``num_prompts`` prompts; one episode per completion."""
@@ -205,7 +211,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
     def evaluate_heldout(self, max_prompts: int = 200) -> Optional[Dict[str, float]]:
         """Greedy completions on the held-out rows, scored by the reward function."""
-        if not self.env.eval_rows or self._llm is None:
+        if self._llm is None or not self.env.eval_rows:
             return None
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt

@@ -88,6 +88,17 @@ class P3OConfig(AlgorithmConfig):
         self.verify_weight_sync = True
         # Max |learner - engine| log-prob on the probe; fp32 engines agree to ~1e-5, bf16 needs ~5e-2.
         self.weight_sync_tolerance = 1e-3
+        # Offline trajectories (config.offline_data(input_=PATH)) and recording.
+        self.offline_fraction: Optional[float] = None
+        self.offline_skip_bad_rows = False
+        self.offline_rescore_model: Optional[str] = None
+        self.offline_max_seq_len = 512
+        self.record_rollouts: Optional[str] = None
+        self.input_read_method = "read_parquet"
+        from rllib_p3o.offline_data import P3OOfflineData, P3OOfflinePreLearner
+
+        self.offline_data_class = P3OOfflineData
+        self.prelearner_class = P3OOfflinePreLearner
         # Held-out evaluation (greedy), every `eval_interval` iterations; 0 disables.
         self.eval_interval = 1
         self.eval_max_prompts = 200
@@ -136,6 +147,11 @@ class P3OConfig(AlgorithmConfig):
         weight_sync_tolerance: Optional[float] = NotProvided,
         eval_interval: Optional[int] = NotProvided,
         eval_max_prompts: Optional[int] = NotProvided,
+        offline_fraction: Optional[float] = NotProvided,
+        offline_skip_bad_rows: Optional[bool] = NotProvided,
+        offline_rescore_model: Optional[str] = NotProvided,
+        offline_max_seq_len: Optional[int] = NotProvided,
+        record_rollouts: Optional[str] = NotProvided,
         **kwargs,
     ) -> Self:
         """Sets the P3O training options.
@@ -161,6 +177,13 @@ class P3OConfig(AlgorithmConfig):
             eval_interval: Greedy held-out evaluation every this many iterations (needs ``eval_dataset`` in
                 env_config); 0 disables.
             eval_max_prompts: At most this many held-out prompts per evaluation.
+            offline_fraction: Share of each training batch's rows taken from the offline dataset
+                (``config.offline_data(input_=PATH)``); the rest are online rollouts. Default: 1.0 when an offline
+                dataset is configured (offline-only), else 0.0.
+            offline_skip_bad_rows: Drop (and count) invalid offline rows instead of refusing to start.
+            offline_rescore_model: HF model that scores, once, offline rows without ``behavior_logprobs``.
+            offline_max_seq_len: Longest prompt + completion of an offline row, in tokens.
+            record_rollouts: Directory to which every sampled batch is written as trajectory Parquet.
         """
         if isinstance(model, (str, os.PathLike)):
             self.policy_model = os.fspath(model)
@@ -173,12 +196,20 @@ class P3OConfig(AlgorithmConfig):
             logprob_chunk_size=logprob_chunk_size, group_size=group_size, prompts_per_step=prompts_per_step,
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, logprobs_mode=logprobs_mode,
             vllm_kwargs=vllm_kwargs, verify_weight_sync=verify_weight_sync,
-            weight_sync_tolerance=weight_sync_tolerance, eval_interval=eval_interval,
+            weight_sync_tolerance=weight_sync_tolerance, offline_fraction=offline_fraction,
+            offline_skip_bad_rows=offline_skip_bad_rows, offline_rescore_model=offline_rescore_model,
+            offline_max_seq_len=offline_max_seq_len, record_rollouts=record_rollouts, eval_interval=eval_interval,
             eval_max_prompts=eval_max_prompts,
         ).items():
             if value is not NotProvided:
                 setattr(self, name, value)
         return self
+
+    @property
+    def resolved_offline_fraction(self) -> float:
+        if self.offline_fraction is not None:
+            return float(self.offline_fraction)
+        return 1.0 if self.is_offline else 0.0
 
     @property
     def train_batch_rows(self) -> int:
@@ -194,6 +225,10 @@ class P3OConfig(AlgorithmConfig):
             self._value_error(f"logprobs_mode must be 'processed' or 'raw', got {self.logprobs_mode!r}.")
         if self.group_size < 2 and self.loss in LOSSES:
             self._value_error("group_size must be >= 2: advantages are normalized within each prompt group.")
+        if not 0.0 <= self.resolved_offline_fraction <= 1.0:
+            self._value_error(f"offline_fraction must be in [0, 1], got {self.offline_fraction}.")
+        if self.resolved_offline_fraction > 0 and not self.is_offline:
+            self._value_error("offline_fraction > 0 needs an offline dataset: .offline_data(input_=PATH).")
         if self.minibatch_size is not None and self.minibatch_size <= 0:
             self._value_error("minibatch_size must be positive or None.")
 
@@ -233,8 +268,17 @@ class P3O(Algorithm):
         super().setup(config)
         self._rng = np.random.default_rng(config.seed)
         self._weights_seq_no = 0
+        self._rows_trained = 0
         self._pad_id = self._sampling_runner_call("pad_token_id")
-        self._probe_ids = self._sampling_runner_call("probe_token_ids") if config.verify_weight_sync else None
+        self._has_engine = bool(self._sampling_runner_call("has_engine"))
+        self._probe_ids = (self._sampling_runner_call("probe_token_ids")
+                           if config.verify_weight_sync and self._has_engine else None)
+        self._source_names = {"online"} | set(getattr(self.offline_data, "source_names", set()))
+        self._recorder = None
+        if config.record_rollouts:
+            from rllib_p3o.offline import TrajectoryRecorder
+
+            self._recorder = TrajectoryRecorder(config.record_rollouts)
         self._sync_weights()
 
     # -- helpers ---------------------------------------------------------------------------------------------------
@@ -280,87 +324,149 @@ class P3O(Algorithm):
     def training_step(self) -> None:
         cfg: P3OConfig = self.config
         t0 = time.perf_counter()
-        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-            episodes, runner_metrics = synchronous_parallel_sample(
-                worker_set=self.env_runner_group,
-                max_env_steps=cfg.train_batch_rows,
-                sample_timeout_s=cfg.sample_timeout_s,
-                _uses_new_env_runners=True,
-                _return_metrics=True,
-            )
-        t_sample = time.perf_counter() - t0
+        timings: Dict[str, float] = {}
+        parts, records = [], []
+
+        if self._num_online_prompts() > 0:
+            with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+                records = self._sample_online()
+            timings["time_generate_s"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self._add_group_advantages(records)
+            if self._recorder is not None:
+                self._recorder.write(records, iteration=int(self.iteration or 0))
+            parts.append(batching.pad_records(records, pad_id=self._pad_id))
+            timings["time_batching_s"] = time.perf_counter() - t1
+        if self._num_offline_rows() > 0:
+            t1 = time.perf_counter()
+            parts.append(self._sample_offline())
+            timings["time_offline_read_s"] = time.perf_counter() - t1
+
+        batch = batching.concat_padded(parts, pad_id=self._pad_id)
+        batch = batching.shuffle_rows(batch, self._rng)
+        batch = batching.pad_rows_to_multiple(batch, max(1, cfg.num_learners) * (cfg.minibatch_size or 1))
+
+        t2 = time.perf_counter()
+        per_learner_ess = self._learn(batch)
+        timings["time_train_s"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            sync_stats = self._sync_weights()
+        timings["time_sync_s"] = time.perf_counter() - t3
+        timings["time_other_s"] = time.perf_counter() - t0 - sum(timings.values())
+        self._log_step(records, batch, timings, sync_stats, per_learner_ess)
+
+        if cfg.eval_interval and self.iteration is not None and (self.iteration + 1) % cfg.eval_interval == 0:
+            self._log_heldout()
+
+    # -- pieces of one step -------------------------------------------------------------------------------------
+
+    def _num_online_prompts(self) -> int:
+        return round((1.0 - self.config.resolved_offline_fraction) * self.config.prompts_per_step)
+
+    def _num_offline_rows(self) -> int:
+        return self.config.train_batch_rows - self._num_online_prompts() * self.config.group_size
+
+    def _sample_online(self) -> List[Dict[str, Any]]:
+        cfg = self.config
+        episodes, runner_metrics = synchronous_parallel_sample(
+            worker_set=self.env_runner_group,
+            max_env_steps=self._num_online_prompts() * cfg.group_size,
+            sample_timeout_s=cfg.sample_timeout_s,
+            _uses_new_env_runners=True,
+            _return_metrics=True,
+        )
         if not episodes:
             raise RuntimeError("No completions were sampled: an EnvRunner failed (see the errors above) or "
                                f"sampling took longer than sample_timeout_s={cfg.sample_timeout_s}.")
         self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+        return episodes_to_records(episodes)
 
-        t1 = time.perf_counter()
-        records = episodes_to_records(episodes)
-        rewards = np.asarray([r["reward"] for r in records], dtype=np.float32)
-        groups = np.asarray([r["group_id"] for r in records], dtype=np.int64)
+    @staticmethod
+    def _add_group_advantages(records: List[Dict[str, Any]]) -> None:
         import torch
 
-        adv = group_advantages(torch.from_numpy(rewards), torch.from_numpy(groups)).numpy()
-        for r, a in zip(records, adv):
-            r["advantage"] = float(a)
-        batch = batching.pad_records(records, pad_id=self._pad_id)
-        batch = batching.shuffle_rows(batch, self._rng)
-        batch = batching.pad_rows_to_multiple(batch, max(1, cfg.num_learners) * (cfg.minibatch_size or 1))
-        t_batch = time.perf_counter() - t1
+        rewards = torch.tensor([r["reward"] for r in records], dtype=torch.float32)
+        groups = torch.tensor([r["group_id"] for r in records], dtype=torch.long)
+        for r, a in zip(records, group_advantages(rewards, groups).tolist()):
+            r["advantage"] = a
 
-        t2 = time.perf_counter()
+    def _sample_offline(self) -> Dict[str, np.ndarray]:
+        from rllib_p3o.offline_data import trim_padding
+
+        # A truthy module_state: the P3O prelearner needs no weights (RLlib would otherwise fetch them).
+        mab = self.offline_data.sample(num_samples=self._num_offline_rows(), num_shards=0,
+                                       module_state={"unused": True})
+        sb = mab.policy_batches[DEFAULT_MODULE_ID]
+        return trim_padding({k: np.asarray(sb[k]) for k in batching.COLUMNS})
+
+    def _learn(self, batch: Dict[str, np.ndarray]) -> List[float]:
+        cfg = self.config
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
             update_kwargs = dict(num_epochs=cfg.num_epochs, shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch)
             if cfg.minibatch_size:  # passing None explicitly breaks multi-learner sharding in RLlib 2.60
                 update_kwargs["minibatch_size"] = cfg.minibatch_size
             learner_results = self.learner_group.update(
                 batch=batching.to_multi_agent_batch(batch),
-                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
-                    (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)},
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_trained},
                 **update_kwargs,
             )
+        self._rows_trained += len(batch["input_ids"])
         per_learner_ess = [float(r[DEFAULT_MODULE_ID]["ess"].peek()) for r in learner_results
                            if DEFAULT_MODULE_ID in r and "ess" in r[DEFAULT_MODULE_ID]]
+        self._log_by_source(learner_results)
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
-        t_train = time.perf_counter() - t2
+        return per_learner_ess
 
-        t3 = time.perf_counter()
-        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-            sync_stats = self._sync_weights()
-        t_sync = time.perf_counter() - t3
+    def _log_by_source(self, learner_results) -> None:
+        """Move the learners' per-source diagnostics to ``p3o/by_source/<name>/...`` (mean over learners)."""
+        from rllib_p3o.offline import source_id
 
+        names = {source_id(n): n for n in self._source_names}
+        collected: Dict[tuple, List[float]] = {}
+        for r in learner_results:
+            by_source = r.get(DEFAULT_MODULE_ID, {}).pop("by_source", {})
+            for sid, stats in by_source.items():
+                for metric, stat in stats.items():
+                    collected.setdefault((names.get(int(sid), f"source_{sid}"), metric), []).append(
+                        float(stat.peek()))
+        for (name, metric), values in collected.items():
+            self.metrics.log_value(("p3o", "by_source", name, metric), float(np.mean(values)), window=1)
+
+    def _log_step(self, records, batch, timings, sync_stats, per_learner_ess) -> None:
         n_gen = int(sum(len(r["completion_ids"]) for r in records))
         n_trained = int(batch["completion_mask"].sum())
-        total = time.perf_counter() - t0
         step = {
-            "reward_mean": float(rewards.mean()) if len(rewards) else float("nan"),
-            "completion_len_mean": n_gen / max(1, len(records)),
             "num_completions": len(records),
+            "num_offline_rows": self._num_offline_rows(),
             "generated_tokens": n_gen,
             "trained_tokens": n_trained,
-            "time_generate_s": t_sample,
-            "time_train_s": t_train,
-            "time_sync_s": t_sync,
-            "time_batching_s": t_batch,
-            "time_other_s": total - t_sample - t_train - t_sync - t_batch,
-            "generated_tokens_per_s": n_gen / max(t_sample, 1e-9),
-            "trained_tokens_per_s": n_trained / max(t_train, 1e-9),
+            "trained_tokens_per_s": n_trained / max(timings["time_train_s"], 1e-9),
             "weights_seq_no": self._weights_seq_no,
             # The loss all-reduces its statistics: every learner must have used the same ESS (0 spread).
             "ess_spread_across_learners": (max(per_learner_ess) - min(per_learner_ess)) if per_learner_ess else 0.0,
+            **timings,
             **{f"sync_{k}": v for k, v in sync_stats.items()},
         }
+        if records:
+            rewards = np.asarray([r["reward"] for r in records], dtype=np.float64)
+            step.update(reward_mean=float(rewards.mean()), completion_len_mean=n_gen / len(records),
+                        generated_tokens_per_s=n_gen / max(timings["time_generate_s"], 1e-9))
+        if self.offline_data is not None:
+            step["offline_rows_skipped"] = getattr(self.offline_data, "rows_skipped", 0)
         for k, v in step.items():
             self.metrics.log_value(("p3o", k), v, window=1)
-
-        if cfg.eval_interval and self.iteration is not None and (self.iteration + 1) % cfg.eval_interval == 0:
-            self._log_heldout()
 
     def _log_heldout(self) -> None:
         res = self._sampling_runner_call("evaluate_heldout", self.config.eval_max_prompts)
         if res is not None:
             for k, v in res.items():
                 self.metrics.log_value(("p3o", f"heldout_{k}"), v, window=1)
+
+    def stop(self) -> None:
+        if self.offline_data is not None:
+            self.offline_data.batch_iterators = None  # release the Ray Data iterator before Ray goes away
+        super().stop()
 
     def restore_from_path(self, path, *args, **kwargs):
         super().restore_from_path(path, *args, **kwargs)

@@ -1,0 +1,189 @@
+"""RLlib offline-data hooks for trajectory Parquet: `P3OOfflineData` (validation, advantages, rescoring) and
+`P3OOfflinePreLearner` (rows → padded token batch).
+
+Wired in by P3OConfig: ``config.offline_data(input_=PATH)`` makes RLlib build `P3OOfflineData`, which reads the
+files with Ray Data (``read_parquet``) and maps batches through `P3OOfflinePreLearner` in Ray Data actors.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Set
+
+import numpy as np
+
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.offline.offline_data import OfflineData
+from ray.rllib.offline.offline_prelearner import OfflinePreLearner
+
+from rllib_p3o.batching import pad_records
+from rllib_p3o.objectives import group_advantages
+from rllib_p3o.offline import (
+    OfflineDataError,
+    check_row,
+    offline_source_name,
+    row_to_record,
+    validate_trajectories,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _tokenizer(config):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(config.policy_model, trust_remote_code=config.trust_remote_code)
+
+
+def _normalize_group(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Ray Data ``map_groups`` function: fill missing advantages with the group-normalized reward."""
+    rewards = np.asarray(batch["reward"], dtype=np.float32)
+    import torch
+
+    adv = group_advantages(torch.from_numpy(rewards), torch.zeros(len(rewards), dtype=torch.long)).numpy()
+    given = batch.get("advantage")
+    if given is not None:
+        given = np.asarray([np.nan if v is None else v for v in given], dtype=np.float32)
+        adv = np.where(np.isnan(given), adv, given)
+    out = dict(batch)
+    out["advantage"] = adv.astype(np.float32)
+    return out
+
+
+class BehaviorRescorer:
+    """Ray Data callable: fills missing ``behavior_logprobs`` with log-probs under a named model (run once)."""
+
+    def __init__(self, model_path: str, policy_model: str):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(policy_model)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+    def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        n = len(batch["reward"])
+        scored: List[Any] = []
+        for i in range(n):
+            row = {k: batch[k][i] for k in batch}
+            existing = row.get("behavior_logprobs")
+            if existing is not None:
+                scored.append(np.asarray(existing, dtype=np.float32))
+                continue
+            rec = row_to_record(dict(row, behavior_logprobs=[]), self.tokenizer)
+            ids = np.concatenate([rec["prompt_ids"], rec["completion_ids"]])
+            with self.torch.no_grad():
+                x = self.torch.as_tensor(ids)[None]
+                lp = self.torch.log_softmax(self.model(input_ids=x).logits[0, :-1].float(), -1)
+                lp = lp.gather(-1, x[0, 1:, None])[:, 0].numpy()
+            scored.append(lp[len(rec["prompt_ids"]) - 1:].astype(np.float32))
+        out = dict(batch)
+        out["behavior_logprobs"] = np.array(scored + [None], dtype=object)[:-1]
+        return out
+
+
+class P3OOfflineData(OfflineData):
+    """RLlib `OfflineData` that validates trajectory files before anything runs and prepares advantages.
+
+    - Every file and row is checked against the schema first (`rllib_p3o.offline`); a bad row stops the run before
+      it starts, with file/row/column in the error, unless ``offline_skip_bad_rows`` (then bad rows are dropped
+      and counted in ``offline_rows_skipped``).
+    - Rows without ``advantage`` get the group-normalized reward of their ``group_id`` group, computed over the
+      whole dataset (Ray Data ``groupby``), not over whichever rows a batch happens to hold.
+    - Rows without ``behavior_logprobs`` are scored once by ``offline_rescore_model`` (if set).
+    """
+
+    def __init__(self, config):
+        tokenizer = _tokenizer(config)
+        rescore = config.offline_rescore_model
+        report = validate_trajectories(config.input_, tokenizer=tokenizer, require_behavior=not rescore,
+                                       max_seq_len=config.offline_max_seq_len)
+        self.validation_report = report
+        if not report.ok and not config.offline_skip_bad_rows:
+            raise OfflineDataError("offline dataset failed validation (set offline_skip_bad_rows=True to drop bad "
+                                   "rows instead):\n" + report.summary())
+        if report.num_rows - report.bad_rows <= 0:
+            raise OfflineDataError("offline dataset has no valid rows:\n" + report.summary())
+        self.rows_skipped = report.bad_rows
+        self.source_names: Set[str] = _source_names(report.files)
+        super().__init__(config)
+        if rescore:
+            self.data = self.data.map_batches(
+                BehaviorRescorer, fn_constructor_kwargs={"model_path": rescore, "policy_model": config.policy_model},
+                batch_format="numpy", concurrency=1, num_cpus=0.5).materialize()
+        if "advantage" not in self.data.columns() or self._has_missing_advantages():
+            if "group_id" not in self.data.columns():
+                raise OfflineDataError(f"{report.files}: rows without 'advantage' need a 'group_id' column")
+            self.data = self.data.groupby("group_id").map_groups(_normalize_group, batch_format="numpy")
+        logger.info("offline data: %s", report.summary(limit=5))
+
+    def _has_missing_advantages(self) -> bool:
+        import pyarrow.parquet as pq
+
+        return any(pq.read_table(f, columns=["advantage"]).column("advantage").null_count
+                   for f in self.validation_report.files)
+
+
+def _source_names(files: List[str]) -> Set[str]:
+    import pyarrow.parquet as pq
+
+    names = {"offline"}
+    for f in files:
+        try:
+            table = pq.read_table(f, columns=["source"])
+        except (KeyError, ValueError, OSError):
+            continue
+        names |= {offline_source_name(s) for s in table.column("source").to_pylist()}
+    return names
+
+
+class P3OOfflinePreLearner(OfflinePreLearner):
+    """Maps a Ray Data batch of trajectory rows to the learner's padded token batch (fixed width
+    ``offline_max_seq_len``, so every batch has the same shape; the driver trims the padding).
+    """
+
+    def __init__(self, config, spaces=None, module_spec=None, module_state=None, **kwargs):
+        # OfflinePreLearner.__init__ would build the full RLModule (the LLM) in every data actor: not needed here.
+        self.config = config
+        self.tokenizer = _tokenizer(config)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        self.width = int(config.offline_max_seq_len)
+        self.skip_bad_rows = bool(config.offline_skip_bad_rows)
+
+    def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        n = len(batch["reward"])
+        records = []
+        for i in range(n):
+            row = {k: batch[k][i] for k in batch}
+            if self.skip_bad_rows and check_row(row, vocab_size=len(self.tokenizer), tokenizer=self.tokenizer,
+                                                max_seq_len=self.width):
+                continue  # counted once by the driver's validation report
+            rec = row_to_record(row, self.tokenizer)
+            rec["advantage"] = float(row["advantage"])
+            records.append(rec)
+        padded = pad_records(records, pad_id=self.pad_id, pad_to=self.width) if records else _empty(self.width)
+        return {f"{DEFAULT_MODULE_ID}/{k}": v for k, v in padded.items()}
+
+
+def _empty(width: int) -> Dict[str, np.ndarray]:
+    return {
+        "input_ids": np.zeros((0, width), np.int64), "attention_mask": np.zeros((0, width), np.int64),
+        "completion_mask": np.zeros((0, width - 1), np.float32),
+        "behavior_logprobs": np.zeros((0, width - 1), np.float32), "advantages": np.zeros(0, np.float32),
+        "weights_seq_no": np.zeros(0, np.int64), "source_id": np.zeros(0, np.int64),
+    }
+
+
+def trim_padding(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Drop the trailing columns that are padding in every row (offline batches come padded to a fixed width)."""
+    width = int(np.max(np.nonzero(batch["attention_mask"].any(0))[0])) + 1 if batch["attention_mask"].any() else 2
+    out = {}
+    for k, v in batch.items():
+        if k in ("input_ids", "attention_mask"):
+            out[k] = v[:, :width]
+        elif v.ndim == 2:
+            out[k] = v[:, :width - 1]
+        else:
+            out[k] = v
+    return out
