@@ -323,6 +323,8 @@ class P3O(Algorithm):
 
     def training_step(self) -> None:
         cfg: P3OConfig = self.config
+        if cfg.eval_interval and int(self.iteration or 0) % cfg.eval_interval == 0:
+            self._log_heldout()  # the policy as it is at the start of this iteration (iteration 1: untrained)
         t0 = time.perf_counter()
         timings: Dict[str, float] = {}
         parts, records = [], []
@@ -355,9 +357,6 @@ class P3O(Algorithm):
         timings["time_sync_s"] = time.perf_counter() - t3
         timings["time_other_s"] = time.perf_counter() - t0 - sum(timings.values())
         self._log_step(records, batch, timings, sync_stats, per_learner_ess)
-
-        if cfg.eval_interval and self.iteration is not None and (self.iteration + 1) % cfg.eval_interval == 0:
-            self._log_heldout()
 
     # -- pieces of one step -------------------------------------------------------------------------------------
 
@@ -457,8 +456,14 @@ class P3O(Algorithm):
         for k, v in step.items():
             self.metrics.log_value(("p3o", k), v, window=1)
 
+    def evaluate_heldout(self) -> Optional[Dict[str, float]]:
+        """Greedy completions of the current policy on ``env_config["eval_dataset"]``, scored by the reward function."""
+        if not self._has_engine:
+            return None
+        return self._sampling_runner_call("evaluate_heldout", self.config.eval_max_prompts)
+
     def _log_heldout(self) -> None:
-        res = self._sampling_runner_call("evaluate_heldout", self.config.eval_max_prompts)
+        res = self.evaluate_heldout()
         if res is not None:
             for k, v in res.items():
                 self.metrics.log_value(("p3o", f"heldout_{k}"), v, window=1)

@@ -9,7 +9,8 @@ from rllib_p3o.tasks.arithmetic import ArithmeticTask, arithmetic_reward
 
 
 def demo_config(model_path: str, **training: Any) -> P3OConfig:
-    """64 prompts x 8 completions per iteration, 2 optimizer steps per iteration, greedy held-out eval every 5.
+    """64 prompts x 8 completions per iteration, 2 optimizer steps per iteration, greedy held-out eval every 5
+    (at the start of the iteration, so the first point is the untrained model).
 
     The learning rate warms up linearly over the first 10 iterations (5120 sampled completions): Adam's first
     steps move every weight by ~lr, which at full lr can wreck a small model before any learning happens.
