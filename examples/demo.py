@@ -23,6 +23,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=600.0, help="stop training after this many seconds")
     parser.add_argument("--target", type=float, default=0.95, help="stop once held-out accuracy reaches this")
     parser.add_argument("--loss", default="p3o", choices=["p3o", "grpo"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (after warm-up)")
     args = parser.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -53,7 +55,8 @@ def main() -> None:
 
     tuner = tune.Tuner(
         "P3O",
-        param_space=demo_config(model, loss=args.loss),
+        param_space=demo_config(model, loss=args.loss, **({"lr": [[0, 1e-5], [5120, args.lr]]} if args.lr else {}))
+        .debugging(seed=args.seed),
         run_config=tune.RunConfig(
             name="demo", storage_path=out, verbose=0, callbacks=[IterationPrinter(every=5)],
             stop=stop,

@@ -20,7 +20,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 
 COLUMNS = ("input_ids", "attention_mask", "completion_mask", "behavior_logprobs", "advantages", "weights_seq_no",
-           "source_id")
+           "source_id", "staleness")
 
 
 def pad_records(records: Sequence[Mapping], pad_id: int, pad_to: Optional[int] = None) -> dict:
@@ -55,6 +55,8 @@ def pad_records(records: Sequence[Mapping], pad_id: int, pad_to: Optional[int] =
         "advantages": np.asarray([r["advantage"] for r in records], dtype=np.float32),
         "weights_seq_no": np.asarray([r.get("weights_seq_no", 0) for r in records], dtype=np.int64),
         "source_id": np.asarray([r.get("source_id", 0) for r in records], dtype=np.int64),
+        # Policy versions between the sampler and the learner (-1: not applicable, e.g. offline or behavior rows).
+        "staleness": np.asarray([r.get("staleness", -1) for r in records], dtype=np.int64),
     }
     return out
 

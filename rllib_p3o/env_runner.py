@@ -53,6 +53,10 @@ class WeightSyncError(RuntimeError):
     """The engine does not hold the weights the learner sent (a silent sync failure would look like staleness)."""
 
 
+def behavior_source_name(spec: Dict[str, Any]) -> str:
+    return "behavior/" + str(spec.get("name") or os.path.basename(os.path.normpath(spec["model"])))
+
+
 def make_env(config) -> TextEnv:
     env_cls = config.env if isinstance(config.env, type) and issubclass(config.env, TextEnv) else TextEnv
     env_config = dict(config.env_config)
@@ -80,12 +84,18 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         offline_only = config.resolved_offline_fraction >= 1.0
         self.is_sampler = self.worker_index > 0 or (self.num_workers == 0 and not offline_only)
         self.env = make_env(self.config) if (self.is_sampler or "dataset" in env_config) else None
+        # Frozen behavior models (never synced) generate their share of every prompt group beside the policy.
+        self._behavior: List[tuple] = []
+        self._last_sample_end: Optional[float] = None
         if self.is_sampler:
-            self._llm = self._make_engine()
+            self._llm = self._make_engine(config.policy_model)
+            self._tied_embeddings = bool(getattr(self._llm.llm_engine.model_config.hf_config,
+                                                 "tie_word_embeddings", False))
+            self._behavior = [(spec, self._make_engine(spec["model"])) for spec in config.behavior_models]
 
     # -- engine -------------------------------------------------------------------------------------------------
 
-    def _make_engine(self):
+    def _make_engine(self, model: str):
         # In-process engine inside a Ray actor: one process, ~4x faster start than vLLM's multiprocess engine.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
@@ -93,8 +103,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
         cfg = self.config
         kwargs: Dict[str, Any] = dict(
-            model=cfg.policy_model,
-            tokenizer=cfg.policy_model,
+            model=model,
+            tokenizer=model,
             dtype=cfg.model_dtype,
             seed=int(cfg.seed or 0),
             trust_remote_code=cfg.trust_remote_code,
@@ -109,8 +119,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         kwargs.update(cfg.vllm_kwargs or {})
         t0 = time.perf_counter()
         llm = LLM(**kwargs)
-        self._tied_embeddings = bool(getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
-        logger.info("vLLM engine for %s ready in %.1fs (runner %d)", cfg.policy_model, time.perf_counter() - t0,
+        logger.info("vLLM engine for %s ready in %.1fs (runner %d)", model, time.perf_counter() - t0,
                     self.worker_index)
         return llm
 
@@ -157,43 +166,63 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         online_prompts = round((1.0 - self.config.resolved_offline_fraction) * self.config.prompts_per_step)
         return math.ceil(online_prompts / max(1, self.num_workers))
 
+    def _engines(self) -> List[tuple]:
+        """``(source name, engine, samples per prompt, sampling overrides)`` for the policy and each behavior model."""
+        from rllib_p3o.p3o import behavior_sample_counts
+
+        counts = behavior_sample_counts(self.config)
+        engines = [("online", self._llm, self.config.group_size - sum(counts), {})]
+        for (spec, llm), n in zip(self._behavior, counts):
+            overrides = {k: spec[k] for k in ("temperature", "top_p", "top_k", "max_tokens") if k in spec}
+            engines.append((behavior_source_name(spec), llm, n, overrides))
+        return [e for e in engines if e[2] > 0]
+
     def sample(self, num_prompts: Optional[int] = None, **kwargs) -> List:
-        """Sample ``group_size`` completions for each of ``num_prompts`` prompts; one episode per completion."""
+        """Sample ``group_size`` completions for each of ``num_prompts`` prompts; one episode per completion.
+
+        With behavior models, each prompt group holds ``group_size - Σ behavior samples`` policy completions and
+        each behavior model's share, generated with that model's own sampling parameters.
+        """
         from vllm.inputs import TokensPrompt
 
+        from rllib_p3o.offline import source_id
+
+        t_start = time.perf_counter()
+        idle = t_start - self._last_sample_end if self._last_sample_end is not None else 0.0
         rows = self.env.next_rows(num_prompts or self.prompts_per_sample())
         prompt_ids = [self._encode(r["prompt"]) for r in rows]
-        params = []
-        for _ in rows:
-            params.append(self._sampling_params(self._request_seed(self._groups_sampled)))
-            self._groups_sampled += 1
-        first_group = self._groups_sampled - len(rows)
-        t0 = time.perf_counter()
-        outputs = self._llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
-        t_gen = time.perf_counter() - t0
+        first_group = self._groups_sampled
+        self._groups_sampled += len(rows)
+        requests = [TokensPrompt(prompt_token_ids=p) for p in prompt_ids]
 
-        prompts, completions, score_rows, flat = [], [], [], []
-        for i, (row, pids, out) in enumerate(zip(rows, prompt_ids, outputs)):
-            for comp in out.outputs:
-                ids = list(comp.token_ids)
-                logps = [lp[tid].logprob for tid, lp in zip(ids, comp.logprobs)]
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                prompts.append(row["prompt"])
-                completions.append(text)
-                score_rows.append(row)
-                flat.append((i, pids, ids, logps, comp.finish_reason, text))
-        rewards = self.env.score(prompts, completions, score_rows)
+        # (row index, prompt ids, completion ids, behavior log-probs, finish reason, text, source, sampling params)
+        flat = []
+        t_gen = 0.0
+        for k, (source, llm, n, overrides) in enumerate(self._engines()):
+            params = [self._sampling_params(self._request_seed(first_group + i) + k, n=n, **overrides)
+                      for i in range(len(rows))]
+            t0 = time.perf_counter()
+            outputs = llm.generate(requests, params, use_tqdm=False)
+            t_gen += time.perf_counter() - t0
+            for i, (pids, out) in enumerate(zip(prompt_ids, outputs)):
+                for comp in out.outputs:
+                    ids = list(comp.token_ids)
+                    logps = [lp[tid].logprob for tid, lp in zip(ids, comp.logprobs)]
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                    flat.append((i, pids, ids, logps, comp.finish_reason, text, source, params[i]))
+        rewards = self.env.score([rows[f[0]]["prompt"] for f in flat], [f[5] for f in flat], [rows[f[0]] for f in flat])
 
         episodes = []
-        # Group ids are unique across runners and iterations: advantages are normalized within a prompt group.
+        # Group ids are unique across runners and iterations: advantages are normalized within a prompt group,
+        # over the policy's and the behavior models' completions together.
         group_base = self.worker_index * 10**12
-        for (i, pids, ids, logps, finish, text), reward in zip(flat, rewards):
+        for (i, pids, ids, logps, finish, text, source, sp), reward in zip(flat, rewards):
             episodes.append(completion_episode(
                 prompt_ids=pids, completion_ids=ids, behavior_logprobs=logps, reward=float(reward),
                 weights_seq_no=self._weights_seq_no, group_id=group_base + first_group + i,
-                infos={"prompt": prompts[len(episodes)], "completion": text, "finish_reason": finish,
-                       "temperature": self.config.temperature, "top_p": self.config.top_p,
-                       "logprobs_mode": self.config.logprobs_mode},
+                source_id=source_id(source),
+                infos={"prompt": rows[i]["prompt"], "completion": text, "finish_reason": finish, "source": source,
+                       "temperature": sp.temperature, "top_p": sp.top_p, "logprobs_mode": self.config.logprobs_mode},
             ))
         n_tokens = sum(len(f[2]) for f in flat)
         self._env_steps_lifetime += len(episodes)
@@ -204,6 +233,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self.metrics.log_value(EPISODE_RETURN_MEAN, float(np.mean(rewards)), window=1)
         self.metrics.log_value("generate_time_s", t_gen, window=1)
         self.metrics.log_value("generated_tokens_per_s", n_tokens / max(t_gen, 1e-9), window=1)
+        # Time this runner sat without a sample() request (async mode keeps this near 0).
+        self.metrics.log_value("idle_time_s", idle, reduce="sum")
+        self._last_sample_end = time.perf_counter()
         return episodes
 
     def get_metrics(self):
@@ -302,9 +334,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return []
 
     def stop(self) -> None:
-        if self._llm is not None:
-            try:
-                self._llm.llm_engine.engine_core.shutdown()
-            except Exception as e:  # shutting down anyway
-                logger.debug("engine shutdown: %s", e)
-            self._llm = None
+        for llm in [self._llm] + [b[1] for b in self._behavior]:
+            if llm is not None:
+                try:
+                    llm.llm_engine.engine_core.shutdown()
+                except Exception as e:  # shutting down anyway
+                    logger.debug("engine shutdown: %s", e)
+        self._llm, self._behavior = None, []

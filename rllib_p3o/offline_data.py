@@ -172,6 +172,7 @@ def _empty(width: int) -> Dict[str, np.ndarray]:
         "completion_mask": np.zeros((0, width - 1), np.float32),
         "behavior_logprobs": np.zeros((0, width - 1), np.float32), "advantages": np.zeros(0, np.float32),
         "weights_seq_no": np.zeros(0, np.int64), "source_id": np.zeros(0, np.int64),
+        "staleness": np.zeros(0, np.int64),
     }
 
 

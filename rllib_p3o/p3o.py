@@ -88,6 +88,12 @@ class P3OConfig(AlgorithmConfig):
         self.verify_weight_sync = True
         # Max |learner - engine| log-prob on the probe; fp32 engines agree to ~1e-5, bf16 needs ~5e-2.
         self.weight_sync_tolerance = 1e-3
+        # Asynchronous sampling: runners keep generating (with weights up to `max_staleness` versions old).
+        self.async_sampling = False
+        self.max_staleness = 2
+        # Frozen behavior models: [{"model": PATH, "samples": 4 (per prompt group) or "share": 0.5,
+        #   "name": ..., "temperature": ..., "top_p": ..., "top_k": ..., "max_tokens": ...}, ...]
+        self.behavior_models: List[Dict[str, Any]] = []
         # Offline trajectories (config.offline_data(input_=PATH)) and recording.
         self.offline_fraction: Optional[float] = None
         self.offline_skip_bad_rows = False
@@ -147,6 +153,9 @@ class P3OConfig(AlgorithmConfig):
         weight_sync_tolerance: Optional[float] = NotProvided,
         eval_interval: Optional[int] = NotProvided,
         eval_max_prompts: Optional[int] = NotProvided,
+        async_sampling: Optional[bool] = NotProvided,
+        max_staleness: Optional[int] = NotProvided,
+        behavior_models: Optional[List[Dict[str, Any]]] = NotProvided,
         offline_fraction: Optional[float] = NotProvided,
         offline_skip_bad_rows: Optional[bool] = NotProvided,
         offline_rescore_model: Optional[str] = NotProvided,
@@ -177,6 +186,15 @@ class P3OConfig(AlgorithmConfig):
             eval_interval: Greedy held-out evaluation every this many iterations (needs ``eval_dataset`` in
                 env_config); 0 disables.
             eval_max_prompts: At most this many held-out prompts per evaluation.
+            async_sampling: Runners keep generating while the learners update; weights reach them without a
+                pause (each runner loads them after its current sample).
+            max_staleness: In async mode, policy samples more than this many weight versions behind the learner
+                are dropped (and counted).
+            behavior_models: Frozen models whose engines generate a share of every prompt group, each a dict with
+                ``model`` (HF path), ``samples`` (completions per group) or ``share`` (of ``group_size``), and
+                optionally ``name`` and its own ``temperature``/``top_p``/``top_k``/``max_tokens``. Their
+                sampled-token log-probs are the behavior log-probs; their weights are never synced. They must use
+                the policy's tokenizer.
             offline_fraction: Share of each training batch's rows taken from the offline dataset
                 (``config.offline_data(input_=PATH)``); the rest are online rollouts. Default: 1.0 when an offline
                 dataset is configured (offline-only), else 0.0.
@@ -196,7 +214,8 @@ class P3OConfig(AlgorithmConfig):
             logprob_chunk_size=logprob_chunk_size, group_size=group_size, prompts_per_step=prompts_per_step,
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, logprobs_mode=logprobs_mode,
             vllm_kwargs=vllm_kwargs, verify_weight_sync=verify_weight_sync,
-            weight_sync_tolerance=weight_sync_tolerance, offline_fraction=offline_fraction,
+            weight_sync_tolerance=weight_sync_tolerance, async_sampling=async_sampling,
+            max_staleness=max_staleness, behavior_models=behavior_models, offline_fraction=offline_fraction,
             offline_skip_bad_rows=offline_skip_bad_rows, offline_rescore_model=offline_rescore_model,
             offline_max_seq_len=offline_max_seq_len, record_rollouts=record_rollouts, eval_interval=eval_interval,
             eval_max_prompts=eval_max_prompts,
@@ -229,6 +248,17 @@ class P3OConfig(AlgorithmConfig):
             self._value_error(f"offline_fraction must be in [0, 1], got {self.offline_fraction}.")
         if self.resolved_offline_fraction > 0 and not self.is_offline:
             self._value_error("offline_fraction > 0 needs an offline dataset: .offline_data(input_=PATH).")
+        for spec in self.behavior_models:
+            if "model" not in spec:
+                self._value_error(f"each behavior model needs a 'model' path, got {spec}.")
+        if self.behavior_models and sum(behavior_sample_counts(self)) > self.group_size:
+            self._value_error(f"behavior models take {sum(behavior_sample_counts(self))} samples per group, more "
+                              f"than group_size={self.group_size}.")
+        if self.behavior_models and not self.in_evaluation:
+            check_same_tokenizer(self.policy_model, [s["model"] for s in self.behavior_models],
+                                 self.trust_remote_code)
+        if self.async_sampling and self.num_env_runners < 1 and not self.in_evaluation:
+            self._value_error("async_sampling needs remote EnvRunners (num_env_runners >= 1).")
         if self.minibatch_size is not None and self.minibatch_size <= 0:
             self._value_error("minibatch_size must be positive or None.")
 
@@ -257,6 +287,33 @@ class P3OConfig(AlgorithmConfig):
         return super()._model_config_auto_includes | self.lm_model_config()
 
 
+def behavior_sample_counts(config: "P3OConfig") -> List[int]:
+    """Completions per prompt group generated by each behavior model (``samples``, or ``share`` of group_size)."""
+    counts = []
+    for spec in config.behavior_models:
+        n = spec["samples"] if "samples" in spec else round(float(spec.get("share", 0.5)) * config.group_size)
+        counts.append(int(n))
+    return counts
+
+
+def check_same_tokenizer(policy: str, others: List[str], trust_remote_code: bool = False) -> None:
+    """Raise if a behavior model's tokenizer differs from the policy's (its token ids would mean other tokens)."""
+    from transformers import AutoTokenizer
+
+    ref = AutoTokenizer.from_pretrained(policy, trust_remote_code=trust_remote_code)
+    ref_vocab = ref.get_vocab()
+    for other in others:
+        tok = AutoTokenizer.from_pretrained(other, trust_remote_code=trust_remote_code)
+        vocab = tok.get_vocab()
+        if vocab != ref_vocab or tok.eos_token_id != ref.eos_token_id:
+            differing = len(set(vocab.items()) ^ set(ref_vocab.items()))
+            raise ValueError(
+                f"behavior model {other} uses a different tokenizer than the policy model {policy} "
+                f"(vocabulary sizes {len(vocab)} vs {len(ref_vocab)}, {differing} differing entries, eos "
+                f"{tok.eos_token_id} vs {ref.eos_token_id}); its sampled token ids and log-probs would not refer to "
+                f"the policy's tokens.")
+
+
 class P3O(Algorithm):
     """The P3O algorithm; see the module docstring for one training step."""
 
@@ -279,7 +336,13 @@ class P3O(Algorithm):
             from rllib_p3o.offline import TrajectoryRecorder
 
             self._recorder = TrajectoryRecorder(config.record_rollouts)
-        self._sync_weights()
+        self._async_chunks: List[List[Dict[str, Any]]] = []
+        self._dropped_stale_lifetime = 0
+        self._last_sync_stats: Dict[str, float] = {}
+        from rllib_p3o.env_runner import behavior_source_name
+
+        self._source_names |= {behavior_source_name(spec) for spec in config.behavior_models}
+        self._sync_weights(blocking=True)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
@@ -304,8 +367,13 @@ class P3O(Algorithm):
                 lambda r: getattr(r, method)(*args, **kwargs), remote_worker_ids=[1], local_env_runner=False)[0]
         return getattr(self.env_runner, method)(*args, **kwargs)
 
-    def _sync_weights(self) -> Dict[str, float]:
-        """Push the learner's weights into every runner's engine (in place) and return sync stats."""
+    def _sync_weights(self, blocking: Optional[bool] = None) -> Dict[str, float]:
+        """Push the learner's weights into every runner's engine (in place) and return sync stats.
+
+        In async mode the push does not wait: each runner loads the weights after its current sample() (Ray actors
+        are serial), and a runner that still has an older push queued skips this one (latest wins). Errors of
+        earlier pushes (e.g. a failed probe check) are raised here when their results come back.
+        """
         self._weights_seq_no += 1
         state = self.learner_group.get_state(components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE,
                                              inference_only=True)[COMPONENT_LEARNER][COMPONENT_RL_MODULE]
@@ -316,6 +384,13 @@ class P3O(Algorithm):
                 lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().sequence_logprobs(probe_ids))
             payload["probe"] = {"token_ids": probe_ids, "logprobs": [r.get() for r in results][0]}
             payload["tolerance"] = self.config.weight_sync_tolerance
+        if blocking is None:
+            blocking = not (self.config.async_sampling and self._sampling_runners())
+        if not blocking:
+            for _, stats in self.env_runner_group.fetch_ready_async_reqs(tags="sync", timeout_seconds=0.0):
+                self._last_sync_stats = stats
+            self.env_runner_group.foreach_env_runner_async(lambda r: r.load_policy_weights(payload), tag="sync")
+            return dict(self._last_sync_stats)
         results = self._foreach_sampling_runner(lambda r: r.load_policy_weights(payload))
         return {k: float(np.max([res[k] for res in results])) for k in results[0]} if results else {}
 
@@ -323,7 +398,8 @@ class P3O(Algorithm):
 
     def training_step(self) -> None:
         cfg: P3OConfig = self.config
-        if cfg.eval_interval and int(self.iteration or 0) % cfg.eval_interval == 0:
+        it = int(self.iteration or 0)  # iterations done so far; this one is it + 1
+        if cfg.eval_interval and (it == 0 or (it + 1) % cfg.eval_interval == 0):
             self._log_heldout()  # the policy as it is at the start of this iteration (iteration 1: untrained)
         t0 = time.perf_counter()
         timings: Dict[str, float] = {}
@@ -368,6 +444,8 @@ class P3O(Algorithm):
 
     def _sample_online(self) -> List[Dict[str, Any]]:
         cfg = self.config
+        if cfg.async_sampling:
+            return self._sample_online_async()
         episodes, runner_metrics = synchronous_parallel_sample(
             worker_set=self.env_runner_group,
             max_env_steps=self._num_online_prompts() * cfg.group_size,
@@ -379,7 +457,49 @@ class P3O(Algorithm):
             raise RuntimeError("No completions were sampled: an EnvRunner failed (see the errors above) or "
                                f"sampling took longer than sample_timeout_s={cfg.sample_timeout_s}.")
         self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
-        return episodes_to_records(episodes)
+        records = episodes_to_records(episodes)
+        for r in records:
+            r["staleness"] = self._weights_seq_no - r["weights_seq_no"] if r["source_id"] == 0 else -1
+        return records
+
+    def _arm_samplers(self) -> None:
+        # At most one sample() in flight per runner (RLlib's per-actor, per-tag in-flight limit).
+        self.env_runner_group.foreach_env_runner_async(lambda r: (r.sample(), r.get_metrics()), tag="sample")
+
+    def _sample_online_async(self) -> List[Dict[str, Any]]:
+        """Take whole sample() chunks from the runners, which never stop generating; drop stale ones."""
+        cfg = self.config
+        need = self._num_online_prompts() * cfg.group_size
+        t0 = time.perf_counter()
+        taken: List[Dict[str, Any]] = []
+        dropped = 0
+        while True:
+            while self._async_chunks and len(taken) < need:
+                chunk = self._async_chunks.pop(0)
+                version = max((r["weights_seq_no"] for r in chunk if r["source_id"] == 0), default=None)
+                staleness = self._weights_seq_no - version if version is not None else 0
+                if staleness > cfg.max_staleness:
+                    dropped += len(chunk)  # the whole chunk: its prompt groups stay whole
+                    continue
+                for r in chunk:
+                    r["staleness"] = staleness if r["source_id"] == 0 else -1
+                taken += chunk
+            if len(taken) >= need:
+                break
+            self._arm_samplers()
+            for _, (episodes, runner_metrics) in self.env_runner_group.fetch_ready_async_reqs(
+                    tags="sample", timeout_seconds=0.02):
+                self.metrics.aggregate([runner_metrics], key=ENV_RUNNER_RESULTS)
+                self._async_chunks.append(episodes_to_records(episodes))
+            if time.perf_counter() - t0 > cfg.sample_timeout_s:
+                raise RuntimeError(f"async sampling produced no usable samples within sample_timeout_s="
+                                   f"{cfg.sample_timeout_s} (dropped as stale: {dropped}).")
+        self._arm_samplers()
+        self._dropped_stale_lifetime += dropped
+        self.metrics.log_value(("p3o", "learner_wait_for_data_s"), time.perf_counter() - t0, window=1)
+        self.metrics.log_value(("p3o", "dropped_stale_samples"), dropped, window=1)
+        self.metrics.log_value(("p3o", "dropped_stale_samples_lifetime"), self._dropped_stale_lifetime, window=1)
+        return taken
 
     @staticmethod
     def _add_group_advantages(records: List[Dict[str, Any]]) -> None:
@@ -432,6 +552,21 @@ class P3O(Algorithm):
         for (name, metric), values in collected.items():
             self.metrics.log_value(("p3o", "by_source", name, metric), float(np.mean(values)), window=1)
 
+    def _log_records_by_source(self, records) -> None:
+        from rllib_p3o.offline import source_id
+
+        names = {source_id(n): n for n in self._source_names}
+        by: Dict[int, List[Dict[str, Any]]] = {}
+        for r in records:
+            by.setdefault(r["source_id"], []).append(r)
+        for sid, rs in by.items():
+            name = names.get(sid, f"source_{sid}")
+            self.metrics.log_value(("p3o", "by_source", name, "reward_mean"),
+                                   float(np.mean([r["reward"] for r in rs])), window=1)
+            self.metrics.log_value(("p3o", "by_source", name, "completion_len_mean"),
+                                   float(np.mean([len(r["completion_ids"]) for r in rs])), window=1)
+            self.metrics.log_value(("p3o", "by_source", name, "num_completions"), len(rs), window=1)
+
     def _log_step(self, records, batch, timings, sync_stats, per_learner_ess) -> None:
         n_gen = int(sum(len(r["completion_ids"]) for r in records))
         n_trained = int(batch["completion_mask"].sum())
@@ -451,6 +586,10 @@ class P3O(Algorithm):
             rewards = np.asarray([r["reward"] for r in records], dtype=np.float64)
             step.update(reward_mean=float(rewards.mean()), completion_len_mean=n_gen / len(records),
                         generated_tokens_per_s=n_gen / max(timings["time_generate_s"], 1e-9))
+            stale = [r["staleness"] for r in records if r.get("staleness", -1) >= 0]
+            if stale:
+                step.update(staleness_mean=float(np.mean(stale)), staleness_max=int(np.max(stale)))
+            self._log_records_by_source(records)
         if self.offline_data is not None:
             step["offline_rows_skipped"] = getattr(self.offline_data, "rows_skipped", 0)
         for k, v in step.items():
@@ -477,7 +616,7 @@ class P3O(Algorithm):
         super().restore_from_path(path, *args, **kwargs)
         # RLlib's own post-restore sync is fire-and-forget; push (and verify) the restored weights before going on.
         self._weights_seq_no = max(self._weights_seq_no, int(self.iteration or 0) + 1)
-        self._sync_weights()
+        self._sync_weights(blocking=True)
 
     # -- export ------------------------------------------------------------------------------------------------
 

@@ -98,7 +98,7 @@ def build_tiny_model(
     return path
 
 
-def build_demo_model(path: str, *, pretrain_steps: int = 1500, overwrite: bool = False,
+def build_demo_model(path: str, *, pretrain_steps: int = 1500, seed: int = 0, overwrite: bool = False,
                      progress=None) -> str:
     """The demo's base model: `build_tiny_model` + a short pretraining on plain sums of the training pairs.
 
@@ -108,13 +108,15 @@ def build_demo_model(path: str, *, pretrain_steps: int = 1500, overwrite: bool =
     from rllib_p3o.tasks.pretrain import pretrain_causal_lm
 
     stamp = os.path.join(path, "pretrain_args.json")
-    args = {"pretrain_steps": pretrain_steps, "corpus": "ArithmeticTask().pretraining_corpus()", "version": 1}
+    args = {"pretrain_steps": pretrain_steps, "seed": seed, "corpus": "ArithmeticTask().pretraining_corpus()",
+            "version": 1}
     if not overwrite and os.path.exists(stamp):
         with open(stamp) as f:
             if json.load(f) == args:
                 return path
-    build_tiny_model(path, overwrite=True)
-    pretrain_causal_lm(path, ArithmeticTask().pretraining_corpus(), steps=pretrain_steps, progress=progress)
+    build_tiny_model(path, seed=seed, overwrite=True)
+    pretrain_causal_lm(path, ArithmeticTask().pretraining_corpus(), steps=pretrain_steps, seed=seed,
+                       progress=progress)
     with open(stamp, "w") as f:
         json.dump(args, f)
     return path

@@ -26,6 +26,7 @@ from rllib_p3o import objectives
 from rllib_p3o.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
 
 SOURCE_ID = "source_id"
+STALENESS = "staleness"
 
 
 class P3OTorchLearner(TorchLearner):
@@ -58,27 +59,31 @@ class P3OTorchLearner(TorchLearner):
             raise ValueError(f"Unknown loss {config.loss!r}; expected 'p3o' or 'grpo'.")
 
         self.metrics.log_dict({(module_id, k): float(v) for k, v in metrics.items()}, window=1)
-        if SOURCE_ID in batch:
-            self._log_per_source(module_id, logp.detach(), batch, mask, metrics["ess"])
+        for column, label in ((SOURCE_ID, "by_source"), (STALENESS, "by_staleness")):
+            if column in batch:
+                self._log_groups(module_id, column, label, logp.detach(), batch, mask, metrics["ess"])
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return loss * world
 
-    def _log_per_source(self, module_id, logp, batch, mask, ess) -> None:
-        """Per-source diagnostics (online policy, offline dataset, each behavior model), local to this learner.
+    def _log_groups(self, module_id, column, label, logp, batch, mask, ess) -> None:
+        """Diagnostics per value of ``column``: per source (online policy, offline data, each behavior model) or
+        per staleness (policy versions behind). Local to this learner.
 
-        The loss uses one ESS for the whole batch; these per-source values show which source is off-policy.
-        They are local because a source need not be present on every learner (no collective can depend on it).
+        The loss uses one ESS for the whole batch; these values show which part of it is off-policy. They are
+        local because a group need not be present on every learner (no collective can depend on it).
         """
         with torch.no_grad():
-            source = batch[SOURCE_ID]
+            source = batch[column]
             log_ratio = logp - torch.where(mask, batch["behavior_logprobs"].to(logp.dtype), logp)
             for sid in torch.unique(source).tolist():
+                if sid < 0:  # not applicable (e.g. staleness of offline rows)
+                    continue
                 m = mask & (source == sid).unsqueeze(-1)
                 n = float(m.sum())
                 if n == 0:
                     continue
                 r = torch.exp(log_ratio[m].double())
-                key = (module_id, "by_source", str(int(sid)))
+                key = (module_id, label, str(int(sid)))
                 self.metrics.log_dict({
                     key + ("ess",): float(objectives.effective_sample_size_from_log_ratios(
                         log_ratio, m, all_reduce=False)),

@@ -1,0 +1,82 @@
+"""Async sampling with bounded staleness, and frozen behavior models mixed into prompt groups (real Ray + vLLM)."""
+
+from collections import Counter, defaultdict
+
+import pytest
+import ray
+
+from rllib_p3o import P3OConfig
+from rllib_p3o.env_runner import VLLMEnvRunner
+from rllib_p3o.episodes import episodes_to_records
+from rllib_p3o.offline import source_id
+from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward, build_tiny_model
+
+
+def _config(model, **training):
+    task = ArithmeticTask()
+    return (P3OConfig()
+            .environment(env_config={"dataset": task.train_rows()[:400], "reward_fn": arithmetic_reward})
+            .training(model=model, group_size=4, prompts_per_step=8, max_tokens=3, lr=1e-3, eval_interval=0,
+                      **training)
+            .env_runners(num_env_runners=1)
+            .debugging(seed=0))
+
+
+def test_behavior_model_takes_its_share_of_every_group(ray_session, tiny_model, tiny_untied_model):
+    cfg = _config(tiny_model, behavior_models=[{"model": tiny_untied_model, "name": "frozen", "samples": 3,
+                                                "temperature": 1.3}])
+    runner = ray.remote(num_cpus=1)(VLLMEnvRunner).remote(config=cfg, worker_index=1, num_workers=1)
+    try:
+        records = episodes_to_records(ray.get(runner.sample.remote()))
+    finally:
+        ray.get(runner.stop.remote())
+        ray.kill(runner)
+    groups = defaultdict(Counter)
+    for r in records:
+        groups[r["group_id"]][r["source_id"]] += 1
+    assert len(groups) == 8
+    for counts in groups.values():
+        assert counts == {source_id("online"): 1, source_id("behavior/frozen"): 3}
+    frozen = [r for r in records if r["source_id"] == source_id("behavior/frozen")]
+    assert {r["infos"]["temperature"] for r in frozen} == {1.3} and {r["infos"]["source"] for r in frozen} == {
+        "behavior/frozen"}
+
+
+def test_async_run_with_behavior_model(ray_session, tiny_model, tiny_untied_model):
+    cfg = _config(tiny_model, async_sampling=True, max_staleness=1,
+                  behavior_models=[{"model": tiny_untied_model, "name": "frozen", "share": 0.5}])
+    algo = cfg.build_algo()
+    try:
+        results = [algo.train() for _ in range(5)]
+    finally:
+        algo.stop()
+    p = [r["p3o"] for r in results]
+    assert all(x["staleness_max"] <= 1 for x in p)
+    assert any(x["staleness_mean"] > 0 for x in p)  # samples from older policy versions were trained on
+    assert all("dropped_stale_samples" in x and "learner_wait_for_data_s" in x for x in p)
+    last = p[-1]
+    assert set(last["by_source"]) == {"online", "behavior/frozen"}
+    assert last["by_source"]["online"]["num_completions"] == last["by_source"]["behavior/frozen"]["num_completions"]
+    for stats in last["by_source"].values():
+        assert {"reward_mean", "completion_len_mean", "ess", "cap_fraction", "kl_behavior"} <= set(stats)
+    # The frozen model is far from the policy (other weights): its tokens are off-policy, the policy's are not.
+    assert last["by_source"]["behavior/frozen"]["ess"] < last["by_source"]["online"]["ess"]
+    assert "by_staleness" in results[-1]["learners"]["default_policy"]
+    assert "idle_time_s" in results[-1]["env_runners"]
+
+
+def test_sync_run_drops_nothing_and_reports_zero_staleness(ray_session, tiny_model):
+    algo = _config(tiny_model).build_algo()
+    try:
+        res = algo.train()
+    finally:
+        algo.stop()
+    assert res["p3o"]["staleness_max"] == 0
+
+
+def test_behavior_model_with_another_tokenizer_fails_at_start(tiny_model, tmp_path):
+    other = build_tiny_model(str(tmp_path / "other_tok"), corpus=["completely different text " * 5, "abc xyz"],
+                             vocab_size=40)
+    with pytest.raises(ValueError, match=rf"behavior model {other} uses a different tokenizer than the policy model "
+                                         rf"{tiny_model}"):
+        _config(tiny_model, behavior_models=[{"model": other, "samples": 2}]).validate()
