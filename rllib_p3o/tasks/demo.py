@@ -17,7 +17,7 @@ def demo_config(model_path: str, **training: Any) -> P3OConfig:
     """
     task = ArithmeticTask()
     options = dict(model=model_path, loss="p3o", group_size=8, prompts_per_step=64, max_tokens=3,
-                   lr=[[0, 1e-5], [5120, 1e-3]], minibatch_size=256, eval_interval=5, eval_max_prompts=200)
+                   lr=[[0, 1e-5], [5120, 5e-4]], minibatch_size=256, eval_interval=5, eval_max_prompts=200)
     options.update(training)
     return (
         P3OConfig()
