@@ -33,3 +33,16 @@ def stop_at(target: float, time_limit: float, iterations: int):
         heldout = result.get("p3o", {}).get("heldout_reward_mean", float("nan"))
         return heldout >= target or result["time_total_s"] >= time_limit or result["training_iteration"] >= iterations
     return stop
+
+
+def write_summary(summary: dict, out: str) -> None:
+    """Save summary.json under ``out``, print it and shut Ray down (the common end of every example)."""
+    import json
+    import os
+
+    import ray
+
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(json.dumps(summary, indent=2))
+    ray.shutdown()

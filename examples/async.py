@@ -10,10 +10,9 @@ learner share the cores, so overlap buys less than on a GPU node (see benchmarks
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
-from _common import run_tuner, stop_at
+from _common import run_tuner, stop_at, write_summary
 
 
 def main() -> None:
@@ -39,10 +38,7 @@ def main() -> None:
     summary["dropped_stale_samples"] = int(df["p3o/dropped_stale_samples_lifetime"].iloc[-1])
     summary["plot"] = plot_training_curves({"async": df}, os.path.join(out, "async_curves.png"),
                                            title=f"async P3O (max staleness {args.max_staleness})")
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(json.dumps(summary, indent=2))
-    ray.shutdown()
+    write_summary(summary, out)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,9 @@ the merged group. Per-source metrics (reward, ESS, cap fraction, KL, length) sho
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
-from _common import run_tuner, stop_at
+from _common import run_tuner, stop_at, write_summary
 
 
 def main() -> None:
@@ -45,10 +44,7 @@ def main() -> None:
     summary["plot"] = plot_training_curves({f"{args.samples}/8 from behavior model": df},
                                            os.path.join(out, "mix_curves.png"),
                                            title="P3O with a frozen behavior model in every group")
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(json.dumps(summary, indent=2))
-    ray.shutdown()
+    write_summary(summary, out)
 
 
 if __name__ == "__main__":

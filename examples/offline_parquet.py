@@ -15,29 +15,11 @@ Held-out accuracy of the fresh model before and after each run is printed and sa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 
-
-def _tune(config, name: str, out: str, iterations: int):
-    from ray import tune
-
-    from rllib_p3o.progress import IterationPrinter
-
-    result = tune.Tuner(
-        "P3O", param_space=config,
-        run_config=tune.RunConfig(name=name, storage_path=out, verbose=0, stop={"training_iteration": iterations},
-                                  callbacks=[IterationPrinter(every=10)],
-                                  failure_config=tune.FailureConfig(fail_fast="raise")),
-    ).fit()[0]
-    if result.error:
-        raise result.error
-    df = result.metrics_dataframe
-    heldout = df["p3o/heldout_reward_mean"].dropna()
-    return df, {"heldout_before": float(heldout.iloc[0]), "heldout_after": float(heldout.iloc[-1]),
-                "heldout_max": float(heldout.max()), "train_time_s": float(df["time_total_s"].iloc[-1])}
+from _common import run_tuner, write_summary
 
 
 def main() -> None:
@@ -51,7 +33,6 @@ def main() -> None:
 
     import ray
 
-    import rllib_p3o  # noqa: F401  (registers "P3O")
     from rllib_p3o.progress import plot_training_curves
     from rllib_p3o.tasks import build_demo_model
     from rllib_p3o.tasks.demo import demo_config
@@ -61,8 +42,8 @@ def main() -> None:
     summary = {}
 
     print(f"[1/3] online run, recorded to {traj}", flush=True)
-    _, summary["recorded_online_run"] = _tune(demo_config(model, record_rollouts=traj), "record", out,
-                                              args.record_iterations)
+    _, summary["recorded_online_run"] = run_tuner(demo_config(model, record_rollouts=traj), "record", out,
+                                                  {"training_iteration": args.record_iterations})
     check = subprocess.run([sys.executable, "-m", "rllib_p3o.cli", "validate", traj, "--model", model],
                            capture_output=True, text=True)
     print("      rllib-p3o validate:", check.stdout.splitlines()[0], flush=True)
@@ -71,18 +52,17 @@ def main() -> None:
     frames = {}
     print("[2/3] fresh base model, offline-only from the recording", flush=True)
     offline = demo_config(model, offline_fraction=1.0).offline_data(input_=[traj])
-    frames["offline only"], summary["offline_only"] = _tune(offline, "offline_only", out, args.iterations)
+    frames["offline only"], summary["offline_only"] = run_tuner(offline, "offline_only", out,
+                                                                {"training_iteration": args.iterations})
 
     print("[3/3] fresh base model, 50% recording + 50% online", flush=True)
     mixed = demo_config(model, offline_fraction=0.5).offline_data(input_=[traj])
-    frames["50% offline + 50% online"], summary["mixed"] = _tune(mixed, "mixed", out, args.iterations)
+    frames["50% offline + 50% online"], summary["mixed"] = run_tuner(mixed, "mixed", out,
+                                                                     {"training_iteration": args.iterations})
 
     summary["plot"] = plot_training_curves(frames, os.path.join(out, "offline_curves.png"),
                                            title="P3O from recorded trajectories (fresh base model)")
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(json.dumps(summary, indent=2))
-    ray.shutdown()
+    write_summary(summary, out)
 
 
 if __name__ == "__main__":
