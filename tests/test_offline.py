@@ -168,3 +168,16 @@ def test_bad_file_stops_the_run_before_it_starts_unless_skipping(ray_session, ti
         _offline_ess(tiny_model, [bad])
     _, res = _offline_ess(tiny_model, [bad], offline_skip_bad_rows=True)
     assert res["p3o"]["offline_rows_skipped"] == 2 and res["p3o"]["trained_tokens"] > 0
+
+
+def test_rows_without_behavior_logprobs_error_or_are_rescored(ray_session, tiny_model, recording, tmp_path):
+    """Never silently on-policy: an error naming the rows by default, or scored once by the named model."""
+    table = pq.read_table(os.path.join(recording, "part-0000000.parquet"))
+    rows = table.drop_columns(["behavior_logprobs"]).to_pylist()
+    f = _write(tmp_path / "no_behavior.parquet", rows)
+    with pytest.raises(OfflineDataError, match=r"no_behavior.parquet: missing required column\(s\): 'behavior_logprobs'"):
+        _offline_ess(tiny_model, [f])
+    # Rescored by the learner's own initial weights: every ratio is exactly 1, so ESS = 1 and nothing is capped.
+    ess, res = _offline_ess(tiny_model, [f], offline_rescore_model=tiny_model)
+    assert ess > 0.999 and res["learners"][DEFAULT_MODULE_ID]["kl_behavior"] < 1e-5
+    assert res["p3o"]["trained_tokens"] > 0
