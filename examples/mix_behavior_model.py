@@ -2,8 +2,9 @@
 
     python examples/mix_behavior_model.py [--out runs/mix] [--samples 4] [--time-limit 600]
 
-The behavior model is a differently seeded base model, built and pretrained like the demo's (same tokenizer,
-other weights). It generates ``--samples`` of the 8 completions of each prompt, at its own temperature; its
+The behavior model is either a frozen copy of the policy's initial model (``--behavior base``: it starts on-policy
+and drifts away as the policy learns) or a differently seeded base model built and pretrained like the demo's
+(``--behavior seed1``: same tokenizer, other weights, far off-policy from the start). It generates ``--samples`` of the 8 completions of each prompt, at its own temperature; its
 sampled-token log-probs are the behavior log-probs, and it is never synced. Group advantages are computed over
 the merged group. Per-source metrics (reward, ESS, cap fraction, KL, length) show how off-policy its samples are.
 """
@@ -20,6 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/mix")
     parser.add_argument("--samples", type=int, default=4, help="behavior-model completions per group of 8")
+    parser.add_argument("--behavior", choices=["base", "seed1"], default="base")
     parser.add_argument("--time-limit", type=float, default=600.0)
     parser.add_argument("--iterations", type=int, default=1000)
     args = parser.parse_args()
@@ -32,11 +34,17 @@ def main() -> None:
     from rllib_p3o.tasks.demo import demo_config
 
     model = build_demo_model(os.path.join(out, "base_model"))
-    other = build_demo_model(os.path.join(out, "behavior_model"), seed=1)
+    if args.behavior == "seed1":
+        other = build_demo_model(os.path.join(out, "behavior_seed1"), seed=1)
+    else:
+        import shutil
+
+        other = os.path.join(out, "behavior_base")  # a frozen copy: the policy's own directory is never written
+        shutil.copytree(model, other, dirs_exist_ok=True)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    config = demo_config(model, behavior_models=[{"model": other, "name": "seed1", "samples": args.samples}])
+    config = demo_config(model, behavior_models=[{"model": other, "name": args.behavior, "samples": args.samples}])
     df, summary = run_tuner(config, "mix", out, stop_at(0.95, args.time_limit, args.iterations))
-    for name in ("online", "behavior/seed1"):
+    for name in ("online", f"behavior/{args.behavior}"):
         for metric in ("reward_mean", "ess", "cap_fraction"):
             col = f"p3o/by_source/{name}/{metric}"
             if col in df:
