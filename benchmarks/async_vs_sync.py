@@ -11,9 +11,9 @@ so async mode mostly removes the learner's wait for the slowest runner; it canno
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
+
+from _report import write_report
 
 
 def run(mode: str, model: str, target: float, time_limit: float) -> dict:
@@ -62,11 +62,7 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     report = {mode: run(mode, model, args.target, args.time_limit) for mode in ("sync", "async")}
     report["async_over_sync_throughput"] = report["async"]["completions_per_s"] / report["sync"]["completions_per_s"]
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2))
-    ray.shutdown()
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,11 @@ log-probs returned) with vLLM and with `transformers.generate`, each in a 1-CPU 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
+
+from _report import write_report
 
 
 def _engine_benchmark(model: str, prompts: list, n: int, max_tokens: int, repeats: int = 3) -> dict:
@@ -123,11 +124,7 @@ def main() -> None:
                          "local learner, 2 CPU cores",
               "build_algo_s": build_s, "iterations": len(rows), "mean_per_iteration": mean,
               "share_of_wall_time": split, "generation_engines": engines}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2))
-    ray.shutdown()
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ reported separately). Writes benchmarks/results/offline.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
+
+from _report import write_report
 
 
 def main() -> None:
@@ -62,11 +62,7 @@ def main() -> None:
         "rows_per_s": sum(rows) / sum(walls), "trained_tokens_per_s": sum(tokens) / sum(walls),
         "read_share_of_wall": sum(reads) / sum(walls),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(json.dumps(result, indent=2))
-    ray.shutdown()
+    write_report(result, args.out)
 
 
 if __name__ == "__main__":

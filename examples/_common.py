@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Tuple
+
+if TYPE_CHECKING:
+    import pandas
 
 
 def run_tuner(config, name: str, storage: str, stop: dict) -> Tuple["pandas.DataFrame", Dict[str, float]]:

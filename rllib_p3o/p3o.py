@@ -25,9 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict, List, Optional, Type, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Type, Union
 
-import gymnasium as gym
 import numpy as np
 import ray
 from typing_extensions import Self
@@ -51,6 +50,9 @@ from rllib_p3o import batching
 from rllib_p3o.env import TextEnv
 from rllib_p3o.episodes import episodes_to_records
 from rllib_p3o.objectives import group_advantages
+
+if TYPE_CHECKING:
+    from ray.rllib.core.learner.learner import Learner
 
 logger = logging.getLogger(__name__)
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 from ray import tune
+
+if TYPE_CHECKING:
+    import pandas
 
 # (column in Tune's flattened results, label)
 CURVES = (

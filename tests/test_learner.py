@@ -96,3 +96,17 @@ def test_grpo_loss_runs_in_learner(ray_session, tiny_model):
         assert 0.0 <= _per_learner(results, "clip_fraction")[0] <= 1.0
     finally:
         lg.shutdown()
+
+
+def test_reference_kl_uses_the_frozen_initial_model(ray_session, tiny_model):
+    """kl_ref_coeff > 0: the learner scores the batch under a frozen copy of the initial model (0 at step 1)."""
+    config = (P3OConfig().training(model=tiny_model, lr=3e-3, kl_ref_coeff=0.1, grad_clip=1e6)
+              .learners(num_learners=0))
+    lg = config.build_learner_group(spaces=SPACES)
+    try:
+        batch = _fixed_batch(tiny_model, behavior_shift=0.3)
+        kl = [_per_learner(lg.update(batch=batch), "kl_ref")[0] for _ in range(4)]
+    finally:
+        lg.shutdown()
+    assert kl[0] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first step
+    assert kl[-1] > kl[0]  # the policy moved away from the frozen reference, which did not move

@@ -14,7 +14,7 @@ whole minibatch.
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,9 @@ from ray.rllib.utils.typing import ModuleID, TensorType
 
 from rllib_p3o import objectives
 from rllib_p3o.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
+
+if TYPE_CHECKING:
+    from rllib_p3o.p3o import P3OConfig
 
 SOURCE_ID = "source_id"
 STALENESS = "staleness"
