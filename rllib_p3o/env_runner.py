@@ -163,8 +163,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return {INPUT_ENV_SPACES: spaces, DEFAULT_MODULE_ID: spaces}
 
     def prompts_per_sample(self) -> int:
-        online_prompts = round((1.0 - self.config.resolved_offline_fraction) * self.config.prompts_per_step)
-        return math.ceil(online_prompts / max(1, self.num_workers))
+        return math.ceil(self.config.online_prompts_per_step / max(1, self.num_workers))
 
     def _engines(self) -> List[tuple]:
         """``(source name, engine, samples per prompt, sampling overrides)`` for the policy and each behavior model."""

@@ -233,6 +233,11 @@ class P3OConfig(AlgorithmConfig):
         return 1.0 if self.is_offline else 0.0
 
     @property
+    def online_prompts_per_step(self) -> int:
+        """Prompts sampled online per training step; the rest of the batch comes from the offline dataset."""
+        return round((1.0 - self.resolved_offline_fraction) * self.prompts_per_step)
+
+    @property
     def train_batch_rows(self) -> int:
         return self.prompts_per_step * self.group_size
 
@@ -439,7 +444,7 @@ class P3O(Algorithm):
     # -- pieces of one step -------------------------------------------------------------------------------------
 
     def _num_online_prompts(self) -> int:
-        return round((1.0 - self.config.resolved_offline_fraction) * self.config.prompts_per_step)
+        return self.config.online_prompts_per_step
 
     def _num_offline_rows(self) -> int:
         return self.config.train_batch_rows - self._num_online_prompts() * self.config.group_size
