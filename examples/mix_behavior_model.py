@@ -17,11 +17,44 @@ import os
 from _common import run_tuner, stop_at, write_summary
 
 
+def briefly_trained(model: str, path: str, heldout_target: float, max_iterations: int = 400) -> str:
+    """A copy of ``model`` trained with the demo's P3O config until its held-out accuracy reaches ``heldout_target``,
+    exported as a Hugging Face directory (reused if it exists). It plays "another checkpoint of the same family".
+    """
+    import json
+    import math
+
+    from rllib_p3o.tasks.demo import demo_config
+
+    stamp = os.path.join(path, "behavior_training.json")
+    if os.path.exists(stamp):
+        return path
+    algo = demo_config(model, eval_interval=10, record_rollouts=None).build_algo()
+    try:
+        heldout = 0.0
+        while heldout < heldout_target and algo.iteration < max_iterations:
+            result = algo.train()
+            measured = result.get("p3o", {}).get("heldout_reward_mean", float("nan"))
+            heldout = heldout if math.isnan(measured) else measured  # measured every eval_interval iterations
+            if algo.iteration % 10 == 0:
+                print(f"[behavior model] iteration {algo.iteration}: held-out {heldout:.3f}", flush=True)
+        algo.export_hf(path)
+        with open(stamp, "w") as f:
+            json.dump({"iterations": algo.iteration, "heldout_reward_mean": heldout}, f)
+    finally:
+        algo.stop()
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/mix")
     parser.add_argument("--samples", type=int, default=4, help="behavior-model completions per group of 8")
-    parser.add_argument("--behavior", choices=["base", "seed1"], default="base")
+    parser.add_argument("--behavior", choices=["trained", "base", "seed1"], default="trained")
+    parser.add_argument("--behavior-heldout", type=float, default=0.3,
+                        help="--behavior trained: RL-train a copy of the base model until this held-out accuracy")
+    parser.add_argument("--ess-scope", choices=["batch", "source"], default="batch",
+                        help="one ESS for the whole batch (the paper's) or one per data source")
     parser.add_argument("--time-limit", type=float, default=600.0)
     parser.add_argument("--iterations", type=int, default=1000)
     args = parser.parse_args()
@@ -34,15 +67,19 @@ def main() -> None:
     from rllib_p3o.tasks.demo import demo_config
 
     model = build_demo_model(os.path.join(out, "base_model"))
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     if args.behavior == "seed1":
         other = build_demo_model(os.path.join(out, "behavior_seed1"), seed=1)
+    elif args.behavior == "trained":
+        other = briefly_trained(model, os.path.join(out, f"behavior_trained_{args.behavior_heldout:g}"),
+                                args.behavior_heldout)
     else:
         import shutil
 
         other = os.path.join(out, "behavior_base")  # a frozen copy: the policy's own directory is never written
         shutil.copytree(model, other, dirs_exist_ok=True)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    config = demo_config(model, behavior_models=[{"model": other, "name": args.behavior, "samples": args.samples}])
+    config = demo_config(model, behavior_models=[{"model": other, "name": args.behavior, "samples": args.samples}],
+                         ess_scope=args.ess_scope)
     df, summary = run_tuner(config, "mix", out, stop_at(0.95, args.time_limit, args.iterations))
     for name in ("online", f"behavior/{args.behavior}"):
         for metric in ("reward_mean", "ess", "cap_fraction"):

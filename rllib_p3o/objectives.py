@@ -202,6 +202,8 @@ def p3o_loss(
     kl_ref_coeff: float = 0.0,
     entropy: Optional[torch.Tensor] = None,
     entropy_coeff: float = 0.0,
+    ess_groups: Optional[torch.Tensor] = None,
+    num_ess_groups: int = 0,
 ) -> Tuple[torch.Tensor, Metrics]:
     """The batch-adaptive P3O loss.
 
@@ -216,28 +218,49 @@ def p3o_loss(
     which both caps the importance weights lower and strengthens the pull toward the behavior policy; the policy
     gradient never vanishes (the weight is ``min(r, ESS) > 0`` for ``r > 0``). ESS carries no gradient.
 
+    ESS scope: by default one ESS for the whole global batch, as above. With ``ess_groups`` (``[B]`` ints in
+    ``[0, num_ess_groups)``, the same numbering on every rank) each group ``g`` gets its own ``ESS_g`` over its valid
+    tokens of the global batch, and its tokens use ``ESS_g`` for both the cap and the KL weight. The learner uses this
+    for ``ess_scope="source"``: the policy's own rollouts, each behavior model and offline data are then trusted by
+    their own mismatch instead of the mixture's.
+
     Returns ``(loss, metrics)`` where loss is this rank's share (see module docstring) and metrics are global
-    token-means: ``loss``, ``pg_loss``, ``ess``, ``ratio_mean``, ``ratio_max``, ``cap_fraction`` (tokens with
-    ``r > ESS``), ``kl_behavior``, ``kl_weight`` (= 1 - ESS), ``num_tokens`` and, when given, ``kl_ref``/``entropy``.
+    token-means: ``loss``, ``pg_loss``, ``ess`` (of the whole batch), ``ratio_mean``, ``ratio_max``,
+    ``cap_fraction`` (tokens with ``r`` above their cap), ``kl_behavior``, ``kl_weight`` (token-mean of
+    ``1 - ESS``), ``num_tokens`` and, when given, ``kl_ref``/``entropy``.
     """
     mask, behavior, adv = _prepare(logprobs, behavior_logprobs, advantages, mask)
     log_ratios = logprobs - behavior
     stats = _log_ratio_stats(log_ratios, mask)
     ess = stats["ess"]
     n_global = stats["n"].clamp(min=1.0)
+    if ess_groups is None:
+        ess_tok = ess.to(logprobs.dtype).expand_as(logprobs)
+    else:
+        ess_tok = _grouped_ess(log_ratios, mask, ess_groups, num_ess_groups).to(logprobs.dtype)
 
-    weight = torch.exp(log_ratios.detach()).clamp(0.0, float(ess))
+    weight = torch.minimum(torch.exp(log_ratios.detach()), ess_tok)
     pg_tok = -weight * logprobs * adv
     kl_tok = kl_k3(logprobs, behavior)
     pg_loss = _token_mean(pg_tok, mask, n_global)
-    kl_loss = _token_mean(kl_tok, mask, n_global)
+    kl_loss = _token_mean((1.0 - ess_tok) * kl_tok, mask, n_global)
     reg_loss, extra = _regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
-    loss = pg_loss + (1.0 - float(ess)) * kl_loss + reg_loss
+    loss = pg_loss + kl_loss + reg_loss
 
-    metrics = _diagnostics(log_ratios, mask, kl_tok, n_global, cap=ess, extra=extra)
+    extra = dict(extra, kl_weight=1.0 - ess_tok)
+    metrics = _diagnostics(log_ratios, mask, kl_tok, n_global, cap=ess_tok, extra=extra)
     metrics.update(_loss_metrics(loss, pg_loss, n_global, stats))
-    metrics["kl_weight"] = (1.0 - ess).to(torch.float32)
     return loss, metrics
+
+
+def _grouped_ess(log_ratios: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """``[B, T]`` tensor holding, at each token, the global ESS of its row's group (`_log_ratio_stats` per group;
+    every rank runs the same ``num_groups`` collectives, whichever groups it holds)."""
+    groups = groups.to(log_ratios.device).long()
+    per_group = torch.ones(max(int(num_groups), 1), dtype=torch.float64, device=log_ratios.device)
+    for g in range(int(num_groups)):
+        per_group[g] = _log_ratio_stats(log_ratios, mask & (groups == g).unsqueeze(-1))["ess"]
+    return per_group[groups.clamp(0, per_group.numel() - 1)].unsqueeze(-1).expand_as(log_ratios)
 
 
 def grpo_loss(

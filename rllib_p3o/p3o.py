@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOSSES = ("p3o", "grpo")
+ESS_SCOPES = ("batch", "source")
 
 
 class P3OConfig(AlgorithmConfig):
@@ -75,6 +76,7 @@ class P3OConfig(AlgorithmConfig):
         self.clip_high = 0.2
         self.kl_ref_coeff = 0.0
         self.entropy_coeff = 0.0
+        self.ess_scope = "batch"
         self.logprob_chunk_size = 8
         # Sampling.
         self.group_size = 8
@@ -142,6 +144,7 @@ class P3OConfig(AlgorithmConfig):
         clip_high: Optional[float] = NotProvided,
         kl_ref_coeff: Optional[float] = NotProvided,
         entropy_coeff: Optional[float] = NotProvided,
+        ess_scope: Optional[str] = NotProvided,
         logprob_chunk_size: Optional[int] = NotProvided,
         group_size: Optional[int] = NotProvided,
         prompts_per_step: Optional[int] = NotProvided,
@@ -175,6 +178,11 @@ class P3OConfig(AlgorithmConfig):
             clip_low, clip_high: GRPO's ε_low/ε_high (ignored by P3O, which has no clip knob).
             kl_ref_coeff: Weight of a k3 KL to the frozen initial model (0 = off; the learner then loads it).
             entropy_coeff: Entropy bonus weight (0 = off; computing entropy needs the full vocabulary per token).
+            ess_scope: Over which tokens P3O's ESS is taken. "batch" (default, the paper's): all valid tokens of the
+                optimizer step's minibatch across all learners, one ESS for everything. "source": one ESS per data
+                source of that minibatch (the policy's own rollouts, each behavior model, each offline source), each
+                token capped and pulled by its own source's ESS; for mixtures whose parts are off-policy to very
+                different degrees, such as a second model's rollouts beside fresh ones.
             logprob_chunk_size: Sequences per LM-head chunk in the learner (bounds full-vocabulary logits memory).
             group_size: Completions sampled per prompt; advantages are normalized within each group.
             prompts_per_step: Prompts per training step (train batch = prompts_per_step * group_size rows).
@@ -213,7 +221,8 @@ class P3OConfig(AlgorithmConfig):
         for name, value in dict(
             model_dtype=model_dtype, trust_remote_code=trust_remote_code, loss=loss,
             clip_low=clip_low, clip_high=clip_high, kl_ref_coeff=kl_ref_coeff, entropy_coeff=entropy_coeff,
-            logprob_chunk_size=logprob_chunk_size, group_size=group_size, prompts_per_step=prompts_per_step,
+            ess_scope=ess_scope, logprob_chunk_size=logprob_chunk_size, group_size=group_size,
+            prompts_per_step=prompts_per_step,
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, logprobs_mode=logprobs_mode,
             vllm_kwargs=vllm_kwargs, verify_weight_sync=verify_weight_sync,
             weight_sync_tolerance=weight_sync_tolerance, async_sampling=async_sampling,
@@ -247,6 +256,8 @@ class P3OConfig(AlgorithmConfig):
             self._value_error("P3OConfig needs a policy model: .training(model='/path/to/hf-causal-lm').")
         if self.loss not in LOSSES:
             self._value_error(f"loss must be one of {LOSSES}, got {self.loss!r}.")
+        if self.ess_scope not in ESS_SCOPES:
+            self._value_error(f"ess_scope must be one of {ESS_SCOPES}, got {self.ess_scope!r}.")
         if self.logprobs_mode not in ("processed", "raw"):
             self._value_error(f"logprobs_mode must be 'processed' or 'raw', got {self.logprobs_mode!r}.")
         if self.group_size < 2 and self.loss in LOSSES:

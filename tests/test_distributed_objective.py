@@ -10,7 +10,16 @@ import torch.multiprocessing as mp
 
 from rllib_p3o.objectives import grpo_loss, p3o_loss
 
-LOSSES = {"p3o": p3o_loss, "grpo": grpo_loss}
+# Rows 0-3 (rank 0) hold only source 0; rows 4-7 (rank 1) hold sources 0 and 1: the ranks see different sources but
+# must still agree on every per-source ESS.
+SOURCES = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
+
+
+def _p3o_by_source(logp, behavior, adv, mask, rows=slice(None)):
+    return p3o_loss(logp, behavior, adv, mask, ess_groups=SOURCES[rows], num_ess_groups=2)
+
+
+LOSSES = {"p3o": p3o_loss, "grpo": grpo_loss, "p3o_by_source": _p3o_by_source}
 
 
 def _full_batch():
@@ -25,11 +34,12 @@ def _full_batch():
     return logp, behavior, adv, mask
 
 
-def _run(fn, logp, behavior, adv, mask):
+def _run(fn, logp, behavior, adv, mask, rows=slice(None)):
     lp = logp.clone().requires_grad_(True)
     # A parameter shared by every row, as model weights are: its gradient is a sum over rows (and ranks).
     theta = torch.zeros(logp.shape[1], requires_grad=True)
-    loss, metrics = fn(lp + 0.5 * theta, behavior, adv, mask)
+    extra = {"rows": rows} if fn is _p3o_by_source else {}
+    loss, metrics = fn(lp + 0.5 * theta, behavior, adv, mask, **extra)
     loss.backward()
     return loss.detach(), lp.grad, theta.grad, {k: float(v) for k, v in metrics.items()}
 
@@ -39,13 +49,13 @@ def _worker(rank, world, init_file, loss_name, out_dir):
     try:
         logp, behavior, adv, mask = _full_batch()
         rows = slice(rank * 4, rank * 4 + 4)
-        loss, grad, theta_grad, metrics = _run(LOSSES[loss_name], logp[rows], behavior[rows], adv[rows], mask[rows])
+        loss, grad, theta_grad, metrics = _run(LOSSES[loss_name], logp[rows], behavior[rows], adv[rows], mask[rows], rows)
         torch.save({"loss": loss, "grad": grad, "theta_grad": theta_grad, "metrics": metrics}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("loss_name", ["p3o", "grpo"])
+@pytest.mark.parametrize("loss_name", ["p3o", "grpo", "p3o_by_source"])
 def test_two_gloo_processes_match_one_process(loss_name, tmp_path):
     init_file = tempfile.mktemp(dir=tmp_path)
     mp.spawn(_worker, args=(2, init_file, loss_name, str(tmp_path)), nprocs=2, join=True)

@@ -13,7 +13,7 @@ from rllib_p3o.rl_module import load_causal_lm
 SPACES = {DEFAULT_MODULE_ID: (TextEnv.observation_space_default(), TextEnv.action_space_default())}
 
 
-def _fixed_batch(model_path, rows=8, seed=0, behavior_shift=0.0):
+def _fixed_batch(model_path, rows=8, seed=0, behavior_shift=0.0, sources=None):
     """Random prompt/completion ids; behavior log-probs from the model itself (+ an optional shift)."""
     rng = np.random.default_rng(seed)
     lm = load_causal_lm(model_path)
@@ -26,13 +26,13 @@ def _fixed_batch(model_path, rows=8, seed=0, behavior_shift=0.0):
             lp = torch.log_softmax(logits, -1).gather(-1, torch.as_tensor(ids[1:])[:, None])[:, 0].numpy()
         behavior = lp[p - 1:] + behavior_shift * rng.standard_normal(c)
         records.append({"prompt_ids": ids[:p], "completion_ids": ids[p:], "behavior_logprobs": behavior,
-                        "advantage": float(rng.standard_normal())})
+                        "advantage": float(rng.standard_normal()), "source_id": sources[i] if sources else 0})
     return to_multi_agent_batch(pad_records(records, pad_id=0))
 
 
-def _learner_group(model_path, num_learners, loss="p3o"):
+def _learner_group(model_path, num_learners, loss="p3o", ess_scope="batch"):
     # grad_clip so RLlib logs the (pre-clip) global gradient norm; 1e6 never clips.
-    config = (P3OConfig().training(model=model_path, loss=loss, lr=3e-3, grad_clip=1e6)
+    config = (P3OConfig().training(model=model_path, loss=loss, lr=3e-3, grad_clip=1e6, ess_scope=ess_scope)
               .learners(num_learners=num_learners))
     return config.build_learner_group(spaces=SPACES)
 
@@ -68,25 +68,35 @@ def test_update_changes_weights_and_lowers_loss(ray_session, tiny_model, num_lea
         lg.shutdown()
 
 
-def test_two_learners_use_the_ess_of_the_union(ray_session, tiny_model):
-    """Step 1 on identical weights: 2 learners (4+4 rows) report the ESS and gradient norm of 1 learner (8 rows)."""
-    batch = _fixed_batch(tiny_model, behavior_shift=0.8, seed=5)
+@pytest.mark.parametrize("ess_scope", ["batch", "source"])
+def test_two_learners_use_the_ess_of_the_union(ray_session, tiny_model, ess_scope):
+    """Step 1 on identical weights: 2 learners (4+4 rows) report the ESS and gradient norm of 1 learner (8 rows).
+
+    With ess_scope="source" the second learner's shard holds a source the first one lacks (shards are contiguous);
+    both must still use the per-source ESS of the whole batch.
+    """
+    sources = [0, 0, 0, 0, 0, 0, 777, 777] if ess_scope == "source" else None
+    batch = _fixed_batch(tiny_model, behavior_shift=0.8, seed=5, sources=sources)
     figures = {}
     for n in (0, 2):
-        lg = _learner_group(tiny_model, n)
+        lg = _learner_group(tiny_model, n, ess_scope=ess_scope)
         try:
             results = lg.update(batch=batch)
             figures[n] = (_per_learner(results, "ess"), _per_learner(results, "num_tokens"),
-                          _per_learner(results, "gradients_default_optimizer_global_norm"))
+                          _per_learner(results, "gradients_default_optimizer_global_norm"),
+                          _per_learner(results, "kl_weight"))
         finally:
             lg.shutdown()
-    (ess1,), (tok1,), (gn1,) = figures[0]
-    ess2, tok2, gn2 = figures[2]
+    (ess1,), (tok1,), (gn1,), (klw1,) = figures[0]
+    ess2, tok2, gn2, klw2 = figures[2]
     assert len(ess2) == 2 and ess1 < 0.95
     assert ess2 == pytest.approx([ess1, ess1], rel=1e-6)
     assert tok2 == [tok1, tok1]
     # The DDP-averaged gradient (loss scaled by world size) equals the single-learner gradient.
     assert gn2 == pytest.approx([gn1, gn1], rel=1e-4)
+    assert klw2 == pytest.approx([klw1, klw1], rel=1e-5)
+    if ess_scope == "source":  # per-source ESS differs from the batch's, so the KL weight is not 1 - ESS
+        assert abs(klw1 - (1 - ess1)) > 1e-3
 
 
 def test_grpo_loss_runs_in_learner(ray_session, tiny_model):

@@ -183,3 +183,42 @@ def test_group_advantages():
     std = torch.tensor([1.0, 0.0, 0.0, 1.0]).std()  # sample std (n-1)
     torch.testing.assert_close(adv[:4], (torch.tensor([1.0, 0, 0, 1]) - 0.5) / (std + 1e-8))
     assert adv[4:].abs().sum() == 0  # equal rewards and a singleton group carry no preference
+
+
+def test_ess_per_source_lets_fresh_rows_learn_at_full_weight():
+    """ess_scope="source": the fresh rows of a mixture keep weight 1 and no KL pull; the off-policy rows are capped
+    and pulled by their own ESS. With one batch ESS, the fresh rows are capped by the mixture's ESS."""
+    logp, behavior, adv, mask = _batch(b=6, t=6, noise=0.0)
+    behavior = behavior.clone()
+    g = torch.Generator().manual_seed(5)
+    behavior[3:] += 1.5 * torch.randn(3, 6, generator=g)  # rows 3-5: another model's samples
+    sources = torch.tensor([0, 0, 0, 1, 1, 1])
+    valid = mask.bool()
+
+    def grad_of(**kw):
+        lp = logp.detach().clone().requires_grad_(True)
+        loss, metrics = p3o_loss(lp, behavior, adv, mask, **kw)
+        loss.backward()
+        return lp.grad, metrics
+
+    grad_batch, m_batch = grad_of()
+    grad_src, m_src = grad_of(ess_groups=sources, num_ess_groups=2)
+    n = float(mask.sum())
+    reinforce = -(adv[:3, None] * mask[:3]) / n
+    # Fresh rows: plain REINFORCE under the per-source scope, shrunk by the mixture's ESS < 1 under the batch scope.
+    torch.testing.assert_close(grad_src[:3], reinforce)
+    ess_batch = float(m_batch["ess"])
+    assert ess_batch < 0.5
+    torch.testing.assert_close(grad_batch[:3], ess_batch * reinforce, rtol=1e-4, atol=1e-7)
+    # Off-policy rows: capped at their own ESS, which is the ESS of their tokens alone.
+    l_off = (logp.detach() - behavior)[3:]
+    ess_off = float(effective_sample_size_from_log_ratios(l_off, mask[3:]))
+    assert ess_off < 0.5
+    w = torch.exp(l_off).clamp(max=ess_off)
+    lp_off = logp.detach()[3:].clone().requires_grad_(True)
+    expected = (-(w * lp_off * adv[3:, None]) + (1 - ess_off) * kl_k3(lp_off, behavior[3:]))[valid[3:]].sum() / n
+    expected.backward()
+    torch.testing.assert_close(grad_src[3:], lp_off.grad, rtol=1e-4, atol=1e-7)
+    # The reported ESS stays the batch's; the KL weight is the token-mean of each token's 1 - ESS.
+    assert float(m_src["ess"]) == pytest.approx(ess_batch, rel=1e-6)
+    assert float(m_src["kl_weight"]) == pytest.approx((1 - ess_off) / 2, rel=1e-4)

@@ -14,7 +14,7 @@ whole minibatch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,9 @@ class P3OTorchLearner(TorchLearner):
             entropy_coeff=config.entropy_coeff,
         )
         if config.loss == "p3o":
-            loss, metrics = objectives.p3o_loss(logp, batch["behavior_logprobs"], batch["advantages"], mask, **common)
+            groups, num_groups = self._ess_groups(config, batch)
+            loss, metrics = objectives.p3o_loss(logp, batch["behavior_logprobs"], batch["advantages"], mask,
+                                                ess_groups=groups, num_ess_groups=num_groups, **common)
         elif config.loss == "grpo":
             loss, metrics = objectives.grpo_loss(logp, batch["behavior_logprobs"], batch["advantages"], mask,
                                                  clip_low=config.clip_low, clip_high=config.clip_high, **common)
@@ -67,6 +69,21 @@ class P3OTorchLearner(TorchLearner):
                 self._log_groups(module_id, column, label, logp.detach(), batch, mask, metrics["ess"])
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return loss * world
+
+    @staticmethod
+    def _ess_groups(config: "P3OConfig", batch: Dict[str, Any]) -> Tuple[Optional[torch.Tensor], int]:
+        """For ``ess_scope="source"``: each row's source as an index into the sorted union of the sources present on
+        all learners (so every rank numbers them alike and runs the same collectives). ``(None, 0)`` for "batch"."""
+        if config.ess_scope != "source" or SOURCE_ID not in batch:
+            return None, 0
+        source = batch[SOURCE_ID].long()
+        local = sorted(set(torch.unique(source).tolist()))
+        if dist.is_available() and dist.is_initialized():
+            gathered: List[List[int]] = [None] * dist.get_world_size()  # type: ignore[list-item]
+            dist.all_gather_object(gathered, local)
+            local = sorted(set().union(*gathered))
+        ids = torch.tensor(local, dtype=torch.long, device=source.device)
+        return torch.searchsorted(ids, source), len(local)
 
     def _log_groups(self, module_id, column, label, logp, batch, mask, ess) -> None:
         """Diagnostics per value of ``column``: per source (online policy, offline data, each behavior model) or
