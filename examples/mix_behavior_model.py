@@ -55,8 +55,6 @@ def main() -> None:
                         help="--behavior trained: RL-train a copy of the base model until this held-out accuracy")
     parser.add_argument("--ess-scope", choices=["batch", "source"], default="batch",
                         help="one ESS for the whole batch (the paper's) or one per data source")
-    parser.add_argument("--kl-estimator", choices=["k3", "is"], default="k3",
-                        help="per-token estimator of the KL to the behavior policy")
     parser.add_argument("--time-limit", type=float, default=600.0)
     parser.add_argument("--iterations", type=int, default=1000)
     args = parser.parse_args()
@@ -81,7 +79,7 @@ def main() -> None:
         other = os.path.join(out, "behavior_base")  # a frozen copy: the policy's own directory is never written
         shutil.copytree(model, other, dirs_exist_ok=True)
     config = demo_config(model, behavior_models=[{"model": other, "name": args.behavior, "samples": args.samples}],
-                         ess_scope=args.ess_scope, kl_estimator=args.kl_estimator)
+                         ess_scope=args.ess_scope)
     df, summary = run_tuner(config, "mix", out, stop_at(0.95, args.time_limit, args.iterations))
     for name in ("online", f"behavior/{args.behavior}"):
         for metric in ("reward_mean", "ess", "cap_fraction"):

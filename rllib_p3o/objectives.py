@@ -123,30 +123,6 @@ def kl_k3(logprobs: torch.Tensor, other_logprobs: torch.Tensor, clip: float = KL
     return k_at + slope * (l - lc)
 
 
-def kl_importance_weighted(logprobs: torch.Tensor, behavior_logprobs: torch.Tensor,
-                           clip: float = KL_LOG_RATIO_CLIP) -> torch.Tensor:
-    """Per-token estimate of ``KL(π || π_b)`` from tokens *sampled from* ``π_b``: ``K_is(l) = r·l - r + 1`` with
-    ``l = logπ - logπ_b`` and ``r = exp(l)``.
-
-    ``E_{y~π_b}[K_is] = Σ_y π(y) log(π(y)/π_b(y))`` exactly, whereas `kl_k3` is unbiased only for tokens sampled
-    from ``π`` itself: on ``π_b``'s samples its mean is ``χ²(π_b‖π) - KL(π_b‖π)``, which blows up wherever π has
-    learned to avoid tokens π_b still samples (its gradient ``1 - 1/r`` pushes such tokens back up ~``1/r`` times
-    harder than the policy gradient can push them down). ``K_is ≥ 0``, ``K_is(0) = 0``, ``dK_is/dl = r·l``: a strong
-    pull down where π puts more mass than π_b, a weak pull up (at most ``1/e``) where it puts less. The two agree
-    to second order near ``l = 0`` (both ``l²/2``), so on fresh or slightly stale data they are interchangeable.
-    Beyond ``|l| > clip`` it is continued linearly, as `kl_k3`.
-    """
-    l = logprobs - behavior_logprobs
-    lc = l.clamp(-clip, clip)
-    r = torch.exp(lc)
-    k_at = r * lc - r + 1.0
-    slope = (r * lc).detach()
-    return k_at + slope * (l - lc)
-
-
-KL_ESTIMATORS = {"k3": kl_k3, "is": kl_importance_weighted}
-
-
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """Group-normalized advantages: ``A_i = (R_i - mean_g) / (std_g + eps)`` over the rows of each group ``g``.
 
@@ -228,7 +204,6 @@ def p3o_loss(
     entropy_coeff: float = 0.0,
     ess_groups: Optional[torch.Tensor] = None,
     num_ess_groups: int = 0,
-    kl_estimator: str = "k3",
 ) -> Tuple[torch.Tensor, Metrics]:
     """The batch-adaptive P3O loss.
 
@@ -242,9 +217,6 @@ def p3o_loss(
     On fresh data ``ESS ≈ 1`` and ``r ≈ 1``: plain REINFORCE with the given advantages. Off-policy data lowers ESS,
     which both caps the importance weights lower and strengthens the pull toward the behavior policy; the policy
     gradient never vanishes (the weight is ``min(r, ESS) > 0`` for ``r > 0``). ESS carries no gradient.
-
-    ``kl_estimator="is"`` replaces ``K`` by `kl_importance_weighted`, the estimate of ``KL(π‖π_b)`` that stays
-    unbiased on tokens another model sampled (``"k3"``, the default and the paper's, is unbiased on the policy's own).
 
     ESS scope: by default one ESS for the whole global batch, as above. With ``ess_groups`` (``[B]`` ints in
     ``[0, num_ess_groups)``, the same numbering on every rank) each group ``g`` gets its own ``ESS_g`` over its valid
@@ -269,9 +241,7 @@ def p3o_loss(
 
     weight = torch.minimum(torch.exp(log_ratios.detach()), ess_tok)
     pg_tok = -weight * logprobs * adv
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator must be one of {sorted(KL_ESTIMATORS)}, got {kl_estimator!r}")
-    kl_tok = KL_ESTIMATORS[kl_estimator](logprobs, behavior)
+    kl_tok = kl_k3(logprobs, behavior)
     pg_loss = _token_mean(pg_tok, mask, n_global)
     kl_loss = _token_mean((1.0 - ess_tok) * kl_tok, mask, n_global)
     reg_loss, extra = _regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)

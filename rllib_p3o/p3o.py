@@ -58,7 +58,6 @@ logger = logging.getLogger(__name__)
 
 LOSSES = ("p3o", "grpo")
 ESS_SCOPES = ("batch", "source")
-KL_ESTIMATOR_NAMES = ("k3", "is")
 
 
 class P3OConfig(AlgorithmConfig):
@@ -78,7 +77,6 @@ class P3OConfig(AlgorithmConfig):
         self.kl_ref_coeff = 0.0
         self.entropy_coeff = 0.0
         self.ess_scope = "batch"
-        self.kl_estimator = "k3"
         self.logprob_chunk_size = 8
         # Sampling.
         self.group_size = 8
@@ -147,7 +145,6 @@ class P3OConfig(AlgorithmConfig):
         kl_ref_coeff: Optional[float] = NotProvided,
         entropy_coeff: Optional[float] = NotProvided,
         ess_scope: Optional[str] = NotProvided,
-        kl_estimator: Optional[str] = NotProvided,
         logprob_chunk_size: Optional[int] = NotProvided,
         group_size: Optional[int] = NotProvided,
         prompts_per_step: Optional[int] = NotProvided,
@@ -186,9 +183,6 @@ class P3OConfig(AlgorithmConfig):
                 source of that minibatch (the policy's own rollouts, each behavior model, each offline source), each
                 token capped and pulled by its own source's ESS; for mixtures whose parts are off-policy to very
                 different degrees, such as a second model's rollouts beside fresh ones.
-            kl_estimator: Per-token estimator of P3O's KL(π‖π_b) term. "k3" (default, the paper's): unbiased on the
-                policy's own (fresh or stale) samples. "is": r·log r - r + 1, unbiased on any behavior policy's
-                samples; for tokens another model sampled, where k3 over-weights what the policy has learned to avoid.
             logprob_chunk_size: Sequences per LM-head chunk in the learner (bounds full-vocabulary logits memory).
             group_size: Completions sampled per prompt; advantages are normalized within each group.
             prompts_per_step: Prompts per training step (train batch = prompts_per_step * group_size rows).
@@ -227,7 +221,7 @@ class P3OConfig(AlgorithmConfig):
         for name, value in dict(
             model_dtype=model_dtype, trust_remote_code=trust_remote_code, loss=loss,
             clip_low=clip_low, clip_high=clip_high, kl_ref_coeff=kl_ref_coeff, entropy_coeff=entropy_coeff,
-            ess_scope=ess_scope, kl_estimator=kl_estimator, logprob_chunk_size=logprob_chunk_size, group_size=group_size,
+            ess_scope=ess_scope, logprob_chunk_size=logprob_chunk_size, group_size=group_size,
             prompts_per_step=prompts_per_step,
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, logprobs_mode=logprobs_mode,
             vllm_kwargs=vllm_kwargs, verify_weight_sync=verify_weight_sync,
@@ -262,8 +256,6 @@ class P3OConfig(AlgorithmConfig):
             self._value_error("P3OConfig needs a policy model: .training(model='/path/to/hf-causal-lm').")
         if self.loss not in LOSSES:
             self._value_error(f"loss must be one of {LOSSES}, got {self.loss!r}.")
-        if self.kl_estimator not in KL_ESTIMATOR_NAMES:
-            self._value_error(f"kl_estimator must be one of {KL_ESTIMATOR_NAMES}, got {self.kl_estimator!r}.")
         if self.ess_scope not in ESS_SCOPES:
             self._value_error(f"ess_scope must be one of {ESS_SCOPES}, got {self.ess_scope!r}.")
         if self.logprobs_mode not in ("processed", "raw"):

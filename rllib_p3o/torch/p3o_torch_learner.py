@@ -56,8 +56,7 @@ class P3OTorchLearner(TorchLearner):
         if config.loss == "p3o":
             groups, num_groups = self._ess_groups(config, batch)
             loss, metrics = objectives.p3o_loss(logp, batch["behavior_logprobs"], batch["advantages"], mask,
-                                                ess_groups=groups, num_ess_groups=num_groups,
-                                                kl_estimator=config.kl_estimator, **common)
+                                                ess_groups=groups, num_ess_groups=num_groups, **common)
         elif config.loss == "grpo":
             loss, metrics = objectives.grpo_loss(logp, batch["behavior_logprobs"], batch["advantages"], mask,
                                                  clip_low=config.clip_low, clip_high=config.clip_high, **common)
