@@ -53,6 +53,7 @@ class P3OTorchLearner(TorchLearner):
             entropy=fwd_out.get(TOKEN_ENTROPY),
             entropy_coeff=config.entropy_coeff,
         )
+        groups = None
         if config.loss == "p3o":
             groups, num_groups = self._ess_groups(config, batch)
             loss, metrics = objectives.p3o_loss(logp, batch["behavior_logprobs"], batch["advantages"], mask,
@@ -66,7 +67,8 @@ class P3OTorchLearner(TorchLearner):
         self.metrics.log_dict({(module_id, k): float(v) for k, v in metrics.items()}, window=1)
         for column, label in ((SOURCE_ID, "by_source"), (STALENESS, "by_staleness")):
             if column in batch:
-                self._log_groups(module_id, column, label, logp.detach(), batch, mask, metrics["ess"])
+                own_cap = label == "by_source" and groups is not None
+                self._log_groups(module_id, column, label, logp.detach(), batch, mask, metrics["ess"], own_cap)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return loss * world
 
@@ -85,12 +87,12 @@ class P3OTorchLearner(TorchLearner):
         ids = torch.tensor(local, dtype=torch.long, device=source.device)
         return torch.searchsorted(ids, source), len(local)
 
-    def _log_groups(self, module_id, column, label, logp, batch, mask, ess) -> None:
+    def _log_groups(self, module_id, column, label, logp, batch, mask, ess, own_cap: bool = False) -> None:
         """Diagnostics per value of ``column``: per source (online policy, offline data, each behavior model) or
         per staleness (policy versions behind). Local to this learner.
 
-        The loss uses one ESS for the whole batch; these values show which part of it is off-policy. They are
-        local because a group need not be present on every learner (no collective can depend on it).
+        With ``ess_scope="batch"`` the loss uses one ESS for the whole batch and these values show which part of it
+        is off-policy; with "source" each source's cap fraction is measured against its own ESS. They are local because a group need not be present on every learner (no collective can depend on it).
         """
         with torch.no_grad():
             source = batch[column]
@@ -104,11 +106,12 @@ class P3OTorchLearner(TorchLearner):
                     continue
                 r = torch.exp(log_ratio[m].double())
                 key = (module_id, label, str(int(sid)))
+                group_ess = float(objectives.effective_sample_size_from_log_ratios(log_ratio, m, all_reduce=False))
+                cap = group_ess if own_cap else float(ess)  # ess_scope="source": each source is capped by its own
                 self.metrics.log_dict({
-                    key + ("ess",): float(objectives.effective_sample_size_from_log_ratios(
-                        log_ratio, m, all_reduce=False)),
+                    key + ("ess",): group_ess,
                     key + ("ratio_mean",): float(r.mean()),
-                    key + ("cap_fraction",): float((r > ess * (1 + objectives.CAP_RTOL)).double().mean()),
+                    key + ("cap_fraction",): float((r > cap * (1 + objectives.CAP_RTOL)).double().mean()),
                     key + ("kl_behavior",): float(objectives.kl_k3(log_ratio[m], torch.zeros_like(log_ratio[m])).mean()),
                     key + ("num_tokens",): n,
                 }, window=1)
