@@ -54,8 +54,11 @@ class IterationPrinter(tune.Callback):
 
 
 def plot_training_curves(frames: Dict[str, "pandas.DataFrame"], path: str, title: str = "P3O training",
-                         curves: Sequence = CURVES) -> str:
-    """One panel per curve, one line per run (``frames``: label → Tune ``metrics_dataframe``); saves a PNG."""
+                         curves: Sequence = CURVES, x: str = "time_total_s") -> str:
+    """One panel per curve, one line per run (``frames``: label → Tune ``metrics_dataframe``); saves a PNG.
+
+    ``x="training_iteration"`` compares runs that did not have the machine to themselves.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,10 +68,10 @@ def plot_training_curves(frames: Dict[str, "pandas.DataFrame"], path: str, title
     for ax, (column, label) in zip(axes, curves):
         for run, df in frames.items():
             if column in df:
-                d = df[["time_total_s", column]].dropna()
-                ax.plot(d["time_total_s"], d[column], label=run, marker="." if len(d) < 80 else None)
+                d = df[[x, column]].dropna()
+                ax.plot(d[x], d[column], label=run, marker="." if len(d) < 80 else None)
         ax.set_title(label, fontsize=10)
-        ax.set_xlabel("training time (s)")
+        ax.set_xlabel("training time (s)" if x == "time_total_s" else x.replace("_", " "))
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)

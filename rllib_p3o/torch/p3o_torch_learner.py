@@ -92,7 +92,8 @@ class P3OTorchLearner(TorchLearner):
         per staleness (policy versions behind). Local to this learner.
 
         With ``ess_scope="batch"`` the loss uses one ESS for the whole batch and these values show which part of it
-        is off-policy; with "source" each source's cap fraction is measured against its own ESS. They are local because a group need not be present on every learner (no collective can depend on it).
+        is off-policy; with "source" each source's cap fraction is measured against its own ESS. They are local
+        because a group need not be present on every learner (no collective can depend on it).
         """
         with torch.no_grad():
             source = batch[column]
