@@ -120,3 +120,8 @@ def test_reference_kl_uses_the_frozen_initial_model(ray_session, tiny_model):
         lg.shutdown()
     assert kl[0] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first step
     assert kl[-1] > kl[0]  # the policy moved away from the frozen reference, which did not move
+
+
+def test_unknown_ess_scope_is_refused(tiny_model):
+    with pytest.raises(ValueError, match="ess_scope must be one of"):
+        P3OConfig().training(model=tiny_model, ess_scope="token").validate()
