@@ -14,11 +14,11 @@ REPORTED = ["reward_mean", "time_generate_s", "time_train_s", "time_sync_s", "ti
 LEARNER_REPORTED = ["ess", "cap_fraction", "kl_behavior", "ratio_mean", "ratio_max", "loss", "pg_loss"]
 
 
-def _config(model, **training):
+def _config(model, reward_fn=arithmetic_reward, **training):
     task = ArithmeticTask()
     return (P3OConfig()
             .environment(env_config={"dataset": task.train_rows()[:500], "eval_dataset": task.heldout_rows()[:20],
-                                     "reward_fn": arithmetic_reward})
+                                     "reward_fn": reward_fn})
             .training(model=model, group_size=4, prompts_per_step=8, max_tokens=2, lr=1e-3,
                       **{"minibatch_size": 8, **training})
             .env_runners(num_env_runners=1)
@@ -31,7 +31,13 @@ def _learner_weights(algo):
 
 
 def test_tuner_runs_p3o_and_checkpoint_restores(ray_session, tiny_model, tmp_path):
-    config = _config(tiny_model)
+    def starts_with_digit(prompts, completions, **_):
+        # The untrained tiny model almost never gets the sum right: with the task's own reward every advantage
+        # would be 0 and nothing would train. This reward varies within groups. (A local function: cloudpickle
+        # ships it to the runner by value.)
+        return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
+
+    config = _config(tiny_model, reward_fn=starts_with_digit)
     results = tune.Tuner(
         "P3O",
         param_space=config,
@@ -48,7 +54,7 @@ def test_tuner_runs_p3o_and_checkpoint_restores(ray_session, tiny_model, tmp_pat
         assert np.isfinite(result.metrics["learners"][DEFAULT_MODULE_ID][key]), key
     assert result.metrics["p3o"]["sync_probe_max_abs_diff"] < 1e-3
     # Minibatches make the later steps of an iteration off-policy: ESS < 1 is visible, not hidden.
-    assert 0 < result.metrics["learners"][DEFAULT_MODULE_ID]["ess"] <= 1
+    assert 0 < result.metrics["learners"][DEFAULT_MODULE_ID]["ess"] < 1
 
     # Restore: same policy and optimizer state, the iteration count continues, training goes on.
     algo = P3O.from_checkpoint(result.checkpoint.path)
@@ -58,7 +64,8 @@ def test_tuner_runs_p3o_and_checkpoint_restores(ray_session, tiny_model, tmp_pat
         optim = algo.learner_group.get_state(components="learner/optimizer")["learner"]["optimizer"]
         assert optim, "optimizer state restored"
         fresh_lm_weight = torch.as_tensor(_base_weight(tiny_model))
-        assert not torch.equal(restored["lm.model.embed_tokens.weight"], fresh_lm_weight)  # trained weights
+        # Trained weights, moved by more than float noise.
+        assert float((restored["lm.model.embed_tokens.weight"] - fresh_lm_weight).abs().max()) > 1e-5
         res = algo.train()
         assert res["training_iteration"] == 4
         assert res["p3o"]["sync_probe_max_abs_diff"] < 1e-3  # the engine got the restored+updated weights
