@@ -31,6 +31,26 @@ def run_tuner(config, name: str, storage: str, stop: dict) -> Tuple["pandas.Data
                 "seconds_to_heldout_0.9": float(df.loc[reached.index[0], "time_total_s"]) if len(reached) else None}
 
 
+def add_run_args(parser, out: str) -> None:
+    """--out, --time-limit, --iterations: where a Tuner example writes and when it stops (besides the target)."""
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--time-limit", type=float, default=600.0)
+    parser.add_argument("--iterations", type=int, default=1000)
+
+
+def start(out: str) -> str:
+    """Build (or reuse) the demo base model under ``out`` and start Ray; returns the model path."""
+    import os
+
+    import ray
+
+    from rllib_p3o.tasks import build_demo_model
+
+    model = build_demo_model(os.path.join(out, "base_model"))
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    return model
+
+
 def stop_at(target: float, time_limit: float, iterations: int):
     def stop(trial_id: str, result: dict) -> bool:
         heldout = result.get("p3o", {}).get("heldout_reward_mean", float("nan"))

@@ -12,26 +12,20 @@ from __future__ import annotations
 import argparse
 import os
 
-from _common import run_tuner, stop_at, write_summary
+from _common import add_run_args, run_tuner, start, stop_at, write_summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="runs/async")
+    add_run_args(parser, "runs/async")
     parser.add_argument("--max-staleness", type=int, default=2)
-    parser.add_argument("--time-limit", type=float, default=600.0)
-    parser.add_argument("--iterations", type=int, default=1000)
     args = parser.parse_args()
     out = os.path.abspath(args.out)
 
-    import ray
-
     from rllib_p3o.progress import plot_training_curves
-    from rllib_p3o.tasks import build_demo_model
     from rllib_p3o.tasks.demo import demo_config
 
-    model = build_demo_model(os.path.join(out, "base_model"))
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    model = start(out)
     config = demo_config(model, async_sampling=True, max_staleness=args.max_staleness)
     df, summary = run_tuner(config, "async", out, stop_at(0.95, args.time_limit, args.iterations))
     summary["staleness_mean"] = float(df["p3o/staleness_mean"].mean())

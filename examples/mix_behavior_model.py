@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from _common import run_tuner, stop_at, write_summary
+from _common import add_run_args, run_tuner, start, stop_at, write_summary
 
 
 def briefly_trained(model: str, path: str, heldout_target: float, max_iterations: int = 400) -> str:
@@ -58,7 +58,7 @@ def briefly_trained(model: str, path: str, heldout_target: float, max_iterations
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="runs/mix")
+    add_run_args(parser, "runs/mix")
     parser.add_argument("--samples", type=int, default=4, help="behavior-model completions per group of 8")
     parser.add_argument("--behavior", choices=["trained", "base", "seed1"], default="trained")
     parser.add_argument("--behavior-heldout", type=float, default=0.7,
@@ -66,19 +66,14 @@ def main() -> None:
     parser.add_argument("--ess-scope", choices=["batch", "source"], default="batch",
                         help="one ESS for the whole batch (the paper's) or one per data source")
     parser.add_argument("--loss", choices=["p3o", "grpo"], default="p3o", help="grpo: the PPO-clip baseline")
-    parser.add_argument("--time-limit", type=float, default=600.0)
-    parser.add_argument("--iterations", type=int, default=1000)
     args = parser.parse_args()
     out = os.path.abspath(args.out)
-
-    import ray
 
     from rllib_p3o.progress import plot_training_curves
     from rllib_p3o.tasks import build_demo_model
     from rllib_p3o.tasks.demo import demo_config
 
-    model = build_demo_model(os.path.join(out, "base_model"))
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    model = start(out)
     if args.behavior == "seed1":
         other = build_demo_model(os.path.join(out, "behavior_seed1"), seed=1)
     elif args.behavior == "trained":
