@@ -141,6 +141,22 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float 
     return torch.where(counts[inverse] > 1, adv, torch.zeros_like(adv)).to(torch.float32)
 
 
+def groups_without_signal(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
+    """Share of prompt groups whose rewards are all equal: ``|{g : max_g R = min_g R}| / |groups|``.
+
+    Such a group gets zero advantage everywhere, so it adds nothing to the policy gradient. Near 1 the task is too
+    hard (or too easy) for the current policy and learning stalls, whatever the objective.
+    """
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    if n_groups == 0:
+        return 0.0
+    rewards = rewards.to(torch.float64)
+    hi = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, inverse, rewards, "amax")
+    lo = torch.full((n_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, inverse, rewards, "amin")
+    return float((hi == lo).to(torch.float64).mean())
+
+
 def _global_token_count(mask: torch.Tensor) -> torch.Tensor:
     n = mask.sum().to(torch.float64).reshape(1)
     return _all_reduce(n)[0].clamp(min=1.0)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Type, Union
 
 import numpy as np
 import ray
+import torch
 from typing_extensions import Self
 
 from ray.rllib.algorithms.algorithm import Algorithm
@@ -49,7 +50,7 @@ from ray.rllib.utils.metrics import (
 from rllib_p3o import batching
 from rllib_p3o.env import TextEnv
 from rllib_p3o.episodes import episodes_to_records
-from rllib_p3o.objectives import group_advantages
+from rllib_p3o.objectives import group_advantages, groups_without_signal
 
 if TYPE_CHECKING:
     from ray.rllib.core.learner.learner import Learner
@@ -521,8 +522,6 @@ class P3O(Algorithm):
 
     @staticmethod
     def _add_group_advantages(records: List[Dict[str, Any]]) -> None:
-        import torch
-
         rewards = torch.tensor([r["reward"] for r in records], dtype=torch.float32)
         groups = torch.tensor([r["group_id"] for r in records], dtype=torch.long)
         for r, a in zip(records, group_advantages(rewards, groups).tolist()):
@@ -602,7 +601,10 @@ class P3O(Algorithm):
         }
         if records:
             rewards = np.asarray([r["reward"] for r in records], dtype=np.float64)
+            groups = np.asarray([r["group_id"] for r in records], dtype=np.int64)
             step.update(reward_mean=float(rewards.mean()), completion_len_mean=n_gen / len(records),
+                        groups_without_signal=groups_without_signal(torch.from_numpy(rewards),
+                                                                    torch.from_numpy(groups)),
                         generated_tokens_per_s=n_gen / max(timings["time_generate_s"], 1e-9))
             stale = [r["staleness"] for r in records if r.get("staleness", -1) >= 0]
             if stale:

@@ -9,6 +9,7 @@ from rllib_p3o.objectives import (
     effective_sample_size,
     effective_sample_size_from_log_ratios,
     group_advantages,
+    groups_without_signal,
     grpo_loss,
     kl_k3,
     p3o_loss,
@@ -183,6 +184,16 @@ def test_group_advantages():
     std = torch.tensor([1.0, 0.0, 0.0, 1.0]).std()  # sample std (n-1)
     torch.testing.assert_close(adv[:4], (torch.tensor([1.0, 0, 0, 1]) - 0.5) / (std + 1e-8))
     assert adv[4:].abs().sum() == 0  # equal rewards and a singleton group carry no preference
+
+
+def test_groups_without_signal_counts_groups_whose_advantages_are_all_zero():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 5.0, 0.0, 0.0])
+    groups = torch.tensor([7, 7, 7, 7, 3, 3, 9, 4, 4])
+    # Groups 3 (all 1), 9 (a singleton) and 4 (all 0) carry no signal; group 7 does.
+    assert groups_without_signal(rewards, groups) == pytest.approx(3 / 4)
+    assert torch.all(group_advantages(rewards, groups)[4:] == 0)
+    assert groups_without_signal(torch.tensor([0.0, 1.0]), torch.tensor([0, 0])) == 0.0
+    assert groups_without_signal(torch.tensor([]), torch.tensor([], dtype=torch.long)) == 0.0
 
 
 def test_ess_per_source_lets_fresh_rows_learn_at_full_weight():
