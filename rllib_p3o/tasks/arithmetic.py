@@ -55,14 +55,27 @@ class ArithmeticTask:
     def heldout_rows(self) -> List[Dict[str, str]]:
         return self.splits()["heldout"]
 
-    def pretraining_corpus(self) -> List[str]:
-        """Plain sums ``"37+45=82"`` of the *training* pairs only: knowledge for a base model, not the task.
+    def pretraining_corpus(self, format_fraction: float = 0.02, seed: int = 0) -> List[str]:
+        """Plain sums ``"37+45=82"`` of the *training* pairs, plus the task's format for a few of them.
 
-        The demo's base model is pretrained on this (next-token prediction) before RL. It never sees the task's
-        format ``(a+b)%10=`` nor any held-out operand pair, so its held-out task accuracy starts near chance.
+        The demo's base model is pretrained on this (next-token prediction) before RL; no held-out pair appears.
+        ``format_fraction`` of the training pairs (2%, ~200 lines, chosen by ``seed``) also appear in the task's own
+        format, ``"(37+45)%10=2"``, the way a real base model has seen a task's format a few times in its corpus.
+
+        Why the format lines: without them the base model has never seen ``(..)%10=`` nor when to stop, samples a
+        right answer ~1% of the time, and only 2-4% of 8-completion prompt groups hold any reward variance. RL then
+        lives on one or two groups per iteration, and whichever digit gets reinforced first wins for every prompt
+        (a near-deterministic wrong policy with no learning signal left); whether that happens depended on the
+        floats of the pretraining. With 2% format lines the base answers with one digit, at chance (held-out
+        ~0.1), and about half of all groups carry signal, over every seed measured. Much more (4%) and the base
+        model starts to generalize the operation itself, on some seeds and not others (held-out 0.1-0.98).
         """
         pairs = {tuple(int(x) for x in r["prompt"][1:6].split("+")) for r in self.train_rows()}
-        return [f"{a:02d}+{b:02d}={a + b}" for a, b in sorted(pairs)]
+        sums = [f"{a:02d}+{b:02d}={a + b}" for a, b in sorted(pairs)]
+        rows = sorted(self.train_rows(), key=lambda r: r["prompt"])
+        random.Random(seed).shuffle(rows)
+        formatted = [r["prompt"] + r["answer"] for r in rows[: round(format_fraction * len(rows))]]
+        return sums + formatted
 
     def corpus(self) -> List[str]:
         """Text the demo tokenizer is trained on: the prompts and answers (no pairing of the two)."""
