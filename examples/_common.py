@@ -1,53 +1,46 @@
-"""Shared by the examples: run one P3O config through tune.Tuner and summarize held-out accuracy."""
+"""Shared by the examples: quiet start-up (base model + Ray), one P3O config through tune.Tuner, the summary."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Tuple
+import os
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
 if TYPE_CHECKING:
     import pandas
 
-
-def run_tuner(config, name: str, storage: str, stop: dict) -> Tuple["pandas.DataFrame", Dict[str, float]]:
-    from ray import tune
-
-    import rllib_p3o  # noqa: F401  (registers "P3O")
-    from rllib_p3o.progress import IterationPrinter
-
-    result = tune.Tuner(
-        "P3O", param_space=config,
-        run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0, stop=stop,
-                                  callbacks=[IterationPrinter(every=10)],
-                                  failure_config=tune.FailureConfig(fail_fast="raise")),
-    ).fit()[0]
-    if result.error:
-        raise result.error
-    df = result.metrics_dataframe
-    heldout = df["p3o/heldout_reward_mean"].dropna()
-    reached = heldout[heldout >= 0.9]
-    return df, {"heldout_before": float(heldout.iloc[0]), "heldout_after": float(heldout.iloc[-1]),
-                "heldout_max": float(heldout.max()), "train_time_s": float(df["time_total_s"].iloc[-1]),
-                "iterations": int(df["training_iteration"].iloc[-1]),
-                "seconds_to_heldout_0.9": float(df.loc[reached.index[0], "time_total_s"]) if len(reached) else None}
+# Held-out accuracy at which the examples call a run successful (and stop it).
+DEFAULT_TARGET = 0.9
 
 
 def add_run_args(parser, out: str) -> None:
-    """--out, --time-limit, --iterations: where a Tuner example writes and when it stops (besides the target)."""
+    """--out, --target, --time-limit, --iterations: where a Tuner example writes and when it stops."""
     parser.add_argument("--out", default=out)
-    parser.add_argument("--time-limit", type=float, default=600.0)
-    parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument("--target", type=float, default=DEFAULT_TARGET,
+                        help="stop (successfully) once greedy held-out accuracy reaches this")
+    parser.add_argument("--time-limit", type=float, default=600.0, help="stop after this many seconds of training")
+    parser.add_argument("--iterations", type=int, default=1000, help="stop after this many iterations")
 
 
-def start(out: str) -> str:
-    """Build (or reuse) the demo base model under ``out`` and start Ray; returns the model path."""
-    import os
+def start(out: str, *, base_seed: int = 0, threads: Optional[int] = None,
+          progress: Optional[Callable[[int, float], None]] = None) -> str:
+    """Quiet the libraries, build (or reuse) the demo base model under ``out`` and start Ray; returns the model path.
+
+    ``threads`` sets torch's thread count for the base model's pretraining (it decides that model's floats).
+    """
+    import logging
 
     import ray
+    import torch
 
+    from rllib_p3o.progress import quiet_library_output
     from rllib_p3o.tasks import build_demo_model
 
-    model = build_demo_model(os.path.join(out, "base_model"))
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    env = quiet_library_output()
+    if threads:
+        torch.set_num_threads(threads)
+    model = build_demo_model(os.path.join(out, "base_model"), seed=base_seed, progress=progress)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+             runtime_env={"env_vars": env})
     return model
 
 
@@ -58,14 +51,56 @@ def stop_at(target: float, time_limit: float, iterations: int):
     return stop
 
 
-def write_summary(summary: dict, out: str) -> None:
-    """Save summary.json under ``out``, print it and shut Ray down (the common end of every example)."""
+def run_tuner(config, name: str, storage: str, stop, *, target: float = DEFAULT_TARGET, print_every: int = 10,
+              time_limit: Optional[float] = None, max_iterations: Optional[int] = None,
+              keep_checkpoint: bool = False) -> Tuple["pandas.DataFrame", Dict]:
+    """Train ``config`` with ``tune.Tuner("P3O")`` until ``stop``; returns the metrics and `summarize`'s summary
+    (plus ``checkpoint``, the final checkpoint's path, with ``keep_checkpoint``)."""
+    from ray import tune
+
+    import rllib_p3o  # noqa: F401  (registers "P3O")
+    from rllib_p3o.progress import IterationPrinter
+
+    printer = IterationPrinter(every=print_every, time_limit=time_limit, max_iterations=max_iterations, target=target)
+    checkpoints = tune.CheckpointConfig(checkpoint_at_end=keep_checkpoint, num_to_keep=1 if keep_checkpoint else None)
+    result = tune.Tuner(
+        "P3O", param_space=config,
+        run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0, stop=stop, callbacks=[printer],
+                                  checkpoint_config=checkpoints, failure_config=tune.FailureConfig(fail_fast="raise")),
+    ).fit()[0]
+    if result.error:
+        raise result.error
+    df = result.metrics_dataframe
+    summary = summarize(df, target)
+    if keep_checkpoint:
+        summary["checkpoint"] = result.checkpoint.path
+    return df, summary
+
+
+def summarize(df: "pandas.DataFrame", target: float = DEFAULT_TARGET) -> Dict:
+    """Held-out accuracy before/after/best, whether and when it reached ``target``, iterations and training time."""
+    heldout = df["p3o/heldout_reward_mean"].dropna()
+    reached = heldout[heldout >= target]
+    first = reached.index[0] if len(reached) else None
+    return {
+        "heldout_before": float(heldout.iloc[0]), "heldout_after": float(heldout.iloc[-1]),
+        "heldout_max": float(heldout.max()), "target": target, "target_reached": first is not None,
+        "seconds_to_target": float(df.loc[first, "time_total_s"]) if first is not None else None,
+        "iterations_to_target": int(df.loc[first, "training_iteration"]) if first is not None else None,
+        "train_time_s": float(df["time_total_s"].iloc[-1]), "iterations": int(df["training_iteration"].iloc[-1]),
+    }
+
+
+def write_summary(summary: dict, out: str, echo: bool = True) -> str:
+    """Save summary.json under ``out`` (and print it) and shut Ray down: the common end of every example."""
     import json
-    import os
 
     import ray
 
-    with open(os.path.join(out, "summary.json"), "w") as f:
+    path = os.path.join(out, "summary.json")
+    with open(path, "w") as f:
         json.dump(summary, f, indent=2)
-    print(json.dumps(summary, indent=2))
+    if echo:
+        print(json.dumps(summary, indent=2))
     ray.shutdown()
+    return path

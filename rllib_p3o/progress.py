@@ -1,15 +1,45 @@
-"""Readable progress for long runs: a one-line-per-iteration Tune callback and the training-curve plot."""
+"""What a person sees of a long run: quiet libraries, a one-line-per-iteration Tune callback, the training curves."""
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import time
+import warnings
 from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 from ray import tune
 
 if TYPE_CHECKING:
     import pandas
+
+# Settings that keep library chatter (start-up banners, deprecation notices, weight-loading bars) off the user's
+# screen. Errors still show: only levels below ERROR are hidden.
+QUIET_ENV = {
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_DEDUP_LOGS": "1",
+    "RAY_AIR_NEW_OUTPUT": "0",  # Tune's classic output: with verbose=0 no config box or TensorBoard hint
+    "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning,ignore::UserWarning",
+}
+
+
+def quiet_library_output() -> Dict[str, str]:
+    """Silence Ray/RLlib/Tune, transformers and vLLM below ERROR in this process; returns the environment variables
+    to hand to Ray workers (``ray.init(runtime_env={"env_vars": ...})``). Call it before those libraries start."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    for category in (DeprecationWarning, FutureWarning, UserWarning):
+        warnings.filterwarnings("ignore", category=category)
+    # "ray.rllib" by name: RLlib gives that logger a level of its own, which the parent's would not override.
+    for name in ("ray", "ray.rllib", "ray.tune", "vllm", "transformers", "torch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return dict(QUIET_ENV)
+
 
 # (column in Tune's flattened results, label)
 CURVES = (
@@ -32,12 +62,33 @@ def _fmt(v) -> str:
     return "   -  " if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:6.3f}"
 
 
-class IterationPrinter(tune.Callback):
-    """Prints iteration, wall time, train reward, held-out accuracy, ESS, cap fraction and the time split."""
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 60}:{seconds % 60:02d}"
 
-    def __init__(self, every: int = 1):
+
+class IterationPrinter(tune.Callback):
+    """One line every ``every`` iterations: elapsed time, ETA, train reward, held-out accuracy, ESS, signal, time split.
+
+    With ``time_limit`` (seconds of training) and/or ``max_iterations`` the line gives the longest time left until
+    the run stops (the target, if any, can only end it sooner), from the mean iteration time so far.
+    """
+
+    def __init__(self, every: int = 1, time_limit: Optional[float] = None, max_iterations: Optional[int] = None,
+                 target: Optional[float] = None):
         self.every = every
+        self.time_limit = time_limit
+        self.max_iterations = max_iterations
+        self.target = target
         self._t0: Optional[float] = None
+
+    def _time_left(self, it: int, elapsed: float) -> Optional[float]:
+        bounds = []
+        if self.time_limit is not None:
+            bounds.append(self.time_limit - elapsed)
+        if self.max_iterations is not None and it > 0:
+            bounds.append((self.max_iterations - it) * elapsed / it)
+        return min(bounds) if bounds else None
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._t0 = self._t0 or time.time()
@@ -46,9 +97,13 @@ class IterationPrinter(tune.Callback):
             return
         p = result.get("p3o", {})
         lr = _get(result, "learners/default_policy") or {}
-        print(f"[{trial.trial_id}] iter {it:4d}  {result.get('time_total_s', 0):6.0f}s  "
-              f"reward {_fmt(p.get('reward_mean'))}  heldout {_fmt(p.get('heldout_reward_mean'))}  "
-              f"ess {_fmt(lr.get('ess'))}  cap {_fmt(lr.get('cap_fraction'))}  "
+        elapsed = result.get("time_total_s", 0.0)
+        left = self._time_left(it, elapsed)
+        eta = f"  ≤{_clock(left)} left" if left is not None else ""
+        target = f" (target {self.target:.2f})" if self.target is not None else ""
+        print(f"iter {it:4d}  {_clock(elapsed)} elapsed{eta}  reward {_fmt(p.get('reward_mean'))}  "
+              f"held-out {_fmt(p.get('heldout_reward_mean'))}{target}  ess {_fmt(lr.get('ess'))}  "
+              f"groups w/o signal {_fmt(p.get('groups_without_signal'))}  "
               f"gen {p.get('time_generate_s', 0):.2f}s train {p.get('time_train_s', 0):.2f}s "
               f"sync {p.get('time_sync_s', 0):.2f}s", flush=True)
 
