@@ -1,0 +1,125 @@
+"""How robust is `make demo`? The demo over base-model seeds x RL seeds x torch thread counts, one run after another.
+
+    python benchmarks/demo_seeds.py [--base-seeds 0 1 2 3 4] [--rl-seeds 0 1] [--threads 1 2] [--time-limit 600]
+
+Each run is ``examples/demo.py`` itself, in a subprocess, with its own base model (built with that seed and that
+many torch threads: the thread count changes the pretraining's floats) under OUT/b<base>_s<rl>_t<threads>/.
+Prints one line per run (held-out before/after, time and iterations to the target) and the success count; writes
+benchmarks/results/demo_seeds.json and docs/demo_seeds.png (held-out accuracy against iterations, every run).
+A run that misses the target makes this command exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def run_demo(out: str, base_seed: int, rl_seed: int, threads: int, target: float, time_limit: float) -> dict:
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "demo.py"), "--out", out, "--base-seed", str(base_seed),
+           "--seed", str(rl_seed), "--threads", str(threads), "--target", str(target),
+           "--time-limit", str(time_limit)]
+    t0 = time.time()
+    with open(os.path.join(out, "demo.log"), "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    summary_path = os.path.join(out, "summary.json")
+    if not os.path.exists(summary_path):
+        return {"returncode": rc, "error": f"no summary; see {out}/demo.log", "target_reached": False}
+    with open(summary_path) as f:
+        summary = json.load(f)
+    summary.update(returncode=rc, wall_time_s=time.time() - t0)
+    return summary
+
+
+def plot(runs: list, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        csv = os.path.join(run["out"], "metrics.csv")
+        if not os.path.exists(csv):
+            continue
+        d = pd.read_csv(csv)[["training_iteration", "p3o/heldout_reward_mean"]].dropna()
+        ax.plot(d["training_iteration"], d["p3o/heldout_reward_mean"], alpha=0.7, lw=1,
+                color="tab:blue" if run["threads"] == 1 else "tab:orange")
+    ax.plot([], [], color="tab:blue", label="pretrained with 1 thread")
+    ax.plot([], [], color="tab:orange", label="pretrained with 2 threads")
+    ax.axhline(runs[0]["target"], color="gray", ls="--", lw=1)
+    ax.set_xlabel("iteration (512 completions each)")
+    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    n_ok = sum(r["target_reached"] for r in runs)
+    ax.set_title(f"make demo over {len(runs)} runs (base seed x RL seed x threads): {n_ok} reached the target",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--rl-seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--time-limit", type=float, default=600.0)
+    parser.add_argument("--out", default="runs/demo_seeds")
+    parser.add_argument("--report", default=os.path.join(HERE, "results", "demo_seeds.json"))
+    parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "demo_seeds.png"))
+    args = parser.parse_args()
+
+    grid = list(itertools.product(args.threads, args.base_seeds, args.rl_seeds))
+    print(f"{len(grid)} demo runs, one after another (each: base model build + Ray start-up + training)\n"
+          f"{'threads':>7} {'base':>4} {'rl':>3} | {'held-out before':>15} {'after':>6} | {'to target':>9} "
+          f"{'iters':>5} | {'wall':>5}", flush=True)
+    runs = []
+    for threads, base_seed, rl_seed in grid:
+        out = os.path.abspath(os.path.join(args.out, f"b{base_seed}_s{rl_seed}_t{threads}"))
+        os.makedirs(out, exist_ok=True)
+        run = run_demo(out, base_seed, rl_seed, threads, args.target, args.time_limit)
+        run.update(out=out, base_seed=base_seed, rl_seed=rl_seed, threads=threads, target=args.target)
+        runs.append(run)
+        if "error" in run:
+            print(f"{threads:>7} {base_seed:>4} {rl_seed:>3} | FAILED: {run['error']}", flush=True)
+            continue
+        to_target = f"{run['seconds_to_target']:.0f}s" if run["target_reached"] else "missed"
+        iters = run["iterations_to_target"] if run["target_reached"] else run["iterations"]
+        print(f"{threads:>7} {base_seed:>4} {rl_seed:>3} | {run['heldout_before']:>15.3f} "
+              f"{run['heldout_after']:>6.3f} | {to_target:>9} {iters:>5} | {run['wall_time_s']:>4.0f}s", flush=True)
+
+    reached = [r for r in runs if r["target_reached"]]
+    secs = sorted(r["seconds_to_target"] for r in reached)
+    iters = sorted(r["iterations_to_target"] for r in reached)
+    report = {
+        "runs": runs, "num_runs": len(runs), "num_reached": len(reached), "target": args.target,
+        "time_limit_s": args.time_limit,
+        "seconds_to_target": {"min": secs[0], "median": secs[len(secs) // 2], "max": secs[-1]} if secs else None,
+        "iterations_to_target": {"min": iters[0], "median": iters[len(iters) // 2], "max": iters[-1]} if iters else None,
+        "plot": plot(runs, args.plot),
+    }
+    os.makedirs(os.path.dirname(args.report), exist_ok=True)
+    with open(args.report, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"{len(reached)} of {len(runs)} runs reached held-out >= {args.target} within {args.time_limit:.0f}s; "
+          f"time to target {report['seconds_to_target']}, iterations {report['iterations_to_target']}\n"
+          f"report {os.path.relpath(args.report)}, plot {os.path.relpath(report['plot'])}", flush=True)
+    return 0 if len(reached) == len(runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
