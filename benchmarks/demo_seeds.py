@@ -6,7 +6,8 @@ Each run is ``examples/demo.py`` itself, in a subprocess, with its own base mode
 many torch threads: the thread count changes the pretraining's floats) under OUT/b<base>_s<rl>_t<threads>/.
 Prints one line per run (held-out before/after, time and iterations to the target) and the success count; writes
 benchmarks/results/demo_seeds.json and docs/demo_seeds.png (held-out accuracy against iterations, every run).
-A run that misses the target makes this command exit with status 1.
+A run that misses the target makes this command exit with status 1. The report is rewritten after every run, and
+a rerun skips the runs it already holds (``--fresh`` starts over), so an interrupted table can be completed.
 """
 
 from __future__ import annotations
@@ -75,13 +76,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--rl-seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--threads", type=int, nargs="+", default=[2, 1])
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--time-limit", type=float, default=600.0)
     parser.add_argument("--out", default="runs/demo_seeds")
     parser.add_argument("--report", default=os.path.join(HERE, "results", "demo_seeds.json"))
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "demo_seeds.png"))
+    parser.add_argument("--fresh", action="store_true", help="ignore runs already in the report")
     args = parser.parse_args()
+    done = {}
+    if os.path.exists(args.report) and not args.fresh:
+        with open(args.report) as f:
+            done = {(r["threads"], r["base_seed"], r["rl_seed"]): r for r in json.load(f).get("runs", [])}
 
     grid = list(itertools.product(args.threads, args.base_seeds, args.rl_seeds))
     print(f"{len(grid)} demo runs, one after another (each: base model build + Ray start-up + training)\n"
@@ -89,11 +95,15 @@ def main() -> int:
           f"{'iters':>5} | {'wall':>5}", flush=True)
     runs = []
     for threads, base_seed, rl_seed in grid:
-        out = os.path.abspath(os.path.join(args.out, f"b{base_seed}_s{rl_seed}_t{threads}"))
-        os.makedirs(out, exist_ok=True)
-        run = run_demo(out, base_seed, rl_seed, threads, args.target, args.time_limit)
-        run.update(out=out, base_seed=base_seed, rl_seed=rl_seed, threads=threads, target=args.target)
+        if (threads, base_seed, rl_seed) in done:
+            run = done[(threads, base_seed, rl_seed)]
+        else:
+            out = os.path.abspath(os.path.join(args.out, f"b{base_seed}_s{rl_seed}_t{threads}"))
+            os.makedirs(out, exist_ok=True)
+            run = run_demo(out, base_seed, rl_seed, threads, args.target, args.time_limit)
+            run.update(out=out, base_seed=base_seed, rl_seed=rl_seed, threads=threads, target=args.target)
         runs.append(run)
+        write_report(runs, args)
         if "error" in run:
             print(f"{threads:>7} {base_seed:>4} {rl_seed:>3} | FAILED: {run['error']}", flush=True)
             continue
@@ -102,6 +112,16 @@ def main() -> int:
         print(f"{threads:>7} {base_seed:>4} {rl_seed:>3} | {run['heldout_before']:>15.3f} "
               f"{run['heldout_after']:>6.3f} | {to_target:>9} {iters:>5} | {run['wall_time_s']:>4.0f}s", flush=True)
 
+    report = write_report(runs, args)
+    print(f"{report['num_reached']} of {len(runs)} runs reached held-out >= {args.target} within "
+          f"{args.time_limit:.0f}s; time to target {report['seconds_to_target']}, iterations "
+          f"{report['iterations_to_target']}\nreport {os.path.relpath(args.report)}, plot {os.path.relpath(args.plot)}",
+          flush=True)
+    return 0 if report["num_reached"] == len(runs) else 1
+
+
+def write_report(runs: list, args) -> dict:
+    """The table so far (runs, success count, spread of the time to target) as JSON, and its plot."""
     reached = [r for r in runs if r["target_reached"]]
     secs = sorted(r["seconds_to_target"] for r in reached)
     iters = sorted(r["iterations_to_target"] for r in reached)
@@ -110,15 +130,12 @@ def main() -> int:
         "time_limit_s": args.time_limit,
         "seconds_to_target": {"min": secs[0], "median": secs[len(secs) // 2], "max": secs[-1]} if secs else None,
         "iterations_to_target": {"min": iters[0], "median": iters[len(iters) // 2], "max": iters[-1]} if iters else None,
-        "plot": plot(runs, args.plot),
+        "plot": os.path.relpath(plot(runs, args.plot), ROOT),
     }
     os.makedirs(os.path.dirname(args.report), exist_ok=True)
     with open(args.report, "w") as f:
         json.dump(report, f, indent=2)
-    print(f"{len(reached)} of {len(runs)} runs reached held-out >= {args.target} within {args.time_limit:.0f}s; "
-          f"time to target {report['seconds_to_target']}, iterations {report['iterations_to_target']}\n"
-          f"report {os.path.relpath(args.report)}, plot {os.path.relpath(report['plot'])}", flush=True)
-    return 0 if len(reached) == len(runs) else 1
+    return report
 
 
 if __name__ == "__main__":
