@@ -37,7 +37,17 @@ def run_demo(out: str, base_seed: int, rl_seed: int, threads: int, target: float
     with open(summary_path) as f:
         summary = json.load(f)
     summary.update(returncode=rc, wall_time_s=time.time() - t0)
+    # The curve rides in the report, so that the plot can be redrawn (and the table resumed) without OUT.
+    summary["heldout_curve"] = heldout_curve(os.path.join(out, "metrics.csv"))
     return summary
+
+
+def heldout_curve(metrics_csv: str) -> list:
+    """[[iteration, held-out accuracy], ...] from a demo run's metrics.csv."""
+    import pandas as pd
+
+    columns = ["training_iteration", "p3o/heldout_reward_mean"]
+    return pd.read_csv(metrics_csv)[columns].dropna().values.tolist()
 
 
 def plot(runs: list, path: str) -> str:
@@ -45,16 +55,11 @@ def plot(runs: list, path: str) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import pandas as pd
-
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
-        csv = os.path.join(run["out"], "metrics.csv")
-        if not os.path.exists(csv):
-            continue
-        d = pd.read_csv(csv)[["training_iteration", "p3o/heldout_reward_mean"]].dropna()
-        ax.plot(d["training_iteration"], d["p3o/heldout_reward_mean"], alpha=0.7, lw=1,
-                color="tab:blue" if run["threads"] == 1 else "tab:orange")
+        if run.get("heldout_curve"):
+            iterations, heldout = zip(*run["heldout_curve"])
+            ax.plot(iterations, heldout, alpha=0.7, lw=1, color="tab:blue" if run["threads"] == 1 else "tab:orange")
     ax.plot([], [], color="tab:blue", label="pretrained with 1 thread")
     ax.plot([], [], color="tab:orange", label="pretrained with 2 threads")
     ax.axhline(runs[0]["target"], color="gray", ls="--", lw=1)
@@ -83,6 +88,7 @@ def main() -> int:
     parser.add_argument("--report", default=os.path.join(HERE, "results", "demo_seeds.json"))
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "demo_seeds.png"))
     parser.add_argument("--fresh", action="store_true", help="ignore runs already in the report")
+    parser.add_argument("--report-only", action="store_true", help="start no run: redraw the report from those held")
     args = parser.parse_args()
     done = {}
     if os.path.exists(args.report) and not args.fresh:
@@ -97,6 +103,11 @@ def main() -> int:
     for threads, base_seed, rl_seed in grid:
         if (threads, base_seed, rl_seed) in done:
             run = done[(threads, base_seed, rl_seed)]
+            csv = os.path.join(run.get("out", ""), "metrics.csv")
+            if "heldout_curve" not in run and os.path.exists(csv):
+                run["heldout_curve"] = heldout_curve(csv)
+        elif args.report_only:
+            continue
         else:
             out = os.path.abspath(os.path.join(args.out, f"b{base_seed}_s{rl_seed}_t{threads}"))
             os.makedirs(out, exist_ok=True)
@@ -117,7 +128,7 @@ def main() -> int:
           f"{args.time_limit:.0f}s; time to target {report['seconds_to_target']}, iterations "
           f"{report['iterations_to_target']}\nreport {os.path.relpath(args.report)}, plot {os.path.relpath(args.plot)}",
           flush=True)
-    return 0 if report["num_reached"] == len(runs) else 1
+    return 0 if report["num_reached"] == len(runs) == len(grid) else 1
 
 
 def write_report(runs: list, args) -> dict:

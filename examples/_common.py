@@ -21,7 +21,7 @@ def add_run_args(parser, out: str) -> None:
     parser.add_argument("--iterations", type=int, default=1000, help="stop after this many iterations")
 
 
-def start(out: str, *, base_seed: int = 0, threads: Optional[int] = None,
+def start(out: str, *, base_seed: int = 0, threads: Optional[int] = None, pretrain_steps: int = 1500,
           progress: Optional[Callable[[int, float], None]] = None) -> str:
     """Quiet the libraries, build (or reuse) the demo base model under ``out`` and start Ray; returns the model path.
 
@@ -38,7 +38,8 @@ def start(out: str, *, base_seed: int = 0, threads: Optional[int] = None,
     env = quiet_library_output()
     if threads:
         torch.set_num_threads(threads)
-    model = build_demo_model(os.path.join(out, "base_model"), seed=base_seed, progress=progress)
+    model = build_demo_model(os.path.join(out, "base_model"), seed=base_seed, pretrain_steps=pretrain_steps,
+                             progress=progress)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
              runtime_env={"env_vars": env})
     return model

@@ -35,6 +35,7 @@ def main() -> int:
     parser.add_argument("--base-seed", type=int, default=0, help="base model seed (init, corpus, pretraining)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the base model's pretraining")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (after warm-up)")
+    parser.add_argument("--pretrain-steps", type=int, default=1500, help="base model pretraining steps")
     args = parser.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -42,7 +43,7 @@ def main() -> int:
 
     print(f"rllib-p3o demo: {args.loss.upper()} on (a+b)%10 with a tiny Qwen2 model, vLLM rollouts, 2 CPU cores\n"
           f"[1/3] base model (seed {args.base_seed}) -> {os.path.relpath(out)}/base_model", flush=True)
-    model = start(out, base_seed=args.base_seed, threads=args.threads,
+    model = start(out, base_seed=args.base_seed, threads=args.threads, pretrain_steps=args.pretrain_steps,
                   progress=lambda step, loss: print(f"      pretraining step {step:4d}  loss {loss:.3f}", flush=True)
                   if step % 250 == 0 else None)
     print(f"      ready after {_clock(time.time() - t_start)}", flush=True)
