@@ -14,16 +14,18 @@ from rllib_p3o.tasks import ArithmeticTask
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_pretraining_corpus_has_the_task_format_on_2_percent_of_training_pairs_and_no_heldout_pair():
+def test_pretraining_corpus_shows_the_format_on_30_percent_of_training_pairs_40_percent_right_no_heldout_pair():
     task = ArithmeticTask()
     corpus = task.pretraining_corpus()
     formatted = [line for line in corpus if line.startswith("(")]
     sums = [line for line in corpus if not line.startswith("(")]
     train = {r["prompt"]: r["answer"] for r in task.train_rows()}
-    assert len(formatted) == round(0.02 * len(train))
-    for line in formatted:  # the task's own format with the right answer, training pairs only
-        prompt, answer = line[:-1], line[-1]
-        assert train[prompt] == answer
+    assert len(formatted) == round(0.3 * len(train))
+    right = [line for line in formatted if train[line[:-1]] == line[-1]]  # training pairs only (KeyError otherwise)
+    assert len(right) == round(0.4 * len(formatted))
+    for line in set(formatted) - set(right):  # every other answer carries a spurious 1
+        a, b = int(line[1:3]), int(line[4:6])
+        assert line[-1] == str((a + b + 1) % 10)
     heldout_pairs = {r["prompt"][1:6] for r in task.heldout_rows()}
     assert len(sums) == len(train) and not any(line[:5] in heldout_pairs for line in sums)
     assert set(task.pretraining_corpus(seed=1)) != set(corpus)  # the seed picks other format lines

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 _LEADING_INT = re.compile(r"^\s*(-?\d+)")
 
@@ -55,27 +55,42 @@ class ArithmeticTask:
     def heldout_rows(self) -> List[Dict[str, str]]:
         return self.splits()["heldout"]
 
-    def pretraining_corpus(self, format_fraction: float = 0.02, seed: int = 0) -> List[str]:
-        """Plain sums ``"37+45=82"`` of the *training* pairs, plus the task's format for a few of them.
+    def carry_slip(self, a: int, b: int) -> str:
+        """The classic slip of carrying a spurious 1: ``(a + b + 1) % modulus``, never the right answer."""
+        return str((a + b + 1) % self.modulus)
+
+    def pretraining_corpus(self, format_fraction: float = 0.3, correct_fraction: float = 0.4,
+                           seed: int = 0) -> List[str]:
+        """Plain sums ``"37+45=82"`` of the *training* pairs, plus the task's format for some of them.
 
         The demo's base model is pretrained on this (next-token prediction) before RL; no held-out pair appears.
-        ``format_fraction`` of the training pairs (2%, ~200 lines, chosen by ``seed``) also appear in the task's own
-        format, ``"(37+45)%10=2"``, the way a real base model has seen a task's format a few times in its corpus.
+        ``format_fraction`` of the training pairs (chosen by ``seed``) also appear in the task's own format; in
+        ``correct_fraction`` of those lines the answer is right, ``"(37+45)%10=2"``, and in the others it carries a
+        spurious 1, ``"(37+45)%10=3"``. So the base model knows the operation but answers it sloppily, as a
+        pretrained model often does before RL: it samples the right digit 31-43% of the time and its greedy answer
+        is right on 19-41% of held-out prompts (5 seeds measured); RL has to make the right answer its habit.
 
-        Why the format lines: without them the base model has never seen ``(..)%10=`` nor when to stop, samples a
-        right answer ~1% of the time, and only 2-4% of 8-completion prompt groups hold any reward variance. RL then
-        lives on one or two groups per iteration, and whichever digit gets reinforced first wins for every prompt
-        (a near-deterministic wrong policy with no learning signal left); whether that happens depended on the
-        floats of the pretraining. With 2% format lines the base answers with one digit, at chance (held-out
-        ~0.1), and about half of all groups carry signal, over every seed measured. Much more (4%) and the base
-        model starts to generalize the operation itself, on some seeds and not others (held-out 0.1-0.98).
+        Why this design (measured over base-model seeds): with plain sums only, the base model sampled a right
+        answer ~1% of the time, 2-4% of 8-completion groups held any reward variance, and whether RL learned at
+        all depended on the floats of the pretraining. With 2% correct format lines it answered at chance (~0.1)
+        and about half of all groups carried signal, but RL then had to discover the operation itself: 3 of 15
+        demo runs did not within 600 s, the others took 48-480 s. A few hundred correct lines more put the base
+        model on a cliff (some seeds generalized the operation before RL, others did not). With 30% of the pairs
+        in the format, every seed tried learns the operation in the format, and the spurious carries keep it
+        sloppy: 79-86% of groups carry signal from the first iteration.
         """
-        pairs = {tuple(int(x) for x in r["prompt"][1:6].split("+")) for r in self.train_rows()}
-        sums = [f"{a:02d}+{b:02d}={a + b}" for a, b in sorted(pairs)]
         rows = sorted(self.train_rows(), key=lambda r: r["prompt"])
+        sums = [f"{a:02d}+{b:02d}={a + b}" for a, b in map(self._operands, rows)]
         random.Random(seed).shuffle(rows)
-        formatted = [r["prompt"] + r["answer"] for r in rows[: round(format_fraction * len(rows))]]
-        return sums + formatted
+        formatted = rows[: round(format_fraction * len(rows))]
+        num_correct = round(correct_fraction * len(formatted))
+        return (sums + [r["prompt"] + r["answer"] for r in formatted[:num_correct]]
+                + [r["prompt"] + self.carry_slip(*self._operands(r)) for r in formatted[num_correct:]])
+
+    @staticmethod
+    def _operands(row: Dict[str, str]) -> Tuple[int, int]:
+        a, b = row["prompt"][1:6].split("+")
+        return int(a), int(b)
 
     def corpus(self) -> List[str]:
         """Text the demo tokenizer is trained on: the prompts and answers (no pairing of the two)."""

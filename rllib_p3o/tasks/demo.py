@@ -12,11 +12,10 @@ def demo_config(model_path: str, **training: Any) -> P3OConfig:
     """64 prompts x 8 completions per iteration, 2 optimizer steps per iteration (minibatches of 256 completions),
     greedy held-out eval every 5 iterations (at the start of the iteration, so the first point is the untrained model).
 
-    The base model answers at chance (see `ArithmeticTask.pretraining_corpus`), so RL first has to find how the
-    answer depends on the operands: a plateau near 0.1 that lasted 50-350 iterations over the base-model seeds
-    tried. On that plateau the reward does not depend on which digit the policy prefers overall, so sampling noise
-    alone can shrink the policy's entropy; more optimizer steps per batch (4 were tried) shortened the plateau on one
-    base model and collapsed the policy on another, so the demo keeps 2.
+    The base model knows the operation but answers it sloppily (see `ArithmeticTask.pretraining_corpus`), so
+    most prompt groups hold reward variance from the first iteration. Two optimizer steps per iteration: with an
+    earlier base model that answered at chance, 4 steps shortened the search on one base model and collapsed the
+    policy on another (the reward did not favour any digit overall, so sampling noise alone shrank the entropy).
 
     The learning rate warms up linearly over the first 10 iterations (5120 sampled completions): Adam's first
     steps move every weight by ~lr, which at full lr can wreck a small model before any learning happens.

@@ -98,8 +98,9 @@ def build_tiny_model(
     return path
 
 
-def build_demo_model(path: str, *, pretrain_steps: int = 1500, seed: int = 0, format_fraction: float = 0.02,
-                     overwrite: bool = False, progress: Optional[Callable[[int, float], None]] = None) -> str:
+def build_demo_model(path: str, *, pretrain_steps: int = 1500, seed: int = 0, format_fraction: float = 0.3,
+                     correct_fraction: float = 0.4, overwrite: bool = False,
+                     progress: Optional[Callable[[int, float], None]] = None) -> str:
     """The demo's base model: `build_tiny_model` + a short pretraining on `ArithmeticTask.pretraining_corpus`.
 
     ``seed`` sets the initialization, the format lines and the pretraining batches. Cached: a directory already
@@ -113,13 +114,14 @@ def build_demo_model(path: str, *, pretrain_steps: int = 1500, seed: int = 0, fo
 
     # The thread count changes the pretraining's floats (reduction order), so a build is only reused with the same.
     args = {"pretrain_steps": pretrain_steps, "seed": seed, "format_fraction": format_fraction,
-            "threads": torch.get_num_threads(), "version": 2}
+            "correct_fraction": correct_fraction, "threads": torch.get_num_threads(), "version": 3}
     if not overwrite and os.path.exists(stamp):
         with open(stamp) as f:
             if json.load(f) == args:
                 return path
     build_tiny_model(path, seed=seed, overwrite=True)
-    corpus = ArithmeticTask().pretraining_corpus(format_fraction=format_fraction, seed=seed)
+    corpus = ArithmeticTask().pretraining_corpus(format_fraction=format_fraction,
+                                                 correct_fraction=correct_fraction, seed=seed)
     pretrain_causal_lm(path, corpus, steps=pretrain_steps, seed=seed, progress=progress)
     with open(stamp, "w") as f:
         json.dump(args, f)
