@@ -50,7 +50,7 @@ def main() -> int:
 
     from rllib_p3o.progress import plot_training_curves
     from rllib_p3o.rl_module import HFCausalLMRLModule
-    from rllib_p3o.tasks.demo import demo_config
+    from rllib_p3o.tasks.demo_config import demo_config
 
     print(f"[2/3] {args.loss.upper()} training via tune.Tuner: stops at held-out accuracy >= {args.target}, at the "
           f"latest after {_clock(args.time_limit)} of training or {args.iterations} iterations", flush=True)
