@@ -59,11 +59,14 @@ def hf_weights(module_state: Mapping[str, Any], tied_embeddings: bool) -> Dict[s
 
 
 def check_probe(engine_logprobs: np.ndarray, learner_logprobs: Sequence[float], tolerance: float, where: str) -> float:
-    """``max |engine - learner|`` over the probe's log-probs; raises `WeightSyncError` above ``tolerance`` (or NaN)."""
+    """``max |engine - learner|`` over the probe's log-probs; raises `WeightSyncError` above ``tolerance`` (or NaN).
+
+    ``where`` opens the error message (e.g. "runner 1: after loading weights v7").
+    """
     diff = float(np.max(np.abs(engine_logprobs - np.asarray(learner_logprobs, dtype=np.float64))))
     if not diff <= tolerance:
         raise WeightSyncError(
-            f"{where}: the engine's log-probs differ from the learner's by up to {diff:.3g} (tolerance {tolerance}); "
+            f"{where} the engine's log-probs differ from the learner's by up to {diff:.3g} (tolerance {tolerance}); "
             f"the engine does not hold the learner's weights.")
     return diff
 
