@@ -3,6 +3,7 @@ no module is over 350 lines. Reads the sources; imports nothing."""
 
 import ast
 import pathlib
+import sys
 from typing import Dict, List, Set
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "rllib_p3o"
@@ -23,14 +24,17 @@ def import_graph() -> Dict[str, Set[str]]:
     modules = _modules()
     graph: Dict[str, Set[str]] = {}
     for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         deps: Set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: `from .x import y` in package p is `from p.x import y`
+                    base = ".".join(filter(None, [package.rsplit(".", node.level - 1)[0], base]))
                 # `from pkg import sub` imports the submodule when there is one, else the package's __init__.
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                           for a in node.names]
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             else:
                 continue
             deps |= {t for t in targets if t in modules and t != name}
@@ -63,6 +67,21 @@ def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
             if cycle:
                 return cycle
     return []
+
+
+def test_relative_and_function_level_imports_are_seen(tmp_path, monkeypatch):
+    pkg = tmp_path / "rllib_p3o"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from rllib_p3o import b\n")
+    (pkg / "b.py").write_text("from . import a\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "c.py").write_text("from ..a import f\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    graph = import_graph()
+    assert graph["rllib_p3o.a"] == {"rllib_p3o.b"} and graph["rllib_p3o.b"] == {"rllib_p3o.a"}
+    assert graph["rllib_p3o.sub.c"] == {"rllib_p3o.a"}
+    assert find_cycle(graph) == ["rllib_p3o.a", "rllib_p3o.b", "rllib_p3o.a"]
 
 
 def test_find_cycle_finds_one():
