@@ -17,7 +17,8 @@ from _report import write_report
 
 
 def run(mode: str, model: str, target: float, time_limit: float) -> dict:
-    from rllib_p3o.tasks.demo import demo_config
+    from rllib_p3o import metrics
+    from rllib_p3o.tasks.demo_config import demo_config
 
     extra = {"async_sampling": True, "max_staleness": 2} if mode == "async" else {}
     algo = demo_config(model, **extra).build_algo()
@@ -27,11 +28,11 @@ def run(mode: str, model: str, target: float, time_limit: float) -> dict:
         while time.perf_counter() - t0 < time_limit:
             res = algo.train()
             it += 1
-            p = res["p3o"]
-            rows += p["num_completions"]
-            waits.append(p.get("learner_wait_for_data_s", p["time_generate_s"]))
-            stale.append(p.get("staleness_mean", 0.0))
-            h = p.get("heldout_reward_mean", float("nan"))
+            p = res[metrics.P3O]
+            rows += p[metrics.NUM_COMPLETIONS]
+            waits.append(p.get(metrics.LEARNER_WAIT_FOR_DATA_S, p[metrics.TIME_GENERATE_S]))
+            stale.append(p.get(metrics.STALENESS_MEAN, 0.0))
+            h = p.get(metrics.HELDOUT_REWARD_MEAN, float("nan"))
             if h == h:
                 heldout = h
                 print(f"{mode:5s} iter {it:4d}  {time.perf_counter() - t0:6.1f}s  heldout {h:.3f}", flush=True)

@@ -46,7 +46,9 @@ def heldout_curve(metrics_csv: str) -> list:
     """[[iteration, held-out accuracy], ...] from a demo run's metrics.csv."""
     import pandas as pd
 
-    columns = ["training_iteration", "p3o/heldout_reward_mean"]
+    from rllib_p3o import metrics
+
+    columns = ["training_iteration", metrics.column(metrics.P3O, metrics.HELDOUT_REWARD_MEAN)]
     return pd.read_csv(metrics_csv)[columns].dropna().values.tolist()
 
 

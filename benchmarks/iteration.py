@@ -88,8 +88,9 @@ def main() -> None:
 
     import ray
 
+    from rllib_p3o import metrics
     from rllib_p3o.tasks import ArithmeticTask, build_demo_model
-    from rllib_p3o.tasks.demo import demo_config
+    from rllib_p3o.tasks.demo_config import demo_config
 
     model = build_demo_model(args.model_dir)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
@@ -103,13 +104,13 @@ def main() -> None:
         res = algo.train()
         wall = time.perf_counter() - t
         if i >= args.warmup:
-            p = res["p3o"]
-            rows.append({"wall_s": wall, "generate_s": p["time_generate_s"], "learner_update_s": p["time_train_s"],
-                         "weight_sync_s": p["time_sync_s"],
-                         "other_s": wall - p["time_generate_s"] - p["time_train_s"] - p["time_sync_s"],
-                         "generated_tokens_per_s": p["generated_tokens_per_s"],
-                         "trained_tokens_per_s": p["trained_tokens_per_s"],
-                         "completions": p["num_completions"]})
+            p = res[metrics.P3O]
+            gen, train, sync = p[metrics.TIME_GENERATE_S], p[metrics.TIME_TRAIN_S], p[metrics.TIME_SYNC_S]
+            rows.append({"wall_s": wall, "generate_s": gen, "learner_update_s": train, "weight_sync_s": sync,
+                         "other_s": wall - gen - train - sync,
+                         "generated_tokens_per_s": p[metrics.GENERATED_TOKENS_PER_S],
+                         "trained_tokens_per_s": p[metrics.TRAINED_TOKENS_PER_S],
+                         "completions": p[metrics.NUM_COMPLETIONS]})
         print(f"iter {i + 1:3d}  wall {wall:.2f}s  " + ("(warm-up)" if i < args.warmup else
               f"gen {rows[-1]['generate_s']:.2f}s  learn {rows[-1]['learner_update_s']:.2f}s  "
               f"sync {rows[-1]['weight_sync_s']:.3f}s  other {rows[-1]['other_s']:.2f}s"), flush=True)

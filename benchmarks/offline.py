@@ -27,9 +27,9 @@ def main() -> None:
 
     import ray
 
-    from rllib_p3o import P3OConfig
-    from rllib_p3o.offline import validate_trajectories
+    from rllib_p3o import P3OConfig, metrics
     from rllib_p3o.tasks import build_demo_model
+    from rllib_p3o.trajectories import validate_trajectories
 
     model = build_demo_model(args.model_dir)
     t0 = time.perf_counter()
@@ -44,16 +44,17 @@ def main() -> None:
         t = time.perf_counter()
         res = algo.train()
         wall = time.perf_counter() - t
-        p = res["p3o"]
-        print(f"iter {i + 1:3d}  {wall:.2f}s  read {p['time_offline_read_s']:.2f}s  train {p['time_train_s']:.2f}s  "
-              f"ess {res['learners']['default_policy']['ess']:.3f}", flush=True)
+        p = res[metrics.P3O]
+        ess = metrics.lookup(res, *metrics.LEARNER, metrics.ESS)
+        print(f"iter {i + 1:3d}  {wall:.2f}s  read {p[metrics.TIME_OFFLINE_READ_S]:.2f}s  "
+              f"train {p[metrics.TIME_TRAIN_S]:.2f}s  ess {ess:.3f}", flush=True)
         if i == 0:
             first = wall
             continue
         walls.append(wall)
-        rows.append(p["num_offline_rows"])
-        tokens.append(p["trained_tokens"])
-        reads.append(p["time_offline_read_s"])
+        rows.append(p[metrics.NUM_OFFLINE_ROWS])
+        tokens.append(p[metrics.TRAINED_TOKENS])
+        reads.append(p[metrics.TIME_OFFLINE_READ_S])
     algo.stop()
     result = {
         "dataset_rows": report.num_rows, "files": len(report.files), "validate_s": validate_s,

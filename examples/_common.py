@@ -46,8 +46,10 @@ def start(out: str, *, base_seed: int = 0, threads: Optional[int] = None, pretra
 
 
 def stop_at(target: float, time_limit: float, iterations: int):
+    from rllib_p3o import metrics
+
     def stop(trial_id: str, result: dict) -> bool:
-        heldout = result.get("p3o", {}).get("heldout_reward_mean", float("nan"))
+        heldout = result.get(metrics.P3O, {}).get(metrics.HELDOUT_REWARD_MEAN, float("nan"))
         return heldout >= target or result["time_total_s"] >= time_limit or result["training_iteration"] >= iterations
     return stop
 
@@ -80,7 +82,9 @@ def run_tuner(config, name: str, storage: str, stop, *, target: float = DEFAULT_
 
 def summarize(df: "pandas.DataFrame", target: float = DEFAULT_TARGET) -> Dict:
     """Held-out accuracy before/after/best, whether and when it reached ``target``, iterations and training time."""
-    heldout = df["p3o/heldout_reward_mean"].dropna()
+    from rllib_p3o import metrics
+
+    heldout = df[metrics.column(metrics.P3O, metrics.HELDOUT_REWARD_MEAN)].dropna()
     reached = heldout[heldout >= target]
     first = reached.index[0] if len(reached) else None
     return {

@@ -1,7 +1,8 @@
 """`make demo`: P3O teaches a tiny language model ``(a+b)%10`` from a verifier's reward, through tune.Tuner, on CPU.
 
 1. Builds the base model locally (tokenizer + tiny Qwen2, ~1 minute of pretraining on plain sums of the training
-   pairs, with the task's format on 2% of them; cached under OUT/base_model). It answers with one digit, at chance.
+   pairs, with the task's format on 30% of them, answered right 40% of the time; cached under OUT/base_model). It
+   knows the format and roughly the operation: held-out accuracy 0.37-0.56 before RL, depending on the seed.
 2. Trains it with P3O (vLLM rollouts in an EnvRunner actor, an RLlib learner) via ``tune.Tuner("P3O")`` until the
    greedy held-out accuracy reaches ``--target``, printing one line per 5 iterations.
 3. Writes OUT/demo_curves.png (train reward, held-out accuracy, ESS), the final model in Hugging Face format
@@ -50,7 +51,7 @@ def main() -> int:
 
     from rllib_p3o.progress import plot_training_curves
     from rllib_p3o.rl_module import HFCausalLMRLModule
-    from rllib_p3o.tasks.demo import demo_config
+    from rllib_p3o.tasks.demo_config import demo_config
 
     print(f"[2/3] {args.loss.upper()} training via tune.Tuner: stops at held-out accuracy >= {args.target}, at the "
           f"latest after {_clock(args.time_limit)} of training or {args.iterations} iterations", flush=True)

@@ -34,7 +34,8 @@ def briefly_trained(model: str, path: str, heldout_target: float, max_iterations
     import json
     import math
 
-    from rllib_p3o.tasks.demo import demo_config
+    from rllib_p3o import metrics
+    from rllib_p3o.tasks.demo_config import demo_config
 
     stamp = os.path.join(path, "behavior_training.json")
     if os.path.exists(stamp):
@@ -44,13 +45,13 @@ def briefly_trained(model: str, path: str, heldout_target: float, max_iterations
         heldout = 0.0
         while heldout < heldout_target and algo.iteration < max_iterations:
             result = algo.train()
-            measured = result.get("p3o", {}).get("heldout_reward_mean", float("nan"))
+            measured = result.get(metrics.P3O, {}).get(metrics.HELDOUT_REWARD_MEAN, float("nan"))
             heldout = heldout if math.isnan(measured) else measured  # measured every eval_interval iterations
             if algo.iteration % 10 == 0:
                 print(f"[behavior model] iteration {algo.iteration}: held-out {heldout:.3f}", flush=True)
         algo.export_hf(path)
         with open(stamp, "w") as f:
-            json.dump({"iterations": algo.iteration, "heldout_reward_mean": heldout}, f)
+            json.dump({"iterations": algo.iteration, metrics.HELDOUT_REWARD_MEAN: heldout}, f)
     finally:
         algo.stop()
     return path
@@ -69,9 +70,11 @@ def main() -> None:
     args = parser.parse_args()
     out = os.path.abspath(args.out)
 
+    from rllib_p3o import metrics
     from rllib_p3o.progress import plot_training_curves
+    from rllib_p3o.sources import POLICY, behavior_source_name
     from rllib_p3o.tasks import build_demo_model
-    from rllib_p3o.tasks.demo import demo_config
+    from rllib_p3o.tasks.demo_config import demo_config
 
     model = start(out)
     if args.behavior == "seed1":
@@ -84,12 +87,12 @@ def main() -> None:
 
         other = os.path.join(out, "behavior_base")  # a frozen copy: the policy's own directory is never written
         shutil.copytree(model, other, dirs_exist_ok=True)
-    config = demo_config(model, behavior_models=[{"model": other, "name": args.behavior, "samples": args.samples}],
-                         ess_scope=args.ess_scope, loss=args.loss)
+    behavior = {"model": other, "name": args.behavior, "samples": args.samples}
+    config = demo_config(model, behavior_models=[behavior], ess_scope=args.ess_scope, loss=args.loss)
     df, summary = run_tuner(config, "mix", out, stop_at(0.95, args.time_limit, args.iterations))
-    for name in ("online", f"behavior/{args.behavior}"):
-        for metric in ("reward_mean", "ess", "cap_fraction"):
-            col = f"p3o/by_source/{name}/{metric}"
+    for name in (POLICY, behavior_source_name(behavior)):
+        for metric in (metrics.REWARD_MEAN, metrics.ESS, metrics.CAP_FRACTION):
+            col = metrics.column(metrics.P3O, metrics.BY_SOURCE, name, metric)
             if col in df:
                 summary[f"{name}/{metric}_mean"] = float(df[col].mean())
     summary["plot"] = plot_training_curves({f"{args.samples}/8 from behavior model": df},

@@ -35,7 +35,7 @@ def main() -> None:
 
     from rllib_p3o.progress import plot_training_curves
     from rllib_p3o.tasks import build_demo_model
-    from rllib_p3o.tasks.demo import demo_config
+    from rllib_p3o.tasks.demo_config import demo_config
 
     model = build_demo_model(os.path.join(out, "base_model"))
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)

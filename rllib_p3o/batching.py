@@ -1,110 +1,148 @@
-"""Completions (from episodes or Parquet rows) → one right-padded token batch for the learner.
+"""Completion records (from episodes or trajectory rows) → the learner's right-padded token batch.
 
-A *completion record* is a mapping with ``prompt_ids`` and ``completion_ids`` (int sequences), ``behavior_logprobs``
-(one float per completion token: log π_b of that token) and ``advantage`` (float); optionally ``weights_seq_no``
-and ``source_id`` (ints). Online episodes and offline rows are both turned into records, then into a batch here,
-so the learner sees one format whatever the data came from.
+Online episodes and offline rows both become completion records first (`rllib_p3o.columns.Record`), so the learner
+sees one format whatever the data came from; `rllib_p3o.columns` gives the batch layout. One training batch:
 
-Alignment: targets are ``input_ids[:, 1:]``, so completion token ``j`` of a row with prompt length ``P`` sits at
-target position ``P - 1 + j``; ``completion_mask`` and ``behavior_logprobs`` are laid out on those positions.
+1. online records → `pad_records` (to the longest row); offline rows → `pad_records` in the prelearner, to a fixed
+   width (Ray Data needs fixed shapes);
+2. `concat_padded`: every part cut or padded to the longest real row of all parts, in one step;
+3. `shuffle_rows` (learner shards are contiguous slices) → `pad_rows_to_multiple` → `to_multi_agent_batch`.
 """
 
 from __future__ import annotations
 
-from typing import List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
+import torch
 
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
+from rllib_p3o.columns import BATCH_COLUMNS, DTYPES, ROW_COLUMNS, TARGET_COLUMNS, TOKEN_COLUMNS, Columns, Record
+from rllib_p3o.objectives import group_advantages
 
-COLUMNS = ("input_ids", "attention_mask", "completion_mask", "behavior_logprobs", "advantages", "weights_seq_no",
-           "source_id", "staleness")
+Batch = Dict[str, np.ndarray]
+
+# Width of a batch without any real row: one input token, one target position.
+MIN_WIDTH = 2
 
 
-def pad_records(records: Sequence[Mapping], pad_id: int, pad_to: Optional[int] = None) -> dict:
-    """Stack completion records into numpy arrays padded to the longest row (or ``pad_to``)."""
+def add_group_advantages(records: Sequence[Dict[str, Any]]) -> None:
+    """Set each record's advantage to its reward's z-score within its prompt group (`objectives.group_advantages`).
+
+    Computed on the whole set of records, before any sharding across learners: a group must be normalized whole.
+    """
+    rewards = torch.tensor([r[Record.REWARD] for r in records], dtype=torch.float32)
+    groups = torch.tensor([r[Record.GROUP_ID] for r in records], dtype=torch.long)
+    for r, a in zip(records, group_advantages(rewards, groups).tolist()):
+        r[Record.ADVANTAGE] = a
+
+
+def _zeros(rows: int, width: int) -> Batch:
+    shapes = {**{k: (rows, width) for k in TOKEN_COLUMNS}, **{k: (rows, width - 1) for k in TARGET_COLUMNS},
+              **{k: (rows,) for k in ROW_COLUMNS}}
+    return {k: np.zeros(shapes[k], DTYPES[k]) for k in BATCH_COLUMNS}
+
+
+def empty_batch(width: int) -> Batch:
+    """A batch of 0 rows at token width ``width``."""
+    return _zeros(0, width)
+
+
+def pad_records(records: Sequence[Mapping[str, Any]], pad_id: int, pad_to: Optional[int] = None) -> Batch:
+    """Stack completion records into a batch padded to the longest row (or to ``pad_to`` tokens).
+
+    Records without ``weights_seq_no``/``source_id`` count as version 0 of the policy; without ``staleness``, -1.
+    """
     if not records:
         raise ValueError("pad_records got no completion records.")
-    lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in records]
+    lengths = [len(r[Record.PROMPT_IDS]) + len(r[Record.COMPLETION_IDS]) for r in records]
     width = max(lengths)
     if pad_to is not None:
         if pad_to < width:
             raise ValueError(f"a row has {width} tokens, more than pad_to={pad_to}")
         width = pad_to
-    b = len(records)
-    input_ids = np.full((b, width), pad_id, dtype=np.int64)
-    attention_mask = np.zeros((b, width), dtype=np.int64)
-    completion_mask = np.zeros((b, width - 1), dtype=np.float32)
-    behavior = np.zeros((b, width - 1), dtype=np.float32)
+    out = _zeros(len(records), width)
+    out[Columns.INPUT_IDS].fill(pad_id)
     for i, r in enumerate(records):
-        p, c = len(r["prompt_ids"]), len(r["completion_ids"])
-        if len(r["behavior_logprobs"]) != c:
-            raise ValueError(f"record {i}: {len(r['behavior_logprobs'])} behavior log-probs for {c} completion tokens")
-        input_ids[i, :p] = r["prompt_ids"]
-        input_ids[i, p:p + c] = r["completion_ids"]
-        attention_mask[i, :p + c] = 1
-        completion_mask[i, p - 1:p - 1 + c] = 1.0
-        behavior[i, p - 1:p - 1 + c] = r["behavior_logprobs"]
-    out = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "completion_mask": completion_mask,
-        "behavior_logprobs": behavior,
-        "advantages": np.asarray([r["advantage"] for r in records], dtype=np.float32),
-        "weights_seq_no": np.asarray([r.get("weights_seq_no", 0) for r in records], dtype=np.int64),
-        "source_id": np.asarray([r.get("source_id", 0) for r in records], dtype=np.int64),
-        # Policy versions between the sampler and the learner (-1: not applicable, e.g. offline or behavior rows).
-        "staleness": np.asarray([r.get("staleness", -1) for r in records], dtype=np.int64),
+        p, c = len(r[Record.PROMPT_IDS]), len(r[Record.COMPLETION_IDS])
+        if len(r[Record.BEHAVIOR_LOGPROBS]) != c:
+            raise ValueError(f"record {i}: {len(r[Record.BEHAVIOR_LOGPROBS])} behavior log-probs for {c} completion "
+                             "tokens")
+        out[Columns.INPUT_IDS][i, :p] = r[Record.PROMPT_IDS]
+        out[Columns.INPUT_IDS][i, p:p + c] = r[Record.COMPLETION_IDS]
+        out[Columns.ATTENTION_MASK][i, :p + c] = 1
+        out[Columns.COMPLETION_MASK][i, p - 1:p - 1 + c] = 1.0
+        out[Columns.BEHAVIOR_LOGPROBS][i, p - 1:p - 1 + c] = r[Record.BEHAVIOR_LOGPROBS]
+    rows = {
+        Columns.ADVANTAGES: [r[Record.ADVANTAGE] for r in records],
+        Columns.WEIGHTS_SEQ_NO: [r.get(Record.WEIGHTS_SEQ_NO, 0) for r in records],
+        Columns.SOURCE_ID: [r.get(Record.SOURCE_ID, 0) for r in records],
+        Columns.STALENESS: [r.get(Record.STALENESS, -1) for r in records],
     }
+    out.update({k: np.asarray(v, dtype=DTYPES[k]) for k, v in rows.items()})
     return out
 
 
-def pad_rows_to_multiple(batch: dict, multiple: int) -> dict:
+def real_width(batch: Mapping[str, np.ndarray]) -> int:
+    """Token width of the longest real row: one past the last position any row attends to (MIN_WIDTH if none)."""
+    attended = np.nonzero(batch[Columns.ATTENTION_MASK].any(0))[0]
+    return int(attended[-1]) + 1 if len(attended) else MIN_WIDTH
+
+
+def fit_width(batch: Mapping[str, np.ndarray], width: int, pad_id: int) -> Batch:
+    """The batch at token width ``width``: token columns cut or padded to ``width``, target columns to ``width - 1``
+    (padding: ``pad_id`` in input_ids, 0 elsewhere). Only ever cut columns that are padding in every row."""
+    out = {}
+    for k in BATCH_COLUMNS:
+        v = batch[k]
+        if k in TOKEN_COLUMNS or k in TARGET_COLUMNS:
+            target = width if k in TOKEN_COLUMNS else width - 1
+            if v.shape[1] >= target:
+                v = v[:, :target]
+            else:
+                fill = pad_id if k == Columns.INPUT_IDS else 0
+                v = np.pad(v, ((0, 0), (0, target - v.shape[1])), constant_values=fill)
+        out[k] = v
+    return out
+
+
+def concat_padded(batches: List[Mapping[str, np.ndarray]], pad_id: int) -> Batch:
+    """Concatenate batches (online and offline parts) at the width of the longest real row among them."""
+    width = max(real_width(b) for b in batches)
+    parts = [fit_width(b, width, pad_id) for b in batches]
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in BATCH_COLUMNS}
+
+
+def shuffle_rows(batch: Mapping[str, np.ndarray], rng: np.random.Generator) -> Batch:
+    """One permutation for all columns (shards are contiguous slices: mix sources across learners)."""
+    perm = rng.permutation(len(batch[Columns.INPUT_IDS]))
+    return {k: v[perm] for k, v in batch.items()}
+
+
+def pad_rows_to_multiple(batch: Batch, multiple: int) -> Batch:
     """Append all-masked filler rows so the row count divides by ``multiple``.
 
     RLlib shards a batch contiguously across learners and each learner must run the same number of optimizer
     steps (the loss all-reduces inside). Filler rows have no valid token, so they change neither ESS, nor the
     token count, nor the gradient.
     """
-    b = len(batch["input_ids"])
+    b = len(batch[Columns.INPUT_IDS])
     extra = (-b) % multiple
     if extra == 0:
         return batch
     out = {}
     for k, v in batch.items():
         filler = np.repeat(v[:1], extra, axis=0)
-        if k in ("completion_mask", "advantages"):
+        if k in (Columns.COMPLETION_MASK, Columns.ADVANTAGES):
             filler = np.zeros_like(filler)
         out[k] = np.concatenate([v, filler])
     return out
 
 
-def shuffle_rows(batch: dict, rng: np.random.Generator) -> dict:
-    """One permutation for all columns (shards are contiguous slices: mix sources across learners)."""
-    perm = rng.permutation(len(batch["input_ids"]))
-    return {k: v[perm] for k, v in batch.items()}
-
-
-def to_multi_agent_batch(batch: dict, module_id: str = DEFAULT_MODULE_ID) -> MultiAgentBatch:
-    n = len(batch["input_ids"])
-    return MultiAgentBatch({module_id: SampleBatch(batch)}, env_steps=n)
-
-
-def concat_padded(batches: List[dict], pad_id: int) -> dict:
-    """Concatenate padded batches of different widths, re-padding each to the widest."""
-    if len(batches) == 1:
-        return batches[0]
-    width = max(b["input_ids"].shape[1] for b in batches)
-    out = {}
-    for k in COLUMNS:
-        parts = []
-        for b in batches:
-            v = b[k]
-            if v.ndim == 2:
-                target = width if k in ("input_ids", "attention_mask") else width - 1
-                v = np.pad(v, ((0, 0), (0, target - v.shape[1])), constant_values=pad_id if k == "input_ids" else 0)
-            parts.append(v)
-        out[k] = np.concatenate(parts)
-    return out
+def to_multi_agent_batch(batch: Mapping[str, np.ndarray], module_id: str = DEFAULT_MODULE_ID) -> MultiAgentBatch:
+    """The batch as RLlib's `MultiAgentBatch` for ``learner_group.update(batch=...)``."""
+    return MultiAgentBatch({module_id: SampleBatch(dict(batch))}, env_steps=len(batch[Columns.INPUT_IDS]))

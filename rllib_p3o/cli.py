@@ -2,7 +2,7 @@
 
     rllib-p3o validate PATH [--model DIR] [--max-seq-len N] [--allow-missing-behavior]
 
-Checks a trajectory Parquet file or directory against the schema (`rllib_p3o.offline`) and prints every bad row
+Checks a trajectory Parquet file or directory against the schema (`rllib_p3o.trajectories`) and prints every bad row
 with file, row and column. Exit status 0 when the data is valid, 1 when any row is bad, 2 on usage errors.
 """
 
@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from rllib_p3o.offline import OfflineDataError, validate_trajectories
+from rllib_p3o.trajectories import OfflineDataError, validate_trajectories
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -11,9 +11,10 @@ learner, as in the paper. ``"raw"`` reports the unprocessed model log-probs inst
 measure weight staleness/numerics, not the sampling distortion). The mode and sampling parameters are recorded
 with every sample.
 
-Weight sync: `load_policy_weights` reloads the engine's weights in place (no restart) through vLLM's layerwise
-reload, re-processes a tied LM head, resets the prefix cache (cached KV was computed with the old weights) and,
-when the payload has a probe, checks that the engine's log-probs of a probe sequence match the learner's.
+Weight sync (`rllib_p3o.weight_sync`): `load_policy_weights` reloads the engine's weights in place (no restart)
+through vLLM's layerwise reload, re-processes a tied LM head, resets the prefix cache (cached KV was computed with
+the old weights) and, when the payload has a probe, checks that the engine's log-probs of a probe sequence match
+the learner's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 import os
 import time
 import zlib
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
 import ray
@@ -40,27 +41,41 @@ from ray.rllib.utils.metrics import (
     NUM_EPISODES_LIFETIME,
 )
 
+from rllib_p3o import metrics, weight_sync
+from rllib_p3o.columns import Infos
 from rllib_p3o.env import TextEnv
 from rllib_p3o.episodes import completion_episode
+from rllib_p3o.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
+from rllib_p3o.weight_sync import WeightSyncError  # noqa: F401  (public here: raised by load_policy_weights)
 
 logger = logging.getLogger(__name__)
 
 # A CPU engine's default KV cache claims ~90% of host RAM; this is plenty for small models and short sequences.
 CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
+# Runner state keys besides RLlib's own (weights_seq_no, num_env_steps_sampled_lifetime).
+GROUPS_SAMPLED = "groups_sampled"
 
 
-class WeightSyncError(RuntimeError):
-    """The engine does not hold the weights the learner sent (a silent sync failure would look like staleness)."""
+class _Engine(NamedTuple):
+    """One engine's part of every prompt group."""
+
+    source: str  # source name (`rllib_p3o.sources`)
+    llm: Any  # vllm.LLM
+    samples: int  # completions per prompt
+    overrides: Dict[str, Any]  # sampling parameters that differ from the config's
 
 
-def behavior_source_name(spec: Dict[str, Any]) -> str:
-    return "behavior/" + str(spec.get("name") or os.path.basename(os.path.normpath(spec["model"])))
+class _Completion(NamedTuple):
+    """One generated completion, before it is scored and turned into an episode."""
 
-
-def make_env(config) -> TextEnv:
-    env_cls = config.env if isinstance(config.env, type) and issubclass(config.env, TextEnv) else TextEnv
-    env_config = dict(config.env_config)
-    return env_cls(env_config)
+    row: int  # index of its prompt row in this sample() call
+    prompt_ids: List[int]
+    completion_ids: List[int]
+    behavior_logprobs: List[float]
+    finish_reason: Optional[str]
+    text: str
+    source: str
+    params: Any  # vllm.SamplingParams
 
 
 class VLLMEnvRunner(EnvRunner, Checkpointable):
@@ -83,8 +98,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         # An offline-only run without remote runners needs no engine (nor prompts) at all.
         offline_only = config.resolved_offline_fraction >= 1.0
         self.is_sampler = self.worker_index > 0 or (self.num_workers == 0 and not offline_only)
-        self.env = make_env(self.config) if (self.is_sampler or "dataset" in env_config) else None
-        # Frozen behavior models (never synced) generate their share of every prompt group beside the policy.
+        env_cls = config.env if isinstance(config.env, type) and issubclass(config.env, TextEnv) else TextEnv
+        self.env = env_cls(dict(self.config.env_config)) if (self.is_sampler or "dataset" in env_config) else None
+        # Frozen behavior models (never synced) generate their share of every prompt group beside the policy:
+        # (spec, engine) pairs.
         self._behavior: List[tuple] = []
         self._last_sample_end: Optional[float] = None
         if self.is_sampler:
@@ -165,16 +182,14 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     def prompts_per_sample(self) -> int:
         return math.ceil(self.config.online_prompts_per_step / max(1, self.num_workers))
 
-    def _engines(self) -> List[tuple]:
-        """``(source name, engine, samples per prompt, sampling overrides)`` for the policy and each behavior model."""
-        from rllib_p3o.p3o import behavior_sample_counts
-
-        counts = behavior_sample_counts(self.config)
-        engines = [("online", self._llm, self.config.group_size - sum(counts), {})]
+    def _engines(self) -> List[_Engine]:
+        """The policy's engine and each behavior model's, with their share of a prompt group (if any)."""
+        counts = behavior_sample_counts(self.config.behavior_models, self.config.group_size)
+        engines = [_Engine(POLICY, self._llm, self.config.group_size - sum(counts), {})]
         for (spec, llm), n in zip(self._behavior, counts):
             overrides = {k: spec[k] for k in ("temperature", "top_p", "top_k", "max_tokens") if k in spec}
-            engines.append((behavior_source_name(spec), llm, n, overrides))
-        return [e for e in engines if e[2] > 0]
+            engines.append(_Engine(behavior_source_name(spec), llm, n, overrides))
+        return [e for e in engines if e.samples > 0]
 
     def sample(self, num_prompts: Optional[int] = None, **kwargs) -> List:
         """Sample ``group_size`` completions for each of ``num_prompts`` prompts; one episode per completion.
@@ -184,8 +199,6 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         """
         from vllm.inputs import TokensPrompt
 
-        from rllib_p3o.offline import source_id
-
         t_start = time.perf_counter()
         idle = t_start - self._last_sample_end if self._last_sample_end is not None else 0.0
         rows = self.env.next_rows(num_prompts or self.prompts_per_sample())
@@ -194,46 +207,49 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self._groups_sampled += len(rows)
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompt_ids]
 
-        # (row index, prompt ids, completion ids, behavior log-probs, finish reason, text, source, sampling params)
-        flat = []
+        completions: List[_Completion] = []
         t_gen = 0.0
-        for k, (source, llm, n, overrides) in enumerate(self._engines()):
-            params = [self._sampling_params(self._request_seed(first_group + i) + k, n=n, **overrides)
-                      for i in range(len(rows))]
+        for k, engine in enumerate(self._engines()):
+            params = [self._sampling_params(self._request_seed(first_group + i) + k, n=engine.samples,
+                                            **engine.overrides) for i in range(len(rows))]
             t0 = time.perf_counter()
-            outputs = llm.generate(requests, params, use_tqdm=False)
+            outputs = engine.llm.generate(requests, params, use_tqdm=False)
             t_gen += time.perf_counter() - t0
             for i, (pids, out) in enumerate(zip(prompt_ids, outputs)):
                 for comp in out.outputs:
                     ids = list(comp.token_ids)
                     logps = [lp[tid].logprob for tid, lp in zip(ids, comp.logprobs)]
                     text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                    flat.append((i, pids, ids, logps, comp.finish_reason, text, source, params[i]))
-        rewards = self.env.score([rows[f[0]]["prompt"] for f in flat], [f[5] for f in flat], [rows[f[0]] for f in flat])
+                    completions.append(_Completion(
+                        row=i, prompt_ids=pids, completion_ids=ids, behavior_logprobs=logps,
+                        finish_reason=comp.finish_reason, text=text, source=engine.source, params=params[i]))
+        scored_rows = [rows[c.row] for c in completions]
+        rewards = self.env.score([r["prompt"] for r in scored_rows], [c.text for c in completions], scored_rows)
 
         episodes = []
         # Group ids are unique across runners and iterations: advantages are normalized within a prompt group,
         # over the policy's and the behavior models' completions together.
         group_base = self.worker_index * 10**12
-        for (i, pids, ids, logps, finish, text, source, sp), reward in zip(flat, rewards):
+        for c, reward in zip(completions, rewards):
             episodes.append(completion_episode(
-                prompt_ids=pids, completion_ids=ids, behavior_logprobs=logps, reward=float(reward),
-                weights_seq_no=self._weights_seq_no, group_id=group_base + first_group + i,
-                source_id=source_id(source),
-                infos={"prompt": rows[i]["prompt"], "completion": text, "finish_reason": finish, "source": source,
-                       "temperature": sp.temperature, "top_p": sp.top_p, "logprobs_mode": self.config.logprobs_mode},
+                prompt_ids=c.prompt_ids, completion_ids=c.completion_ids, behavior_logprobs=c.behavior_logprobs,
+                reward=float(reward), weights_seq_no=self._weights_seq_no, group_id=group_base + first_group + c.row,
+                source_id=source_id(c.source),
+                infos={Infos.PROMPT: rows[c.row]["prompt"], Infos.COMPLETION: c.text,
+                       Infos.FINISH_REASON: c.finish_reason, Infos.SOURCE: c.source,
+                       Infos.TEMPERATURE: c.params.temperature, Infos.TOP_P: c.params.top_p,
+                       Infos.LOGPROBS_MODE: self.config.logprobs_mode},
             ))
-        n_tokens = sum(len(f[2]) for f in flat)
+        n_tokens = sum(len(c.completion_ids) for c in completions)
         self._env_steps_lifetime += len(episodes)
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED, len(episodes), reduce="sum")
         self.metrics.log_value(NUM_EPISODES, len(episodes), reduce="sum")
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(episodes), reduce="lifetime_sum")
         self.metrics.log_value(NUM_EPISODES_LIFETIME, len(episodes), reduce="lifetime_sum")
         self.metrics.log_value(EPISODE_RETURN_MEAN, float(np.mean(rewards)), window=1)
-        self.metrics.log_value("generate_time_s", t_gen, window=1)
-        self.metrics.log_value("generated_tokens_per_s", n_tokens / max(t_gen, 1e-9), window=1)
-        # Time this runner sat without a sample() request (async mode keeps this near 0).
-        self.metrics.log_value("idle_time_s", idle, reduce="sum")
+        self.metrics.log_value(metrics.GENERATE_TIME_S, t_gen, window=1)
+        self.metrics.log_value(metrics.GENERATED_TOKENS_PER_S, n_tokens / max(t_gen, 1e-9), window=1)
+        self.metrics.log_value(metrics.IDLE_TIME_S, idle, reduce="sum")
         self._last_sample_end = time.perf_counter()
         return episodes
 
@@ -253,7 +269,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                                   params, use_tqdm=False)
         completions = [self.tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outs]
         rewards = self.env.score([r["prompt"] for r in rows], completions, rows)
-        return {"reward_mean": float(np.mean(rewards)), "num_prompts": float(len(rows))}
+        return {metrics.REWARD_MEAN: float(np.mean(rewards)), metrics.NUM_PROMPTS: float(len(rows))}
 
     # -- weights ------------------------------------------------------------------------------------------------
 
@@ -265,32 +281,28 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return ids + extra
 
     def load_policy_weights(self, payload: Dict[str, Any]) -> Dict[str, float]:
-        """Load new policy weights into the engine in place, then verify them (see module docstring)."""
-        seq = int(payload["weights_seq_no"])
+        """Load new policy weights (`rllib_p3o.weight_sync` payload) into the engine in place, then verify them."""
+        seq = int(payload[weight_sync.VERSION])
         if self._llm is None:
             self._weights_seq_no = seq
             return {}
         import safetensors.torch
 
         t0 = time.perf_counter()
-        state = payload["rl_module"]
+        state = payload[weight_sync.RL_MODULE]
         if isinstance(state, ray.ObjectRef):
             state = ray.get(state)
-        state = state.get(DEFAULT_MODULE_ID, state)
-        hf = {k[len("lm."):]: v.contiguous() for k, v in state.items() if k.startswith("lm.")}
-        if not hf:
-            raise WeightSyncError(f"weight payload has no 'lm.*' tensors (keys: {list(state)[:5]})")
-        if self._tied_embeddings:
-            hf.pop("lm_head.weight", None)  # shares storage with the embedding; vLLM re-ties it
-        blob = safetensors.torch.save(hf)
+        blob = safetensors.torch.save(weight_sync.hf_weights(state, self._tied_embeddings))
         engine_stats = self._llm.collective_rpc("p3o_reload_weights", args=(blob,))[0]
         self._llm.reset_prefix_cache()
         self._weights_seq_no = seq
-        stats = {"load_s": time.perf_counter() - t0, "engine_reload_s": engine_stats["engine_reload_s"]}
-        probe = payload.get("probe")
+        stats = {metrics.LOAD_S: time.perf_counter() - t0, metrics.ENGINE_RELOAD_S: engine_stats["engine_reload_s"]}
+        probe = payload.get(weight_sync.PROBE)
         if probe is not None:
-            stats["probe_max_abs_diff"] = self.verify_weights(probe["token_ids"], probe["logprobs"],
-                                                              payload.get("tolerance", 1e-3))
+            stats[metrics.PROBE_MAX_ABS_DIFF] = weight_sync.check_probe(
+                self.engine_logprobs(probe[weight_sync.PROBE_TOKEN_IDS]), probe[weight_sync.PROBE_LOGPROBS],
+                payload.get(weight_sync.TOLERANCE, weight_sync.DEFAULT_TOLERANCE),
+                where=f"runner {self.worker_index}: after loading weights v{self._weights_seq_no}")
         return stats
 
     def engine_logprobs(self, token_ids: List[int]) -> np.ndarray:
@@ -302,29 +314,19 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                                  SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False)[0]
         return np.asarray([lp[t].logprob for t, lp in zip(token_ids[1:], out.prompt_logprobs[1:])], dtype=np.float64)
 
-    def verify_weights(self, token_ids: List[int], expected: List[float], tolerance: float) -> float:
-        got = self.engine_logprobs(token_ids)
-        diff = float(np.max(np.abs(got - np.asarray(expected, dtype=np.float64))))
-        if not diff <= tolerance:
-            raise WeightSyncError(
-                f"runner {self.worker_index}: after loading weights v{self._weights_seq_no} the engine's log-probs "
-                f"differ from the learner's by up to {diff:.3g} (tolerance {tolerance}); the engine does not hold "
-                f"the learner's weights.")
-        return diff
-
-    # -- state / checkpointing ------------------------------------------------------------------------------------
+    # -- state / checkpointing (RLlib's keys, shared with the weight-sync payload: rl_module, weights_seq_no) ------
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> Dict[str, Any]:
-        return {"weights_seq_no": self._weights_seq_no, NUM_ENV_STEPS_SAMPLED_LIFETIME: self._env_steps_lifetime,
-                "groups_sampled": self._groups_sampled}
+        return {weight_sync.VERSION: self._weights_seq_no, NUM_ENV_STEPS_SAMPLED_LIFETIME: self._env_steps_lifetime,
+                GROUPS_SAMPLED: self._groups_sampled}
 
     def set_state(self, state: Dict[str, Any]) -> None:
-        if "rl_module" in state and self._llm is not None:
-            self.load_policy_weights({"rl_module": state["rl_module"],
-                                      "weights_seq_no": state.get("weights_seq_no", self._weights_seq_no)})
-        self._weights_seq_no = int(state.get("weights_seq_no", self._weights_seq_no))
+        if weight_sync.RL_MODULE in state and self._llm is not None:
+            self.load_policy_weights({weight_sync.RL_MODULE: state[weight_sync.RL_MODULE],
+                                      weight_sync.VERSION: state.get(weight_sync.VERSION, self._weights_seq_no)})
+        self._weights_seq_no = int(state.get(weight_sync.VERSION, self._weights_seq_no))
         self._env_steps_lifetime = int(state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, self._env_steps_lifetime))
-        self._groups_sampled = int(state.get("groups_sampled", self._groups_sampled))
+        self._groups_sampled = int(state.get(GROUPS_SAMPLED, self._groups_sampled))
 
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}

@@ -2,8 +2,9 @@
 
 One `SingleAgentEpisode` per sampled completion, one env step long: observation = prompt token ids, action =
 completion token ids, reward = the verifier's reward, ``extra_model_outputs`` = behavior log-probs of the sampled
-tokens (one per completion token), the policy version (``weights_seq_no``) that produced them, the prompt group,
-the data source and the sampling parameters. Texts ride in the step's infos (for recording and debugging).
+tokens (one per completion token), the weights version (``weights_seq_no``) that produced them, the prompt group and
+the data source. Texts and sampling parameters ride in the step's infos (`rllib_p3o.columns.Infos`), for recording
+and debugging.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import numpy as np
 
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-BEHAVIOR_LOGPROBS = "behavior_logprobs"
-WEIGHTS_SEQ_NO = "weights_seq_no"
-GROUP_ID = "group_id"
-SOURCE_ID = "source_id"
+from rllib_p3o.columns import Record
+
+# The record fields an episode keeps in its extra_model_outputs.
+_EXTRA = (Record.BEHAVIOR_LOGPROBS, Record.WEIGHTS_SEQ_NO, Record.GROUP_ID, Record.SOURCE_ID)
 
 
 def completion_episode(
@@ -31,6 +32,7 @@ def completion_episode(
     source_id: int = 0,
     infos: Mapping[str, Any] | None = None,
 ) -> SingleAgentEpisode:
+    """A finished 1-step episode holding one completion of ``prompt_ids``."""
     prompt = np.asarray(prompt_ids, dtype=np.int64)
     ep = SingleAgentEpisode()
     ep.add_env_reset(observation=prompt)
@@ -41,28 +43,28 @@ def completion_episode(
         infos=dict(infos or {}),
         terminated=True,
         extra_model_outputs={
-            BEHAVIOR_LOGPROBS: np.asarray(behavior_logprobs, dtype=np.float32),
-            WEIGHTS_SEQ_NO: int(weights_seq_no),
-            GROUP_ID: int(group_id),
-            SOURCE_ID: int(source_id),
+            Record.BEHAVIOR_LOGPROBS: np.asarray(behavior_logprobs, dtype=np.float32),
+            Record.WEIGHTS_SEQ_NO: int(weights_seq_no),
+            Record.GROUP_ID: int(group_id),
+            Record.SOURCE_ID: int(source_id),
         },
     )
     return ep
 
 
 def episodes_to_records(episodes: Sequence[SingleAgentEpisode]) -> List[Dict[str, Any]]:
-    """Completion records (see `rllib_p3o.batching`) from completion episodes, plus ``reward`` and ``group_id``."""
+    """Completion records (`rllib_p3o.columns.Record`) of completion episodes, without advantage and staleness."""
     records = []
     for ep in episodes:
-        extra = {k: ep.get_extra_model_outputs(k, 0) for k in (BEHAVIOR_LOGPROBS, WEIGHTS_SEQ_NO, GROUP_ID, SOURCE_ID)}
+        extra = {k: ep.get_extra_model_outputs(k, 0) for k in _EXTRA}
         records.append({
-            "prompt_ids": np.asarray(ep.get_observations(0), dtype=np.int64),
-            "completion_ids": np.asarray(ep.get_actions(0), dtype=np.int64),
-            "behavior_logprobs": np.asarray(extra[BEHAVIOR_LOGPROBS], dtype=np.float32),
-            "reward": float(ep.get_rewards(0)),
-            "weights_seq_no": int(extra[WEIGHTS_SEQ_NO]),
-            "group_id": int(extra[GROUP_ID]),
-            "source_id": int(extra[SOURCE_ID]),
-            "infos": ep.get_infos(-1),
+            Record.PROMPT_IDS: np.asarray(ep.get_observations(0), dtype=np.int64),
+            Record.COMPLETION_IDS: np.asarray(ep.get_actions(0), dtype=np.int64),
+            Record.BEHAVIOR_LOGPROBS: np.asarray(extra[Record.BEHAVIOR_LOGPROBS], dtype=np.float32),
+            Record.REWARD: float(ep.get_rewards(0)),
+            Record.WEIGHTS_SEQ_NO: int(extra[Record.WEIGHTS_SEQ_NO]),
+            Record.GROUP_ID: int(extra[Record.GROUP_ID]),
+            Record.SOURCE_ID: int(extra[Record.SOURCE_ID]),
+            Record.INFOS: ep.get_infos(-1),
         })
     return records

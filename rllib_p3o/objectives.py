@@ -157,11 +157,6 @@ def groups_without_signal(rewards: torch.Tensor, group_ids: torch.Tensor) -> flo
     return float((hi == lo).to(torch.float64).mean())
 
 
-def _global_token_count(mask: torch.Tensor) -> torch.Tensor:
-    n = mask.sum().to(torch.float64).reshape(1)
-    return _all_reduce(n)[0].clamp(min=1.0)
-
-
 def _token_mean(x: torch.Tensor, mask: torch.Tensor, n_global: torch.Tensor) -> torch.Tensor:
     """This rank's share of the global token-mean: ``Σ_{valid, local} x / N_global``."""
     return _masked_sum(x, mask) / n_global.to(x.dtype)

@@ -1,8 +1,9 @@
-"""RLlib offline-data hooks for trajectory Parquet: `P3OOfflineData` (validation, advantages, rescoring) and
-`P3OOfflinePreLearner` (rows → padded token batch).
+"""RLlib offline-data hooks for trajectory Parquet: `P3OOfflineData` (validation, advantages, rescoring, batches for
+the driver) and `P3OOfflinePreLearner` (rows → padded token batch, in Ray Data actors).
 
 Wired in by P3OConfig: ``config.offline_data(input_=PATH)`` makes RLlib build `P3OOfflineData`, which reads the
-files with Ray Data (``read_parquet``) and maps batches through `P3OOfflinePreLearner` in Ray Data actors.
+files with Ray Data (``read_parquet``) and maps batches through `P3OOfflinePreLearner` in Ray Data actors. The file
+format itself (schema, validation, rows → records) is `rllib_p3o.trajectories`.
 """
 
 from __future__ import annotations
@@ -16,15 +17,11 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
-from rllib_p3o.batching import pad_records
+from rllib_p3o.batching import Batch, empty_batch, pad_records
+from rllib_p3o.columns import BATCH_COLUMNS, Record
 from rllib_p3o.objectives import group_advantages
-from rllib_p3o.offline import (
-    OfflineDataError,
-    check_row,
-    offline_source_name,
-    row_to_record,
-    validate_trajectories,
-)
+from rllib_p3o.sources import OFFLINE, offline_source_name
+from rllib_p3o.trajectories import OfflineDataError, check_row, row_to_record, validate_trajectories
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +68,12 @@ class BehaviorRescorer:
                 scored.append(np.asarray(existing, dtype=np.float32))
                 continue
             rec = row_to_record(dict(row, behavior_logprobs=[]), self.tokenizer)
-            ids = np.concatenate([rec["prompt_ids"], rec["completion_ids"]])
+            ids = np.concatenate([rec[Record.PROMPT_IDS], rec[Record.COMPLETION_IDS]])
             with self.torch.no_grad():
                 x = self.torch.as_tensor(ids)[None]
                 lp = self.torch.log_softmax(self.model(input_ids=x).logits[0, :-1].float(), -1)
                 lp = lp.gather(-1, x[0, 1:, None])[:, 0].numpy()
-            scored.append(lp[len(rec["prompt_ids"]) - 1:].astype(np.float32))
+            scored.append(lp[len(rec[Record.PROMPT_IDS]) - 1:].astype(np.float32))
         out = dict(batch)
         out["behavior_logprobs"] = np.array(scored + [None], dtype=object)[:-1]
         return out
@@ -85,7 +82,7 @@ class BehaviorRescorer:
 class P3OOfflineData(OfflineData):
     """RLlib `OfflineData` that validates trajectory files before anything runs and prepares advantages.
 
-    - Every file and row is checked against the schema first (`rllib_p3o.offline`); a bad row stops the run before
+    - Every file and row is checked against the schema first (`rllib_p3o.trajectories`); a bad row stops the run before
       it starts, with file/row/column in the error, unless ``offline_skip_bad_rows`` (then bad rows are dropped
       and counted in ``offline_rows_skipped``).
     - Rows without ``advantage`` get the group-normalized reward of their ``group_id`` group, computed over the
@@ -117,6 +114,13 @@ class P3OOfflineData(OfflineData):
             self.data = self.data.groupby("group_id").map_groups(_normalize_group, batch_format="numpy")
         logger.info("offline data: %s", report.summary(limit=5))
 
+    def sample_batch(self, num_rows: int) -> Batch:
+        """``num_rows`` rows as a learner batch, padded to ``offline_max_seq_len`` tokens (see `rllib_p3o.batching`)."""
+        # A truthy module_state: the P3O prelearner needs no weights (RLlib would otherwise fetch them).
+        mab = self.sample(num_samples=num_rows, num_shards=0, module_state={"unused": True})
+        sb = mab.policy_batches[DEFAULT_MODULE_ID]
+        return {k: np.asarray(sb[k]) for k in BATCH_COLUMNS}
+
     def _has_missing_advantages(self) -> bool:
         import pyarrow.parquet as pq
 
@@ -127,7 +131,7 @@ class P3OOfflineData(OfflineData):
 def _source_names(files: List[str]) -> Set[str]:
     import pyarrow.parquet as pq
 
-    names = {"offline"}
+    names = {OFFLINE}
     for f in files:
         try:
             table = pq.read_table(f, columns=["source"])
@@ -139,7 +143,7 @@ def _source_names(files: List[str]) -> Set[str]:
 
 class P3OOfflinePreLearner(OfflinePreLearner):
     """Maps a Ray Data batch of trajectory rows to the learner's padded token batch (fixed width
-    ``offline_max_seq_len``, so every batch has the same shape; the driver trims the padding).
+    ``offline_max_seq_len``, so every batch has the same shape; `batching.concat_padded` cuts the padding).
     """
 
     def __init__(self, config, spaces=None, module_spec=None, module_state=None, **kwargs):
@@ -160,31 +164,8 @@ class P3OOfflinePreLearner(OfflinePreLearner):
                                                 max_seq_len=self.width):
                 continue  # counted once by the driver's validation report
             rec = row_to_record(row, self.tokenizer)
-            rec["advantage"] = float(row["advantage"])
+            # Every row has one by now: P3OOfflineData filled the missing ones with group z-scores.
+            rec[Record.ADVANTAGE] = float(row["advantage"])
             records.append(rec)
-        padded = pad_records(records, pad_id=self.pad_id, pad_to=self.width) if records else _empty(self.width)
+        padded = pad_records(records, pad_id=self.pad_id, pad_to=self.width) if records else empty_batch(self.width)
         return {f"{DEFAULT_MODULE_ID}/{k}": v for k, v in padded.items()}
-
-
-def _empty(width: int) -> Dict[str, np.ndarray]:
-    return {
-        "input_ids": np.zeros((0, width), np.int64), "attention_mask": np.zeros((0, width), np.int64),
-        "completion_mask": np.zeros((0, width - 1), np.float32),
-        "behavior_logprobs": np.zeros((0, width - 1), np.float32), "advantages": np.zeros(0, np.float32),
-        "weights_seq_no": np.zeros(0, np.int64), "source_id": np.zeros(0, np.int64),
-        "staleness": np.zeros(0, np.int64),
-    }
-
-
-def trim_padding(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """Drop the trailing columns that are padding in every row (offline batches come padded to a fixed width)."""
-    width = int(np.max(np.nonzero(batch["attention_mask"].any(0))[0])) + 1 if batch["attention_mask"].any() else 2
-    out = {}
-    for k, v in batch.items():
-        if k in ("input_ids", "attention_mask"):
-            out[k] = v[:, :width]
-        elif v.ndim == 2:
-            out[k] = v[:, :width - 1]
-        else:
-            out[k] = v
-    return out

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 from ray import tune
 
+from rllib_p3o import metrics
+
 if TYPE_CHECKING:
     import pandas
 
@@ -43,19 +45,10 @@ def quiet_library_output() -> Dict[str, str]:
 
 # (column in Tune's flattened results, label)
 CURVES = (
-    ("p3o/reward_mean", "train reward (mean of sampled completions)"),
-    ("p3o/heldout_reward_mean", "held-out accuracy (greedy, verifier)"),
-    ("learners/default_policy/ess", "ESS of the training batch"),
+    (metrics.column(metrics.P3O, metrics.REWARD_MEAN), "train reward (mean of sampled completions)"),
+    (metrics.column(metrics.P3O, metrics.HELDOUT_REWARD_MEAN), "held-out accuracy (greedy, verifier)"),
+    (metrics.column(*metrics.LEARNER, metrics.ESS), "ESS of the training batch"),
 )
-
-
-def _get(result: Dict, path: str):
-    node = result
-    for part in path.split("/"):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _fmt(v) -> str:
@@ -95,17 +88,17 @@ class IterationPrinter(tune.Callback):
         it = result.get("training_iteration", 0)
         if it % self.every and it != 1:
             return
-        p = result.get("p3o", {})
-        lr = _get(result, "learners/default_policy") or {}
+        p = result.get(metrics.P3O, {})
+        lr = metrics.lookup(result, *metrics.LEARNER) or {}
         elapsed = result.get("time_total_s", 0.0)
         left = self._time_left(it, elapsed)
         eta = f"  ≤{_clock(left)} left" if left is not None else ""
         target = f" (target {self.target:.2f})" if self.target is not None else ""
-        print(f"iter {it:4d}  {_clock(elapsed)} elapsed{eta}  reward {_fmt(p.get('reward_mean'))}  "
-              f"held-out {_fmt(p.get('heldout_reward_mean'))}{target}  ess {_fmt(lr.get('ess'))}  "
-              f"groups w/o signal {_fmt(p.get('groups_without_signal'))}  "
-              f"gen {p.get('time_generate_s', 0):.2f}s train {p.get('time_train_s', 0):.2f}s "
-              f"sync {p.get('time_sync_s', 0):.2f}s", flush=True)
+        print(f"iter {it:4d}  {_clock(elapsed)} elapsed{eta}  reward {_fmt(p.get(metrics.REWARD_MEAN))}  "
+              f"held-out {_fmt(p.get(metrics.HELDOUT_REWARD_MEAN))}{target}  ess {_fmt(lr.get(metrics.ESS))}  "
+              f"groups w/o signal {_fmt(p.get(metrics.GROUPS_WITHOUT_SIGNAL))}  "
+              f"gen {p.get(metrics.TIME_GENERATE_S, 0):.2f}s train {p.get(metrics.TIME_TRAIN_S, 0):.2f}s "
+              f"sync {p.get(metrics.TIME_SYNC_S, 0):.2f}s", flush=True)
 
 
 def plot_training_curves(frames: Dict[str, "pandas.DataFrame"], path: str, title: str = "P3O training",

@@ -152,10 +152,6 @@ class HFCausalLMRLModule(TorchRLModule):
         # torch tensors, not numpy: numpy has no bfloat16, and fp16 would be silently upcast (2x sync payload).
         return {k: v.detach().cpu() for k, v in self.state_dict().items()}
 
-    def hf_state_dict(self) -> Dict[str, torch.Tensor]:
-        """The weights under Hugging Face checkpoint names (what vLLM's ``load_weights`` expects)."""
-        return {k: v.detach() for k, v in self.lm.state_dict().items()}
-
     def save_pretrained(self, path: str, tokenizer_from: Optional[str] = None) -> str:
         """Export the policy as a Hugging Face directory (weights, config and, if found, the tokenizer)."""
         os.makedirs(path, exist_ok=True)

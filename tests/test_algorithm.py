@@ -7,11 +7,12 @@ from ray import tune
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_p3o import P3O, P3OConfig
+from rllib_p3o import metrics as m
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
-REPORTED = ["reward_mean", "time_generate_s", "time_train_s", "time_sync_s", "time_other_s",
-            "generated_tokens_per_s", "trained_tokens_per_s", "heldout_reward_mean", "sync_probe_max_abs_diff"]
-LEARNER_REPORTED = ["ess", "cap_fraction", "kl_behavior", "ratio_mean", "ratio_max", "loss", "pg_loss"]
+REPORTED = [m.REWARD_MEAN, m.TIME_GENERATE_S, m.TIME_TRAIN_S, m.TIME_SYNC_S, m.TIME_OTHER_S,
+            m.GENERATED_TOKENS_PER_S, m.TRAINED_TOKENS_PER_S, m.HELDOUT_REWARD_MEAN, m.SYNC_PROBE_MAX_ABS_DIFF]
+LEARNER_REPORTED = [m.ESS, m.CAP_FRACTION, m.KL_BEHAVIOR, m.RATIO_MEAN, m.RATIO_MAX, m.LOSS, m.PG_LOSS]
 
 
 def _config(model, reward_fn=arithmetic_reward, **training):
@@ -46,15 +47,15 @@ def test_tuner_runs_p3o_and_checkpoint_restores(ray_session, tiny_model, tmp_pat
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
             failure_config=tune.FailureConfig(fail_fast="raise"), verbose=0),
     ).fit()
-    result = results.get_best_result(metric="p3o/reward_mean", mode="max")
+    result = results.get_best_result(metric=m.column(m.P3O, m.REWARD_MEAN), mode="max")
     assert result.error is None and result.metrics["training_iteration"] == 3
     for key in REPORTED:
-        assert np.isfinite(result.metrics["p3o"][key]), key
+        assert np.isfinite(result.metrics[m.P3O][key]), key
     for key in LEARNER_REPORTED:
-        assert np.isfinite(result.metrics["learners"][DEFAULT_MODULE_ID][key]), key
-    assert result.metrics["p3o"]["sync_probe_max_abs_diff"] < 1e-3
+        assert np.isfinite(m.lookup(result.metrics, *m.LEARNER, key)), key
+    assert result.metrics[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] < 1e-3
     # Minibatches make the later steps of an iteration off-policy: ESS < 1 is visible, not hidden.
-    assert 0 < result.metrics["learners"][DEFAULT_MODULE_ID]["ess"] < 1
+    assert 0 < m.lookup(result.metrics, *m.LEARNER, m.ESS) < 1
 
     # Restore: same policy and optimizer state, the iteration count continues, training goes on.
     algo = P3O.from_checkpoint(result.checkpoint.path)
@@ -68,7 +69,7 @@ def test_tuner_runs_p3o_and_checkpoint_restores(ray_session, tiny_model, tmp_pat
         assert float((restored["lm.model.embed_tokens.weight"] - fresh_lm_weight).abs().max()) > 1e-5
         res = algo.train()
         assert res["training_iteration"] == 4
-        assert res["p3o"]["sync_probe_max_abs_diff"] < 1e-3  # the engine got the restored+updated weights
+        assert res[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] < 1e-3  # the engine got the restored+updated weights
     finally:
         algo.stop()
 
@@ -83,9 +84,9 @@ def test_two_learners_same_ess_and_grpo(ray_session, tiny_model, tmp_path):
     algo = _config(tiny_model, loss="grpo", clip_low=0.2, clip_high=0.28).learners(num_learners=2).build_algo()
     try:
         res = algo.train()
-        learners = res["learners"][DEFAULT_MODULE_ID]
-        assert res["p3o"]["ess_spread_across_learners"] == pytest.approx(0.0, abs=1e-9)
-        assert 0 <= learners["clip_fraction"] <= 1 and learners["num_module_steps_trained"] > 0
+        learners = m.lookup(res, *m.LEARNER)
+        assert res[m.P3O][m.ESS_SPREAD_ACROSS_LEARNERS] == pytest.approx(0.0, abs=1e-9)
+        assert 0 <= learners[m.CLIP_FRACTION] <= 1 and learners["num_module_steps_trained"] > 0
         out = algo.export_hf(str(tmp_path / "hf"))
         assert (tmp_path / "hf" / "config.json").exists() and out == str(tmp_path / "hf")
     finally:

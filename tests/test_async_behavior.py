@@ -6,9 +6,10 @@ import pytest
 import ray
 
 from rllib_p3o import P3OConfig
+from rllib_p3o import metrics as m
 from rllib_p3o.env_runner import VLLMEnvRunner
 from rllib_p3o.episodes import episodes_to_records
-from rllib_p3o.offline import source_id
+from rllib_p3o.sources import POLICY, source_id
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward, build_tiny_model
 
 
@@ -36,7 +37,7 @@ def test_behavior_model_takes_its_share_of_every_group(ray_session, tiny_model, 
         groups[r["group_id"]][r["source_id"]] += 1
     assert len(groups) == 8
     for counts in groups.values():
-        assert counts == {source_id("online"): 1, source_id("behavior/frozen"): 3}
+        assert counts == {source_id(POLICY): 1, source_id("behavior/frozen"): 3}
     frozen = [r for r in records if r["source_id"] == source_id("behavior/frozen")]
     assert {r["infos"]["temperature"] for r in frozen} == {1.3} and {r["infos"]["source"] for r in frozen} == {
         "behavior/frozen"}
@@ -50,19 +51,19 @@ def test_async_run_with_behavior_model(ray_session, tiny_model, tiny_untied_mode
         results = [algo.train() for _ in range(5)]
     finally:
         algo.stop()
-    p = [r["p3o"] for r in results]
-    assert all(x["staleness_max"] <= 1 for x in p)
-    assert any(x["staleness_mean"] > 0 for x in p)  # samples from older policy versions were trained on
-    assert all("dropped_stale_samples" in x and "learner_wait_for_data_s" in x for x in p)
-    last = p[-1]
-    assert set(last["by_source"]) == {"online", "behavior/frozen"}
-    assert last["by_source"]["online"]["num_completions"] == last["by_source"]["behavior/frozen"]["num_completions"]
-    for stats in last["by_source"].values():
-        assert {"reward_mean", "completion_len_mean", "ess", "cap_fraction", "kl_behavior"} <= set(stats)
+    p = [r[m.P3O] for r in results]
+    assert all(x[m.STALENESS_MAX] <= 1 for x in p)
+    assert any(x[m.STALENESS_MEAN] > 0 for x in p)  # samples from older policy versions were trained on
+    assert all(m.DROPPED_STALE_SAMPLES in x and m.LEARNER_WAIT_FOR_DATA_S in x for x in p)
+    by_source = p[-1][m.BY_SOURCE]
+    assert set(by_source) == {POLICY, "behavior/frozen"}
+    assert by_source[POLICY][m.NUM_COMPLETIONS] == by_source["behavior/frozen"][m.NUM_COMPLETIONS]
+    for stats in by_source.values():
+        assert {m.REWARD_MEAN, m.COMPLETION_LEN_MEAN, m.ESS, m.CAP_FRACTION, m.KL_BEHAVIOR} <= set(stats)
     # The frozen model is far from the policy (other weights): its tokens are off-policy, the policy's are not.
-    assert last["by_source"]["behavior/frozen"]["ess"] < last["by_source"]["online"]["ess"]
-    assert "by_staleness" in results[-1]["learners"]["default_policy"]
-    assert "idle_time_s" in results[-1]["env_runners"]
+    assert by_source["behavior/frozen"][m.ESS] < by_source[POLICY][m.ESS]
+    assert m.BY_STALENESS in m.lookup(results[-1], *m.LEARNER)
+    assert m.IDLE_TIME_S in results[-1]["env_runners"]
 
 
 def test_sync_run_drops_nothing_and_reports_zero_staleness(ray_session, tiny_model):
@@ -71,7 +72,7 @@ def test_sync_run_drops_nothing_and_reports_zero_staleness(ray_session, tiny_mod
         res = algo.train()
     finally:
         algo.stop()
-    assert res["p3o"]["staleness_max"] == 0
+    assert res[m.P3O][m.STALENESS_MAX] == 0
 
 
 def test_behavior_model_with_another_tokenizer_fails_at_start(tiny_model, tmp_path):

@@ -6,6 +6,7 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_p3o import P3OConfig
+from rllib_p3o import metrics as m
 from rllib_p3o.batching import pad_records, to_multi_agent_batch
 from rllib_p3o.env import TextEnv
 from rllib_p3o.rl_module import load_causal_lm
@@ -55,8 +56,8 @@ def test_update_changes_weights_and_lowers_loss(ray_session, tiny_model, num_lea
         losses, ess = [], []
         for _ in range(6):
             results = lg.update(batch=batch)
-            losses.append(np.mean(_per_learner(results, "loss")))
-            ess.append(_per_learner(results, "ess"))
+            losses.append(np.mean(_per_learner(results, m.LOSS)))
+            ess.append(_per_learner(results, m.ESS))
         after = _weights(lg)
         changed = [k for k in before if not torch.equal(before[k], after[k])]
         assert len(changed) > len(before) // 2
@@ -82,9 +83,9 @@ def test_two_learners_use_the_ess_of_the_union(ray_session, tiny_model, ess_scop
         lg = _learner_group(tiny_model, n, ess_scope=ess_scope)
         try:
             results = lg.update(batch=batch)
-            figures[n] = (_per_learner(results, "ess"), _per_learner(results, "num_tokens"),
+            figures[n] = (_per_learner(results, m.ESS), _per_learner(results, m.NUM_TOKENS),
                           _per_learner(results, "gradients_default_optimizer_global_norm"),
-                          _per_learner(results, "kl_weight"))
+                          _per_learner(results, m.KL_WEIGHT))
         finally:
             lg.shutdown()
     (ess1,), (tok1,), (gn1,), (klw1,) = figures[0]
@@ -103,7 +104,7 @@ def test_grpo_loss_runs_in_learner(ray_session, tiny_model):
     lg = _learner_group(tiny_model, 0, loss="grpo")
     try:
         results = lg.update(batch=_fixed_batch(tiny_model, behavior_shift=0.5))
-        assert 0.0 <= _per_learner(results, "clip_fraction")[0] <= 1.0
+        assert 0.0 <= _per_learner(results, m.CLIP_FRACTION)[0] <= 1.0
     finally:
         lg.shutdown()
 
@@ -115,7 +116,7 @@ def test_reference_kl_uses_the_frozen_initial_model(ray_session, tiny_model):
     lg = config.build_learner_group(spaces=SPACES)
     try:
         batch = _fixed_batch(tiny_model, behavior_shift=0.3)
-        kl = [_per_learner(lg.update(batch=batch), "kl_ref")[0] for _ in range(4)]
+        kl = [_per_learner(lg.update(batch=batch), m.KL_REF)[0] for _ in range(4)]
     finally:
         lg.shutdown()
     assert kl[0] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first step

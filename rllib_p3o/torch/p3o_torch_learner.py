@@ -1,9 +1,9 @@
 """P3O TorchLearner: padded token batch → `p3o_loss` / `grpo_loss`, with RLlib's optimizer, grad-clip and metrics.
 
-Batch columns (numpy or torch, right-padded; see `rllib_p3o.batching`):
+Batch columns (numpy or torch, right-padded; `rllib_p3o.columns.Columns`):
     ``input_ids`` [B, T], ``attention_mask`` [B, T], ``completion_mask`` [B, T-1] (1 on completion targets),
     ``behavior_logprobs`` [B, T-1], ``advantages`` [B]; optional ``ref_logprobs`` [B, T-1], ``source_id`` [B],
-    ``weights_seq_no`` [B] (RLlib then logs how many updates behind the sampler each batch was).
+    ``staleness`` [B], ``weights_seq_no`` [B] (RLlib then logs how many updates behind the sampler each batch was).
 
 Multi-learner scaling: the objective all-reduces its statistics (ESS sums, token count) over the learners' process
 group, so with ``num_learners=k`` the ESS every learner uses is the ESS of the union of the k shards, and each
@@ -22,14 +22,15 @@ import torch.distributed as dist
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.typing import ModuleID, TensorType
 
-from rllib_p3o import objectives
+from rllib_p3o import metrics, objectives
+from rllib_p3o.columns import Columns
 from rllib_p3o.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
 
 if TYPE_CHECKING:
-    from rllib_p3o.p3o import P3OConfig
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-SOURCE_ID = "source_id"
-STALENESS = "staleness"
+# Per-group diagnostics: (batch column, metric group).
+_GROUPINGS = ((Columns.SOURCE_ID, metrics.BY_SOURCE), (Columns.STALENESS, metrics.BY_STALENESS))
 
 
 class P3OTorchLearner(TorchLearner):
@@ -40,11 +41,13 @@ class P3OTorchLearner(TorchLearner):
         self._ref_models: Dict[ModuleID, torch.nn.Module] = {}
 
     def compute_loss_for_module(
-        self, *, module_id: ModuleID, config: "P3OConfig", batch: Dict[str, Any], fwd_out: Dict[str, TensorType]
+        self, *, module_id: ModuleID, config: "AlgorithmConfig", batch: Dict[str, Any],
+        fwd_out: Dict[str, TensorType]
     ) -> TensorType:
+        """``config`` is a `P3OConfig`: its ``loss``, ``ess_scope`` and coefficients choose the objective."""
         logp = fwd_out[TOKEN_LOGP]
-        mask = batch["completion_mask"].bool()
-        ref_logp = batch.get("ref_logprobs")
+        mask = batch[Columns.COMPLETION_MASK].bool()
+        ref_logp = batch.get(Columns.REF_LOGPROBS)
         if ref_logp is None and config.kl_ref_coeff > 0:
             ref_logp = self._reference_logprobs(module_id, config, batch)
         common = dict(
@@ -53,32 +56,33 @@ class P3OTorchLearner(TorchLearner):
             entropy=fwd_out.get(TOKEN_ENTROPY),
             entropy_coeff=config.entropy_coeff,
         )
+        behavior, advantages = batch[Columns.BEHAVIOR_LOGPROBS], batch[Columns.ADVANTAGES]
         groups = None
         if config.loss == "p3o":
             groups, num_groups = self._ess_groups(config, batch)
-            loss, metrics = objectives.p3o_loss(logp, batch["behavior_logprobs"], batch["advantages"], mask,
-                                                ess_groups=groups, num_ess_groups=num_groups, **common)
+            loss, stats = objectives.p3o_loss(logp, behavior, advantages, mask,
+                                              ess_groups=groups, num_ess_groups=num_groups, **common)
         elif config.loss == "grpo":
-            loss, metrics = objectives.grpo_loss(logp, batch["behavior_logprobs"], batch["advantages"], mask,
-                                                 clip_low=config.clip_low, clip_high=config.clip_high, **common)
+            loss, stats = objectives.grpo_loss(logp, behavior, advantages, mask,
+                                               clip_low=config.clip_low, clip_high=config.clip_high, **common)
         else:  # validated in P3OConfig; kept for configs built by hand
             raise ValueError(f"Unknown loss {config.loss!r}; expected 'p3o' or 'grpo'.")
 
-        self.metrics.log_dict({(module_id, k): float(v) for k, v in metrics.items()}, window=1)
-        for column, label in ((SOURCE_ID, "by_source"), (STALENESS, "by_staleness")):
+        self.metrics.log_dict({(module_id, k): float(v) for k, v in stats.items()}, window=1)
+        for column, label in _GROUPINGS:
             if column in batch:
-                own_cap = label == "by_source" and groups is not None
-                self._log_groups(module_id, column, label, logp.detach(), batch, mask, metrics["ess"], own_cap)
+                own_cap = label == metrics.BY_SOURCE and groups is not None
+                self._log_groups(module_id, column, label, logp.detach(), batch, mask, stats[metrics.ESS], own_cap)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return loss * world
 
     @staticmethod
-    def _ess_groups(config: "P3OConfig", batch: Dict[str, Any]) -> Tuple[Optional[torch.Tensor], int]:
+    def _ess_groups(config: "AlgorithmConfig", batch: Dict[str, Any]) -> Tuple[Optional[torch.Tensor], int]:
         """For ``ess_scope="source"``: each row's source as an index into the sorted union of the sources present on
         all learners (so every rank numbers them alike and runs the same collectives). ``(None, 0)`` for "batch"."""
-        if config.ess_scope != "source" or SOURCE_ID not in batch:
+        if config.ess_scope != "source" or Columns.SOURCE_ID not in batch:
             return None, 0
-        source = batch[SOURCE_ID].long()
+        source = batch[Columns.SOURCE_ID].long()
         local = sorted(set(torch.unique(source).tolist()))
         if dist.is_available() and dist.is_initialized():
             gathered: List[List[int]] = [None] * dist.get_world_size()  # type: ignore[list-item]
@@ -88,7 +92,7 @@ class P3OTorchLearner(TorchLearner):
         return torch.searchsorted(ids, source), len(local)
 
     def _log_groups(self, module_id, column, label, logp, batch, mask, ess, own_cap: bool = False) -> None:
-        """Diagnostics per value of ``column``: per source (online policy, offline data, each behavior model) or
+        """Diagnostics per value of ``column``: per source (the policy, offline data, each behavior model) or
         per staleness (policy versions behind). Local to this learner.
 
         With ``ess_scope="batch"`` the loss uses one ESS for the whole batch and these values show which part of it
@@ -97,7 +101,7 @@ class P3OTorchLearner(TorchLearner):
         """
         with torch.no_grad():
             source = batch[column]
-            log_ratio = logp - torch.where(mask, batch["behavior_logprobs"].to(logp.dtype), logp)
+            log_ratio = logp - torch.where(mask, batch[Columns.BEHAVIOR_LOGPROBS].to(logp.dtype), logp)
             for sid in torch.unique(source).tolist():
                 if sid < 0:  # not applicable (e.g. staleness of offline rows)
                     continue
@@ -109,12 +113,13 @@ class P3OTorchLearner(TorchLearner):
                 key = (module_id, label, str(int(sid)))
                 group_ess = float(objectives.effective_sample_size_from_log_ratios(log_ratio, m, all_reduce=False))
                 cap = group_ess if own_cap else float(ess)  # ess_scope="source": each source is capped by its own
+                kl = objectives.kl_k3(log_ratio[m], torch.zeros_like(log_ratio[m]))
                 self.metrics.log_dict({
-                    key + ("ess",): group_ess,
-                    key + ("ratio_mean",): float(r.mean()),
-                    key + ("cap_fraction",): float((r > cap * (1 + objectives.CAP_RTOL)).double().mean()),
-                    key + ("kl_behavior",): float(objectives.kl_k3(log_ratio[m], torch.zeros_like(log_ratio[m])).mean()),
-                    key + ("num_tokens",): n,
+                    key + (metrics.ESS,): group_ess,
+                    key + (metrics.RATIO_MEAN,): float(r.mean()),
+                    key + (metrics.CAP_FRACTION,): float((r > cap * (1 + objectives.CAP_RTOL)).double().mean()),
+                    key + (metrics.KL_BEHAVIOR,): float(kl.mean()),
+                    key + (metrics.NUM_TOKENS,): n,
                 }, window=1)
 
     @torch.no_grad()
@@ -128,5 +133,6 @@ class P3OTorchLearner(TorchLearner):
                 p.requires_grad_(False)
             self._ref_models[module_id] = ref
         ref = self._ref_models[module_id]
-        logits = ref(input_ids=batch["input_ids"].long(), attention_mask=batch["attention_mask"]).logits[:, :-1]
-        return torch.log_softmax(logits.float(), -1).gather(-1, batch["input_ids"][:, 1:].long().unsqueeze(-1)).squeeze(-1)
+        ids = batch[Columns.INPUT_IDS].long()
+        logits = ref(input_ids=ids, attention_mask=batch[Columns.ATTENTION_MASK]).logits[:, :-1]
+        return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)

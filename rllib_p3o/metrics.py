@@ -1,0 +1,181 @@
+"""What P3O reports: the metric keys of its results, and how the driver's per-iteration figures are computed.
+
+Where the keys live in ``algo.train()``'s result (Tune flattens them with "/", see `column`):
+    p3o/<key>                               the driver's figures of the iteration (this module)
+    p3o/by_source/<source name>/<key>       per data source (`rllib_p3o.sources`): reward and length of the
+                                            sampled completions, and the learners' ESS, cap fraction, KL...
+    learners/default_policy/<key>           the objective's figures (keys of `objectives.p3o_loss`/`grpo_loss`),
+                                            per staleness under by_staleness/<versions behind>/
+    env_runners/<key>                       the runners' generate_time_s, generated_tokens_per_s, idle_time_s
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.utils.metrics import LEARNER_RESULTS
+
+from rllib_p3o.columns import Columns, Record
+from rllib_p3o.objectives import groups_without_signal
+from rllib_p3o.sources import SourceNames
+
+# Top-level key of the driver's figures.
+P3O = "p3o"
+
+# -- p3o/<key>: one training iteration ---------------------------------------------------------------------------
+REWARD_MEAN = "reward_mean"
+COMPLETION_LEN_MEAN = "completion_len_mean"
+NUM_COMPLETIONS = "num_completions"
+NUM_OFFLINE_ROWS = "num_offline_rows"
+GENERATED_TOKENS = "generated_tokens"
+TRAINED_TOKENS = "trained_tokens"
+GENERATED_TOKENS_PER_S = "generated_tokens_per_s"
+TRAINED_TOKENS_PER_S = "trained_tokens_per_s"
+# Share of prompt groups whose rewards are all equal: their advantages are 0, they teach nothing.
+GROUPS_WITHOUT_SIGNAL = "groups_without_signal"
+WEIGHTS_SEQ_NO = Columns.WEIGHTS_SEQ_NO
+# The loss all-reduces its statistics, so every learner must have used the same ESS: this must be 0.
+ESS_SPREAD_ACROSS_LEARNERS = "ess_spread_across_learners"
+OFFLINE_ROWS_SKIPPED = "offline_rows_skipped"
+# Held-out evaluation (greedy), as "heldout_" + the runner's keys (reward_mean, num_prompts).
+HELDOUT_PREFIX = "heldout_"
+HELDOUT_REWARD_MEAN = HELDOUT_PREFIX + REWARD_MEAN
+NUM_PROMPTS = "num_prompts"
+# Async sampling and staleness (policy samples only).
+STALENESS_MEAN = "staleness_mean"
+STALENESS_MAX = "staleness_max"
+DROPPED_STALE_SAMPLES = "dropped_stale_samples"
+DROPPED_STALE_SAMPLES_LIFETIME = "dropped_stale_samples_lifetime"
+LEARNER_WAIT_FOR_DATA_S = "learner_wait_for_data_s"
+# Where the iteration's time went.
+TIME_GENERATE_S = "time_generate_s"
+TIME_BATCHING_S = "time_batching_s"
+TIME_OFFLINE_READ_S = "time_offline_read_s"
+TIME_TRAIN_S = "time_train_s"
+TIME_SYNC_S = "time_sync_s"
+TIME_OTHER_S = "time_other_s"
+# Weight sync: "sync_" + the runners' load statistics (max over runners).
+SYNC_PREFIX = "sync_"
+LOAD_S = "load_s"
+ENGINE_RELOAD_S = "engine_reload_s"
+PROBE_MAX_ABS_DIFF = "probe_max_abs_diff"
+SYNC_PROBE_MAX_ABS_DIFF = SYNC_PREFIX + PROBE_MAX_ABS_DIFF
+
+# -- groups: p3o/by_source/<name>/<key>, learners/default_policy/by_staleness/<k>/<key> -----------------------------
+BY_SOURCE = "by_source"
+BY_STALENESS = "by_staleness"
+NUM_TOKENS = "num_tokens"
+
+# -- learners/default_policy/<key>: the objective's own keys (`rllib_p3o.objectives`) -------------------------------
+ESS = "ess"
+CAP_FRACTION = "cap_fraction"
+KL_BEHAVIOR = "kl_behavior"
+KL_WEIGHT = "kl_weight"
+RATIO_MEAN = "ratio_mean"
+RATIO_MAX = "ratio_max"
+PG_LOSS = "pg_loss"
+LOSS = "loss"
+CLIP_FRACTION = "clip_fraction"  # GRPO only
+KL_REF = "kl_ref"  # with kl_ref_coeff > 0
+
+# -- env_runners/<key> ---------------------------------------------------------------------------------------------
+GENERATE_TIME_S = "generate_time_s"
+# Time a runner sat without a sample() request (async mode keeps it near 0).
+IDLE_TIME_S = "idle_time_s"
+
+
+def column(*keys: str) -> str:
+    """A result key as Tune's flattened column name: ``column(P3O, REWARD_MEAN) == "p3o/reward_mean"``."""
+    return "/".join(keys)
+
+
+def lookup(result: Mapping[str, Any], *keys: str) -> Any:
+    """``result[k1][k2]...``, or None where a key is missing: ``lookup(result, *LEARNER, ESS)``."""
+    node: Any = result
+    for key in keys:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+# The learners' figures of the default module, as a path prefix: column(*LEARNER, ESS) == "learners/default_policy/ess".
+LEARNER = (LEARNER_RESULTS, DEFAULT_MODULE_ID)
+
+
+@contextlib.contextmanager
+def timed(timings: Dict[str, float], key: str) -> Iterator[None]:
+    """Sets ``timings[key]`` to the wall time of the ``with`` block (seconds)."""
+    t0 = time.perf_counter()
+    yield
+    timings[key] = time.perf_counter() - t0
+
+
+def step_metrics(records: Sequence[Mapping[str, Any]], batch: Mapping[str, np.ndarray], timings: Mapping[str, float],
+                 sync_stats: Mapping[str, float], per_learner_ess: Sequence[float], *, num_offline_rows: int,
+                 weights_seq_no: int, offline_rows_skipped: Optional[int] = None) -> Dict[str, float]:
+    """The ``p3o/<key>`` figures of one iteration from its online ``records`` and the trained ``batch``.
+
+    Rates divide by the time of their phase (floored at 1 ns). Staleness covers the policy's records only.
+    """
+    n_gen = int(sum(len(r[Record.COMPLETION_IDS]) for r in records))
+    n_trained = int(batch[Columns.COMPLETION_MASK].sum())
+    step: Dict[str, float] = {
+        NUM_COMPLETIONS: len(records),
+        NUM_OFFLINE_ROWS: num_offline_rows,
+        GENERATED_TOKENS: n_gen,
+        TRAINED_TOKENS: n_trained,
+        TRAINED_TOKENS_PER_S: n_trained / max(timings[TIME_TRAIN_S], 1e-9),
+        WEIGHTS_SEQ_NO: weights_seq_no,
+        ESS_SPREAD_ACROSS_LEARNERS: (max(per_learner_ess) - min(per_learner_ess)) if per_learner_ess else 0.0,
+        **timings,
+        **{SYNC_PREFIX + k: v for k, v in sync_stats.items()},
+    }
+    if records:
+        rewards = np.asarray([r[Record.REWARD] for r in records], dtype=np.float64)
+        groups = np.asarray([r[Record.GROUP_ID] for r in records], dtype=np.int64)
+        step.update({
+            REWARD_MEAN: float(rewards.mean()),
+            COMPLETION_LEN_MEAN: n_gen / len(records),
+            GROUPS_WITHOUT_SIGNAL: groups_without_signal(torch.from_numpy(rewards), torch.from_numpy(groups)),
+            GENERATED_TOKENS_PER_S: n_gen / max(timings[TIME_GENERATE_S], 1e-9),
+        })
+        stale = [r[Record.STALENESS] for r in records if r.get(Record.STALENESS, -1) >= 0]
+        if stale:
+            step.update({STALENESS_MEAN: float(np.mean(stale)), STALENESS_MAX: int(np.max(stale))})
+    if offline_rows_skipped is not None:
+        step[OFFLINE_ROWS_SKIPPED] = offline_rows_skipped
+    return step
+
+
+def records_by_source(records: Sequence[Mapping[str, Any]], names: SourceNames) -> Dict[Tuple[str, str], float]:
+    """``{(source name, key): value}``: reward, completion length and count of the sampled records per source."""
+    by: Dict[int, List[Mapping[str, Any]]] = {}
+    for r in records:
+        by.setdefault(r[Record.SOURCE_ID], []).append(r)
+    out: Dict[Tuple[str, str], float] = {}
+    for sid, rs in by.items():
+        name = names.name(sid)
+        out[(name, REWARD_MEAN)] = float(np.mean([r[Record.REWARD] for r in rs]))
+        out[(name, COMPLETION_LEN_MEAN)] = float(np.mean([len(r[Record.COMPLETION_IDS]) for r in rs]))
+        out[(name, NUM_COMPLETIONS)] = len(rs)
+    return out
+
+
+def learners_by_source(learner_results: Sequence[Dict[str, Any]], names: SourceNames) -> Dict[Tuple[str, str], float]:
+    """``{(source name, key): value}`` from the learners' ``by_source/<id>/...`` figures, averaged over learners.
+
+    Removes them from ``learner_results``: the learners know ids only, the result shows them under names.
+    """
+    collected: Dict[Tuple[str, str], List[float]] = {}
+    for r in learner_results:
+        for sid, stats in r.get(DEFAULT_MODULE_ID, {}).pop(BY_SOURCE, {}).items():
+            for key, stat in stats.items():
+                collected.setdefault((names.name(int(sid)), key), []).append(float(stat.peek()))
+    return {k: float(np.mean(v)) for k, v in collected.items()}
