@@ -4,8 +4,8 @@ Design. An LLM rollout is not stepped token by token through gymnasium: the infe
 completions for a batch of prompts at once. So an episode has exactly one step: ``reset()`` returns a prompt
 (observation, a string), ``step(completion)`` (action, a string) returns the verifier's reward and
 ``terminated=True``. Token ids and behavior log-probs live in the RLlib episode built by the EnvRunner, not in
-the gym spaces, which are `gymnasium.spaces.Text` placeholders. The EnvRunner uses the batched helpers
-(`TextEnv.next_rows`, `TextEnv.score`) so the reward function sees whole batches, as TRL's does.
+the gym spaces, which are `gymnasium.spaces.Text` placeholders. The EnvRunner reads `TextEnv.rows` (the driver's
+schedule picks the rows) and scores with `TextEnv.score`, so the reward function sees whole batches, as TRL's does.
 
 ``env_config``:
     ``dataset``: a ``.parquet``/``.jsonl``/``.json`` path or a list of dicts, each with at least ``prompt``; other
@@ -144,18 +144,16 @@ class TextEnv(gym.Env):
         self.eval_rows = (load_prompt_dataset(config["eval_dataset"], "eval_dataset")
                           if config.get("eval_dataset") is not None else [])
         self.reward = RewardFunction(config["reward_fn"])
-        # Each runner reads its own shard of the prompts, so runners do not duplicate work within an epoch.
-        index, count = int(config.get("worker_index", 0)), int(config.get("num_workers", 1))
-        if count > 1 and len(self.rows) >= count:
-            self.rows = self.rows[(index - 1) % count::count]
-        self._rng = np.random.default_rng([int(config.get("seed", 0)), index])
+        # Every runner holds all rows: which prompt a group samples is the driver's choice (`rllib_p3o.prompt_schedule`).
+        # The gym API below (reset/step, used outside this package's runners) draws its own order.
+        self._rng = np.random.default_rng([int(config.get("seed", 0)), int(config.get("worker_index", 0))])
         self._order: List[int] = []
         self._current: Optional[Row] = None
         self.observation_space = self.observation_space_default()
         self.action_space = self.action_space_default()
 
     def next_rows(self, k: int) -> List[Row]:
-        """The next ``k`` rows of a reshuffled-every-epoch pass over the (sharded) dataset."""
+        """The next ``k`` rows of a reshuffled-every-epoch pass over the dataset (the gym API's order)."""
         out = []
         while len(out) < k:
             if not self._order:

@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import time
-import zlib
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
@@ -45,6 +44,7 @@ from rllib_p3o import metrics, weight_sync
 from rllib_p3o.columns import Infos
 from rllib_p3o.env import TextEnv
 from rllib_p3o.episodes import completion_episode
+from rllib_p3o.prompt_schedule import Group, PromptSchedule, group_seed
 from rllib_p3o.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
 from rllib_p3o.weight_sync import WeightSyncError  # noqa: F401  (public here: raised by load_policy_weights)
 
@@ -52,8 +52,8 @@ logger = logging.getLogger(__name__)
 
 # A CPU engine's default KV cache claims ~90% of host RAM; this is plenty for small models and short sequences.
 CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
-# Runner state keys besides RLlib's own (weights_seq_no, num_env_steps_sampled_lifetime).
-GROUPS_SAMPLED = "groups_sampled"
+# Group ids of a runner's own schedule (sample() called without groups) start here: they never meet the driver's.
+_OWN_GROUP_BASE = 10**15
 
 
 class _Engine(NamedTuple):
@@ -92,7 +92,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self.config.env_config = env_config
         self.tokenizer = AutoTokenizer.from_pretrained(config.policy_model, trust_remote_code=config.trust_remote_code)
         self._weights_seq_no = 0
-        self._groups_sampled = 0
+        self._own_schedule: Optional[PromptSchedule] = None
         self._env_steps_lifetime = 0
         self._llm = None
         # An offline-only run without remote runners needs no engine (nor prompts) at all.
@@ -165,10 +165,6 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         kw.update(overrides)
         return SamplingParams(**kw)
 
-    def _request_seed(self, group: int) -> int:
-        # Per-request seeds make rollouts reproducible regardless of batch composition.
-        return zlib.crc32(f"{self.config.seed or 0}/{self.worker_index}/{group}".encode()) & 0x7FFFFFFF
-
     # -- EnvRunner API --------------------------------------------------------------------------------------------
 
     def assert_healthy(self) -> None:
@@ -182,6 +178,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     def prompts_per_sample(self) -> int:
         return math.ceil(self.config.online_prompts_per_step / max(1, self.num_workers))
 
+    def num_prompts(self) -> int:
+        """Rows of the prompt dataset (every runner holds all of them: the driver's schedule picks)."""
+        return len(self.env.rows)
+
     def _engines(self) -> List[_Engine]:
         """The policy's engine and each behavior model's, with their share of a prompt group (if any)."""
         counts = behavior_sample_counts(self.config.behavior_models, self.config.group_size)
@@ -191,27 +191,31 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             engines.append(_Engine(behavior_source_name(spec), llm, n, overrides))
         return [e for e in engines if e.samples > 0]
 
-    def sample(self, num_prompts: Optional[int] = None, **kwargs) -> List:
-        """Sample ``group_size`` completions for each of ``num_prompts`` prompts; one episode per completion.
+    def sample(self, num_prompts: Optional[int] = None, groups: Optional[List[Group]] = None, **kwargs) -> List:
+        """Sample ``group_size`` completions for each prompt group; one episode per completion.
 
-        With behavior models, each prompt group holds ``group_size - Σ behavior samples`` policy completions and
-        each behavior model's share, generated with that model's own sampling parameters.
+        ``groups`` (`rllib_p3o.prompt_schedule.Group`: group id, prompt row) come from the driver's schedule; each
+        group's sampling seed depends only on its id, so any runner samples the same completions for it (with the
+        same weights). Called without ``groups`` (plain RLlib use), the runner takes ``num_prompts`` from its own
+        schedule. With behavior models, each prompt group holds ``group_size - Σ behavior samples`` policy
+        completions and each behavior model's share, generated with that model's own sampling parameters.
         """
         from vllm.inputs import TokensPrompt
 
         t_start = time.perf_counter()
         idle = t_start - self._last_sample_end if self._last_sample_end is not None else 0.0
-        rows = self.env.next_rows(num_prompts or self.prompts_per_sample())
+        if groups is None:
+            groups = self._take_own(num_prompts or self.prompts_per_sample())
+        groups = [Group(*g) for g in groups]
+        rows = [self.env.rows[g.row] for g in groups]
         prompt_ids = [self._encode(r["prompt"]) for r in rows]
-        first_group = self._groups_sampled
-        self._groups_sampled += len(rows)
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompt_ids]
 
         completions: List[_Completion] = []
         t_gen = 0.0
         for k, engine in enumerate(self._engines()):
-            params = [self._sampling_params(self._request_seed(first_group + i) + k, n=engine.samples,
-                                            **engine.overrides) for i in range(len(rows))]
+            params = [self._sampling_params(group_seed(self.config.seed or 0, g.group_id) + k, n=engine.samples,
+                                            **engine.overrides) for g in groups]
             t0 = time.perf_counter()
             outputs = engine.llm.generate(requests, params, use_tqdm=False)
             t_gen += time.perf_counter() - t0
@@ -227,13 +231,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         rewards = self.env.score([r["prompt"] for r in scored_rows], [c.text for c in completions], scored_rows)
 
         episodes = []
-        # Group ids are unique across runners and iterations: advantages are normalized within a prompt group,
-        # over the policy's and the behavior models' completions together.
-        group_base = self.worker_index * 10**12
         for c, reward in zip(completions, rewards):
             episodes.append(completion_episode(
                 prompt_ids=c.prompt_ids, completion_ids=c.completion_ids, behavior_logprobs=c.behavior_logprobs,
-                reward=float(reward), weights_seq_no=self._weights_seq_no, group_id=group_base + first_group + c.row,
+                reward=float(reward), weights_seq_no=self._weights_seq_no, group_id=groups[c.row].group_id,
                 source_id=source_id(c.source),
                 infos={Infos.PROMPT: rows[c.row]["prompt"], Infos.COMPLETION: c.text,
                        Infos.FINISH_REASON: c.finish_reason, Infos.SOURCE: c.source,
@@ -252,6 +253,13 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self.metrics.log_value(metrics.IDLE_TIME_S, idle, reduce="sum")
         self._last_sample_end = time.perf_counter()
         return episodes
+
+    def _take_own(self, k: int) -> List[Group]:
+        if self._own_schedule is None:
+            self._own_schedule = PromptSchedule(len(self.env.rows), seed=(self.config.seed or 0) + self.worker_index)
+        groups = self._own_schedule.take(k)
+        self._own_schedule.done(g.group_id for g in groups)
+        return [Group(_OWN_GROUP_BASE * (1 + self.worker_index) + g.group_id, g.row) for g in groups]
 
     def get_metrics(self):
         return self.metrics.reduce()
@@ -317,8 +325,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     # -- state / checkpointing (RLlib's keys, shared with the weight-sync payload: rl_module, weights_seq_no) ------
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> Dict[str, Any]:
-        return {weight_sync.VERSION: self._weights_seq_no, NUM_ENV_STEPS_SAMPLED_LIFETIME: self._env_steps_lifetime,
-                GROUPS_SAMPLED: self._groups_sampled}
+        return {weight_sync.VERSION: self._weights_seq_no, NUM_ENV_STEPS_SAMPLED_LIFETIME: self._env_steps_lifetime}
 
     def set_state(self, state: Dict[str, Any]) -> None:
         if weight_sync.RL_MODULE in state and self._llm is not None:
@@ -326,7 +333,6 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                                       weight_sync.VERSION: state.get(weight_sync.VERSION, self._weights_seq_no)})
         self._weights_seq_no = int(state.get(weight_sync.VERSION, self._weights_seq_no))
         self._env_steps_lifetime = int(state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, self._env_steps_lifetime))
-        self._groups_sampled = int(state.get(GROUPS_SAMPLED, self._groups_sampled))
 
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}
