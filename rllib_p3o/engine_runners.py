@@ -1,16 +1,58 @@
-"""The EnvRunners that hold vLLM engines, and how the driver calls them.
+"""The EnvRunners that hold vLLM engines, and how the driver calls them, runner by runner, through faults.
 
 With remote runners, those are the engine runners; the driver's local runner holds no engine (the driver, or Tune's
-trial actor, never pays for one). Without remote runners (``num_env_runners=0``) the local runner is the only one.
-RLlib's `EnvRunnerGroup` only logs a failed runner call; the calls here raise, because a runner that missed a
-weight sync would go on sampling with old weights.
+trial actor, never pays for one). Without remote runners (``num_env_runners=0``) the local runner (id 0) is the
+only one.
+
+Two kinds of failure are kept apart, because RLlib's fault tolerance treats every remote error alike (it marks the
+runner unhealthy and, with ``restart_failed_env_runners``, restarts it, which would retry a broken reward function
+forever):
+- an exception raised by our code in the runner (a reward function that raises, a failed weight-sync probe) is
+  caught inside the actor, returned as a value and raised again here, with the runner's id and its traceback;
+- a dead runner (its process killed, out of memory, node lost) is RLlib's case: with ``restart_failed_env_runners``
+  or ``ignore_env_runner_failures`` its calls are left out of the results (the caller redistributes its work) and
+  RLlib restarts it between iterations; without either, `EnvRunnerFailedError` names the runner and the cause.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Tuple
+import traceback
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
+from ray.exceptions import RayError
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
+
+LOCAL_ID = 0
+
+
+class EnvRunnerFailedError(RuntimeError):
+    """A runner died and the fault-tolerance settings say not to go on without it."""
+
+
+class _Outcome(NamedTuple):
+    """What a guarded call returns from the actor: the runner's id and its result or exception."""
+
+    runner_id: int
+    ok: bool
+    value: Any  # the result, or the exception
+    remote_traceback: str
+
+
+def _guarded(fn: Callable[[Any], Any]) -> Callable[[Any], _Outcome]:
+    def call(runner: Any) -> _Outcome:
+        try:
+            return _Outcome(runner.worker_index, True, fn(runner), "")
+        except Exception as e:  # noqa: BLE001 - handed to the driver, which raises it
+            return _Outcome(runner.worker_index, False, e, traceback.format_exc())
+    return call
+
+
+def _unwrap(outcome: _Outcome) -> Any:
+    if outcome.ok:
+        return outcome.value
+    error = outcome.value
+    error.add_note(f"(raised in EnvRunner {outcome.runner_id}; its traceback:)\n{outcome.remote_traceback}")
+    raise error
 
 
 class EngineRunners:
@@ -24,31 +66,63 @@ class EngineRunners:
         """Whether the engines live in remote runners (else in the local one)."""
         return self.group.num_remote_env_runners() > 0
 
-    def foreach(self, fn: Callable[[Any], Any]) -> List[Any]:
-        """``fn(runner)`` on every engine runner, blocking; raises if any runner failed."""
+    def healthy_ids(self) -> List[int]:
+        """The runners that can take calls now (``[0]``, the local runner, without remote ones)."""
+        return sorted(self.group.healthy_env_runner_ids()) if self.remote else [LOCAL_ID]
+
+    def num_runners(self) -> int:
+        return self.group.num_remote_env_runners() if self.remote else 1
+
+    def call(self, fns: Mapping[int, Callable[[Any], Any]], timeout_s: Optional[float] = None) -> Dict[int, Any]:
+        """``fns[i](runner i)`` for each runner id, in parallel; ``{id: result}`` of those that answered.
+
+        Raises what a call raised in its runner. A dead runner, or one that did not answer within ``timeout_s``, is
+        left out of the results (a dead one raises `EnvRunnerFailedError` when runner faults are not tolerated).
+        """
+        if not fns:
+            return {}
         if not self.remote:
-            return [fn(self.group.local_env_runner)]
-        expected = self.group.num_remote_env_runners()
-        results = self.group.foreach_env_runner(fn, local_env_runner=False)
-        if len(results) != expected or self.group.num_healthy_remote_workers() < expected:
-            raise RuntimeError(f"{expected - len(results)} of {expected} EnvRunners failed; see the actor errors "
-                               "above (engine start-up, weight sync or reward function).")
-        return results
+            return {LOCAL_ID: fns[LOCAL_ID](self.group.local_env_runner)}
+        ids = sorted(fns)
+        healthy_before = set(self.group.healthy_env_runner_ids())
+        try:
+            outcomes = self.group.foreach_env_runner([_guarded(fns[i]) for i in ids], remote_worker_ids=ids,
+                                                     local_env_runner=False, timeout_seconds=timeout_s)
+        except RayError as e:  # only when dead runners are not tolerated (RLlib raises the first one)
+            dead = sorted(healthy_before - set(self.group.healthy_env_runner_ids())) or ids
+            raise EnvRunnerFailedError(
+                f"EnvRunner {', '.join(map(str, dead))} died: {type(e).__name__}: {e}. Set "
+                "config.fault_tolerance(restart_failed_env_runners=True) to restart failed runners and go on.") from e
+        return {o.runner_id: _unwrap(o) for o in outcomes}
+
+    def foreach(self, fn: Callable[[Any], Any], timeout_s: Optional[float] = None) -> Dict[int, Any]:
+        """``fn(runner)`` on every healthy engine runner (see `call`)."""
+        return self.call({i: fn for i in self.healthy_ids()}, timeout_s=timeout_s)
 
     def call_first(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``runner.method(*args, **kwargs)`` on the first engine runner (remote if any, else the local one)."""
-        if self.remote:
-            return self.group.foreach_env_runner(
-                lambda r: getattr(r, method)(*args, **kwargs), remote_worker_ids=[1], local_env_runner=False)[0]
-        return getattr(self.group.local_env_runner, method)(*args, **kwargs)
+        """``runner.method(*args, **kwargs)`` on the first healthy engine runner."""
+        for i in self.healthy_ids():
+            result = self.call({i: lambda r: getattr(r, method)(*args, **kwargs)})
+            if i in result:
+                return result[i]
+        raise EnvRunnerFailedError(f"no healthy EnvRunner to call {method}() on.")
 
-    def foreach_async(self, fn: Callable[[Any], Any], tag: str) -> None:
-        """Start ``fn(runner)`` on every remote runner without waiting. A runner that still has a ``tag`` call in
-        flight gets no new one (RLlib's in-flight limit per runner and tag, ``max_requests_in_flight_per_env_runner``,
-        1 by default): the new call is skipped, not queued."""
-        self.group.foreach_env_runner_async(fn, tag=tag)
+    def start(self, fns: Mapping[int, Callable[[Any], Any]], tag: str) -> None:
+        """Start ``fns[i](runner i)`` on remote runners without waiting; results come from `fetch_ready`.
+
+        A runner that still has a ``tag`` call in flight gets no new one (RLlib's in-flight limit per runner and tag,
+        ``max_requests_in_flight_per_env_runner``, 1 by default): the new call is skipped, not queued.
+        """
+        for i, fn in fns.items():
+            self.group.foreach_env_runner_async(_guarded(fn), tag=tag, remote_worker_ids=[i])
 
     def fetch_ready(self, tag: str, timeout_s: float) -> List[Tuple[int, Any]]:
-        """``(runner id, result)`` of the ``tag`` calls that finished within ``timeout_s``. Errors of those calls are
-        raised (or ignored) as RLlib's fault-tolerance settings say."""
-        return list(self.group.fetch_ready_async_reqs(tags=tag, timeout_seconds=timeout_s))
+        """``(runner id, result)`` of the ``tag`` calls that finished within ``timeout_s``; raises what they raised.
+        Calls of runners that died are left out (or raise, when runner faults are not tolerated)."""
+        try:
+            ready = self.group.fetch_ready_async_reqs(tags=tag, timeout_seconds=timeout_s)
+        except RayError as e:
+            raise EnvRunnerFailedError(
+                f"an EnvRunner died: {type(e).__name__}: {e}. Set config.fault_tolerance("
+                "restart_failed_env_runners=True) to restart failed runners and go on.") from e
+        return [(o.runner_id, _unwrap(o)) for _, o in ready]

@@ -74,20 +74,23 @@ def check_probe(engine_logprobs: np.ndarray, learner_logprobs: Sequence[float], 
 class WeightSync:
     """The driver's side: counts weights versions and pushes each new version to every engine runner.
 
-    Blocking pushes wait for every runner and return the worst (max) of their load statistics. Non-blocking pushes
-    (async sampling with remote runners) do not wait: each runner loads the weights after its current sample()
-    (Ray actors are serial); the statistics returned are those of the latest push that has come back, and errors of
-    earlier pushes (a failed probe check) are raised when their results come back.
+    Blocking pushes wait (at most ``timeout_s``) for every healthy runner and return the worst (max) of their load
+    statistics; a runner that does not answer in time raises `WeightSyncError` naming it, never a silent hang. A
+    runner that dies during a push is left out: RLlib restarts it and `push_to` loads it before it samples again.
+    Non-blocking pushes (async sampling with remote runners) do not wait: each runner loads the weights after its
+    current sample() (Ray actors are serial); the statistics returned are those of the latest push that has come
+    back, and errors of earlier pushes (a failed probe check) are raised when their results come back.
     """
 
     def __init__(self, learner_group: LearnerGroup, runners: EngineRunners, *,
                  probe_token_ids: Optional[List[int]], tolerance: float = DEFAULT_TOLERANCE,
-                 push_async: bool = False):
+                 push_async: bool = False, timeout_s: Optional[float] = None):
         self.learner_group = learner_group
         self.runners = runners
         self.probe_token_ids = probe_token_ids
         self.tolerance = tolerance
         self.push_async = push_async
+        self.timeout_s = timeout_s
         # The version of the weights the runners hold (or are loading); 0 before the first push.
         self.weights_seq_no = 0
         self._last_stats: Dict[str, float] = {}
@@ -95,16 +98,32 @@ class WeightSync:
     def push(self, blocking: Optional[bool] = None) -> Dict[str, float]:
         """Push the learner's current weights as the next version; returns the runners' load statistics."""
         self.weights_seq_no += 1
-        payload = self._payload()
         if blocking is None:
             blocking = not self.push_async
         if not blocking:
+            payload = self._payload()
             for _, stats in self.runners.fetch_ready(SYNC_TAG, timeout_s=0.0):
                 self._last_stats = stats
-            self.runners.foreach_async(lambda r: r.load_policy_weights(payload), tag=SYNC_TAG)
+            self.runners.start({i: lambda r: r.load_policy_weights(payload) for i in self.runners.healthy_ids()},
+                               tag=SYNC_TAG)
             return dict(self._last_stats)
-        results = self.runners.foreach(lambda r: r.load_policy_weights(payload))
-        return {k: float(np.max([res[k] for res in results])) for k in results[0]} if results else {}
+        return self.push_to(self.runners.healthy_ids())
+
+    def push_to(self, runner_ids: List[int]) -> Dict[str, float]:
+        """Load the learner's current weights, as the current version, into these runners and wait for them (e.g.
+        runners RLlib has just restarted: they must hold the current weights, verified, before they sample)."""
+        if not runner_ids:
+            return {}
+        payload = self._payload()
+        results = self.runners.call({i: lambda r: r.load_policy_weights(payload) for i in runner_ids},
+                                    timeout_s=self.timeout_s)
+        hung = sorted((set(runner_ids) - set(results)) & set(self.runners.healthy_ids()))
+        if hung:
+            raise WeightSyncError(
+                f"EnvRunner {', '.join(map(str, hung))} did not finish loading weights v{self.weights_seq_no} within "
+                f"weight_sync_timeout_s={self.timeout_s} s.")
+        stats = [r for r in results.values() if r]
+        return {k: float(np.max([r[k] for r in stats])) for k in stats[0]} if stats else {}
 
     def push_restored(self, iteration: int) -> Dict[str, float]:
         """After a checkpoint restore: continue the version count past the restored iterations, push and wait.
