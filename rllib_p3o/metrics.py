@@ -53,6 +53,18 @@ STALENESS_MAX = "staleness_max"
 DROPPED_STALE_SAMPLES = "dropped_stale_samples"
 DROPPED_STALE_SAMPLES_LIFETIME = "dropped_stale_samples_lifetime"
 LEARNER_WAIT_FOR_DATA_S = "learner_wait_for_data_s"
+# Faults and resume (`rllib_p3o.sampler`, `P3O.restore_env_runners`, the learner's non-finite guard).
+HEALTHY_ENV_RUNNERS = "healthy_env_runners"
+ENV_RUNNER_RESTARTS_LIFETIME = "env_runner_restarts_lifetime"
+# Completions a dead runner took with it (its prompt groups were sampled again by the others, or will be).
+SAMPLES_LOST = "samples_lost"
+SAMPLES_LOST_LIFETIME = "samples_lost_lifetime"
+# Async mode: prompt groups in flight or queued when the checkpoint being restored was written. They are not in
+# the checkpoint; their prompts are sampled again first, with the restored weights.
+GROUPS_RESAMPLED_AFTER_RESTORE = "groups_resampled_after_restore"
+# Optimizer steps whose loss or gradient was not finite: not applied (see `P3OTorchLearner`). Under p3o/ the
+# run's total; under learners/default_policy/ the iteration's.
+SKIPPED_NONFINITE_STEPS = "skipped_nonfinite_steps"
 # Where the iteration's time went.
 TIME_GENERATE_S = "time_generate_s"
 TIME_BATCHING_S = "time_batching_s"

@@ -1,40 +1,51 @@
-"""Online sampling for one training step, synchronous or asynchronous, and the staleness of what is sampled.
+"""Online sampling for one training step, synchronous or asynchronous: which runner samples which prompt groups,
+what happens when a runner dies, and the staleness of what is sampled.
+
+Prompt groups come from the driver's `PromptSchedule` (`rllib_p3o.prompt_schedule`): the sampler hands each runner
+its groups, so the data position is the driver's and goes into the checkpoint (`get_state`).
 
 Staleness of a record = weights versions between the policy that sampled it and the learner's current weights
 (``weights_seq_no`` at the learner - ``weights_seq_no`` of the record). Only the policy's own records have one; the
 others (behavior models) get -1, as offline rows do.
 
-Sync mode: every runner samples its share with the latest weights (they were synced after the last update), so
-staleness is 0.
+Sync mode: the step's groups are split over the healthy runners, which sample with the latest weights (synced after
+the last update), so staleness is 0. The groups of a runner that dies are sampled by the others in the same step,
+with the same seeds, hence the same completions (`samples_lost` counts what the dead runner took with it).
 
 Async mode: runners never stop generating; each runner's ``sample()`` result is one *chunk* (its prompt groups,
 all generated with one weights version: a runner loads new weights between two samples, never during one). The
 learner takes whole chunks, oldest first, until it has enough records. The drop rule (`StaleChunkQueue`): a chunk
 whose newest policy weights are more than ``max_staleness`` versions behind the learner is dropped whole and
 counted, so prompt groups stay whole and the learner never trains on policy samples older than that bound. A chunk
-without policy records (behavior models only) is never stale.
+without policy records (behavior models only) is never stale. The prompts of dropped chunks, and of chunks a dead
+runner took with it, go back to the schedule and are sampled again first: no prompt of an epoch is skipped.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import time
 from typing import Any, Dict, Iterable, List, Tuple
 
-from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_p3o import metrics
 from rllib_p3o.columns import Record
-from rllib_p3o.engine_runners import EngineRunners
+from rllib_p3o.engine_runners import EngineRunners, EnvRunnerFailedError
 from rllib_p3o.episodes import episodes_to_records
 from rllib_p3o.p3o_config import P3OConfig
+from rllib_p3o.prompt_schedule import Group, PromptSchedule
 from rllib_p3o.sources import is_policy
 
 CompletionRecord = Dict[str, Any]
 # RLlib's tag of the runners' in-flight sample() calls.
 SAMPLE_TAG = "sample"
+# Keys of the sampler's checkpoint state.
+SCHEDULE = "schedule"
+SAMPLES_LOST_LIFETIME = metrics.SAMPLES_LOST_LIFETIME
+DROPPED_STALE_LIFETIME = metrics.DROPPED_STALE_SAMPLES_LIFETIME
 # How long one wait for finished samples lasts before the sampler checks its time limit again (seconds).
 _POLL_S = 0.02
 
@@ -68,17 +79,17 @@ class StaleChunkQueue:
     def put(self, chunk: List[CompletionRecord]) -> None:
         self._chunks.append(chunk)
 
-    def take(self, need: int, weights_seq_no: int) -> Tuple[List[CompletionRecord], int]:
+    def take(self, need: int, weights_seq_no: int) -> Tuple[List[CompletionRecord], List[CompletionRecord]]:
         """Whole fresh chunks, oldest first, until at least ``need`` records (or the queue is empty).
 
-        Returns the records taken (their staleness set) and the number of records dropped as stale on the way.
+        Returns the records taken (their staleness set) and the records dropped as stale on the way.
         """
         taken: List[CompletionRecord] = []
-        dropped = 0
+        dropped: List[CompletionRecord] = []
         while self._chunks and len(taken) < need:
             chunk = self._chunks.popleft()
             if chunk_staleness(chunk, weights_seq_no) > self.max_staleness:
-                dropped += len(chunk)
+                dropped += chunk
                 continue
             set_staleness(chunk, weights_seq_no)
             taken += chunk
@@ -88,40 +99,75 @@ class StaleChunkQueue:
 class Sampler:
     """Completion records from the runners for one training step (sync or async, per ``config.async_sampling``).
 
-    Uses the config's ``async_sampling``, ``max_staleness`` and ``sample_timeout_s``. Runner metrics are aggregated
-    into ``metrics_logger`` under ``env_runners``; async mode also logs the learner's wait for data and the stale
-    records dropped under ``p3o``.
+    Uses the config's ``async_sampling``, ``max_staleness``, ``sample_timeout_s``, ``online_prompts_per_step`` and
+    ``group_size``. Runner metrics are aggregated into ``metrics_logger`` under ``env_runners``; the learner's wait
+    for data, stale records dropped and samples lost with dead runners are logged under ``p3o``.
     """
 
-    def __init__(self, config: P3OConfig, runners: EngineRunners, metrics_logger: MetricsLogger):
+    def __init__(self, config: P3OConfig, runners: EngineRunners, metrics_logger: MetricsLogger,
+                 schedule: PromptSchedule):
         self.config = config
         self.runners = runners
         self.metrics = metrics_logger
+        self.schedule = schedule
         self.queue = StaleChunkQueue(config.max_staleness)
+        self._in_flight: Dict[int, List[Group]] = {}  # async: runner id -> the groups of its running sample()
         self.dropped_stale_lifetime = 0
+        self.samples_lost_lifetime = 0
 
-    def sample(self, num_records: int, weights_seq_no: int) -> List[CompletionRecord]:
-        """At least ``num_records`` completion records (exactly that many in sync mode), staleness set."""
+    def sample(self, weights_seq_no: int) -> List[CompletionRecord]:
+        """The step's completion records, staleness set: ``online_prompts_per_step`` whole prompt groups in sync
+        mode, at least that many completions' worth of whole chunks in async mode."""
+        lost_before = self.samples_lost_lifetime
         if self.config.async_sampling:
-            return self._sample_async(num_records, weights_seq_no)
-        episodes, runner_metrics = synchronous_parallel_sample(
-            worker_set=self.runners.group,
-            max_env_steps=num_records,
-            sample_timeout_s=self.config.sample_timeout_s,
-            _uses_new_env_runners=True,
-            _return_metrics=True,
-        )
-        if not episodes:
-            raise RuntimeError("No completions were sampled: an EnvRunner failed (see the errors above) or sampling "
-                               f"took longer than sample_timeout_s={self.config.sample_timeout_s}.")
-        self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
-        records = episodes_to_records(episodes)
-        set_staleness(records, weights_seq_no)
+            records = self._sample_async(self.config.online_prompts_per_step * self.config.group_size,
+                                         weights_seq_no)
+        else:
+            records = self._sample_groups(self.schedule.take(self.config.online_prompts_per_step))
+            set_staleness(records, weights_seq_no)
+        self.schedule.done(r[Record.GROUP_ID] for r in records)
+        self._log(metrics.SAMPLES_LOST, self.samples_lost_lifetime - lost_before)
+        self._log(metrics.SAMPLES_LOST_LIFETIME, self.samples_lost_lifetime)
+        return records
+
+    def _sample_groups(self, groups: List[Group]) -> List[CompletionRecord]:
+        """Every group sampled once: split over the healthy runners; a dead runner's groups go to the others."""
+        records: List[CompletionRecord] = []
+        todo = list(groups)
+        while todo:
+            ids = self.runners.healthy_ids()
+            if not ids:
+                raise EnvRunnerFailedError(f"no healthy EnvRunner left to sample {len(todo)} prompt groups with "
+                                           f"(all {self.runners.num_runners()} failed; see the errors above).")
+            plan = split_groups(todo, ids)
+            results = self.runners.call({i: _sample_call(gs) for i, gs in plan.items()},
+                                        timeout_s=self.config.sample_timeout_s)
+            todo = []
+            for i, gs in plan.items():
+                if i in results:
+                    episodes, runner_metrics = results[i]
+                    self.metrics.aggregate([runner_metrics], key=ENV_RUNNER_RESULTS)
+                    records += episodes_to_records(episodes)
+                elif i in self.runners.healthy_ids():
+                    raise RuntimeError(f"EnvRunner {i} did not return its {len(gs)} prompt groups within "
+                                       f"sample_timeout_s={self.config.sample_timeout_s}.")
+                else:  # it died: the others sample its groups, with the same seeds
+                    self.samples_lost_lifetime += len(gs) * self.config.group_size
+                    todo += gs
         return records
 
     def _arm(self) -> None:
-        """Keep one sample() in flight on every runner (a runner that has one gets no second)."""
-        self.runners.foreach_async(lambda r: (r.sample(), r.get_metrics()), tag=SAMPLE_TAG)
+        """Keep one sample() in flight on every healthy runner, each with its own next prompt groups."""
+        healthy = set(self.runners.healthy_ids())
+        for i in [i for i in self._in_flight if i not in healthy]:  # died with a sample() in flight
+            self.samples_lost_lifetime += len(self._in_flight[i]) * self.config.group_size
+            self.schedule.give_back(g.group_id for g in self._in_flight.pop(i))
+        per_runner = math.ceil(self.config.online_prompts_per_step / max(1, self.runners.num_runners()))
+        fns = {}
+        for i in sorted(healthy - set(self._in_flight)):
+            self._in_flight[i] = groups = self.schedule.take(per_runner)
+            fns[i] = _sample_call(groups)
+        self.runners.start(fns, tag=SAMPLE_TAG)
 
     def _sample_async(self, need: int, weights_seq_no: int) -> List[CompletionRecord]:
         t0 = time.perf_counter()
@@ -130,11 +176,13 @@ class Sampler:
         while True:
             got, stale = self.queue.take(need - len(taken), weights_seq_no)
             taken += got
-            dropped += stale
+            dropped += len(stale)
+            self.schedule.give_back(r[Record.GROUP_ID] for r in stale)
             if len(taken) >= need:
                 break
             self._arm()
-            for _, (episodes, runner_metrics) in self.runners.fetch_ready(SAMPLE_TAG, timeout_s=_POLL_S):
+            for i, (episodes, runner_metrics) in self.runners.fetch_ready(SAMPLE_TAG, timeout_s=_POLL_S):
+                self._in_flight.pop(i, None)
                 self.metrics.aggregate([runner_metrics], key=ENV_RUNNER_RESULTS)
                 self.queue.put(episodes_to_records(episodes))
             if time.perf_counter() - t0 > self.config.sample_timeout_s:
@@ -147,5 +195,38 @@ class Sampler:
         self._log(metrics.DROPPED_STALE_SAMPLES_LIFETIME, self.dropped_stale_lifetime)
         return taken
 
+    # -- checkpoint: the data position ------------------------------------------------------------------------------
+
+    def get_state(self) -> Dict[str, Any]:
+        """The schedule's position; in async mode its pending groups include those in flight or queued now."""
+        return {SCHEDULE: self.schedule.get_state(), SAMPLES_LOST_LIFETIME: self.samples_lost_lifetime,
+                DROPPED_STALE_LIFETIME: self.dropped_stale_lifetime}
+
+    def set_state(self, state: Dict[str, Any]) -> int:
+        """Continue from a checkpoint; returns how many groups were pending there (sampled again first)."""
+        self.schedule.set_state(state[SCHEDULE])
+        self.samples_lost_lifetime = int(state.get(SAMPLES_LOST_LIFETIME, 0))
+        self.dropped_stale_lifetime = int(state.get(DROPPED_STALE_LIFETIME, 0))
+        return len(self.schedule.pending)
+
     def _log(self, key: str, value: float) -> None:
         self.metrics.log_value((metrics.P3O, key), value, window=1)
+
+
+def split_groups(groups: List[Group], runner_ids: List[int]) -> Dict[int, List[Group]]:
+    """Contiguous, near-equal shares of ``groups`` for the runners (the first ones get one more where it does not
+    divide); runners without a share are left out."""
+    share, extra = divmod(len(groups), len(runner_ids))
+    plan, start = {}, 0
+    for k, i in enumerate(runner_ids):
+        n = share + (1 if k < extra else 0)
+        if n:
+            plan[i] = groups[start:start + n]
+        start += n
+    return plan
+
+
+def _sample_call(groups: List[Group]):
+    """The runner call for one sample() of these groups (with the runner's metrics since its last one)."""
+    groups = [tuple(g) for g in groups]
+    return lambda runner: (runner.sample(groups=groups), runner.get_metrics())

@@ -8,9 +8,9 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_p3o import metrics as m
 from rllib_p3o.columns import Record
-from rllib_p3o.engine_runners import EngineRunners
 from rllib_p3o.episodes import completion_episode
-from rllib_p3o.sampler import Sampler, StaleChunkQueue, chunk_staleness, set_staleness
+from rllib_p3o.prompt_schedule import PromptSchedule
+from rllib_p3o.sampler import Sampler, StaleChunkQueue, chunk_staleness, set_staleness, split_groups
 from rllib_p3o.sources import POLICY, source_id
 
 BEHAVIOR = source_id("behavior/frozen")
@@ -44,7 +44,7 @@ def test_stale_chunk_is_dropped_whole_and_counted_fresh_ones_are_taken_in_order(
     q.put(_chunk(3))  # exactly max_staleness behind: kept
     q.put(_chunk(5))
     taken, dropped = q.take(need=8, weights_seq_no=5)
-    assert dropped == 4 and len(q) == 0
+    assert len(dropped) == 4 and len(q) == 0
     assert [r[Record.STALENESS] for r in taken] == [2, 2, -1, -1, 0, 0, -1, -1]
     assert [r[Record.WEIGHTS_SEQ_NO] for r in taken if r[Record.SOURCE_ID] != BEHAVIOR] == [3, 3, 5, 5]
 
@@ -54,21 +54,22 @@ def test_chunks_are_never_split_and_the_rest_waits_and_may_turn_stale():
     for version in (4, 4, 4):
         q.put(_chunk(version))
     taken, dropped = q.take(need=5, weights_seq_no=4)  # one chunk has 4 records: a second is taken whole
-    assert (len(taken), dropped, len(q)) == (8, 0, 1)
+    assert (len(taken), len(dropped), len(q)) == (8, 0, 1)
     # Two updates later the waiting chunk is 2 versions behind: dropped when it is next taken.
     taken, dropped = q.take(need=4, weights_seq_no=6)
-    assert (taken, dropped, len(q)) == ([], 4, 0)
+    assert (taken, len(dropped), len(q)) == ([], 4, 0)
 
 
 def test_take_needs_nothing_or_finds_nothing():
     q = StaleChunkQueue(max_staleness=0)
-    assert q.take(need=4, weights_seq_no=0) == ([], 0)
+    assert q.take(need=4, weights_seq_no=0) == ([], [])
     q.put(_chunk(0))
-    assert q.take(need=0, weights_seq_no=0) == ([], 0) and len(q) == 1
+    assert q.take(need=0, weights_seq_no=0) == ([], []) and len(q) == 1
 
 
 class _FakeRunners:
-    """Stands in for an EnvRunnerGroup with remote runners: each armed sample() finishes with the next chunk."""
+    """Stands in for `EngineRunners` over one remote runner (this test is about the sampler, not Ray): each armed
+    sample() finishes with the next chunk, whatever groups it was given."""
 
     def __init__(self, versions, policy=2, behavior=2):
         self.pending = [self._episodes(v, policy, behavior) for v in versions]
@@ -83,16 +84,19 @@ class _FakeRunners:
         return ([ep(POLICY, version, g) for g in range(policy)]
                 + [ep("behavior/frozen", 0, g) for g in range(behavior)])
 
-    def num_remote_env_runners(self):
+    def healthy_ids(self):
+        return [1]
+
+    def num_runners(self):
         return 1
 
-    def foreach_env_runner_async(self, fn, tag):
+    def start(self, fns, tag):
         assert tag == "sample"
-        if not self.in_flight:  # RLlib's in-flight limit: one sample() per runner
+        if fns and not self.in_flight:
             self.armed += 1
             self.in_flight = True
 
-    def fetch_ready_async_reqs(self, tags, timeout_seconds):
+    def fetch_ready(self, tag, timeout_s):
         if not (self.in_flight and self.pending):
             return []
         self.in_flight = False
@@ -100,14 +104,15 @@ class _FakeRunners:
 
 
 def _sampler(runners, max_staleness=1, timeout=5.0):
-    config = SimpleNamespace(async_sampling=True, max_staleness=max_staleness, sample_timeout_s=timeout)
-    return Sampler(config, EngineRunners(runners), MetricsLogger())
+    config = SimpleNamespace(async_sampling=True, max_staleness=max_staleness, sample_timeout_s=timeout,
+                             online_prompts_per_step=2, group_size=4)
+    return Sampler(config, runners, MetricsLogger(), PromptSchedule(num_rows=10))
 
 
 def test_async_sampler_drops_stale_chunks_logs_and_rearms():
     runners = _FakeRunners(versions=[1, 3, 4])
     sampler = _sampler(runners, max_staleness=1)
-    records = sampler.sample(num_records=8, weights_seq_no=4)
+    records = sampler.sample(weights_seq_no=4)
     # The chunk of version 1 (3 behind) is dropped; versions 3 and 4 make the 8 records.
     assert len(records) == 8
     assert sorted(r[Record.STALENESS] for r in records) == [-1, -1, -1, -1, 0, 0, 1, 1]
@@ -120,4 +125,55 @@ def test_async_sampler_drops_stale_chunks_logs_and_rearms():
 def test_async_sampler_times_out_when_every_chunk_is_stale():
     sampler = _sampler(_FakeRunners(versions=[0] * 50), max_staleness=0, timeout=0.2)
     with pytest.raises(RuntimeError, match=r"no usable samples within sample_timeout_s=0.2 \(dropped as stale: \d+\)"):
-        sampler.sample(num_records=4, weights_seq_no=3)
+        sampler.sample(weights_seq_no=3)
+
+
+class _DyingRunners:
+    """Stands in for `EngineRunners` over runners 1-3 (this test is about the sampler, not Ray): runner 2 dies on
+    its first call; the others return one episode per completion of the groups they were given."""
+
+    def __init__(self):
+        self.healthy = [1, 2, 3]
+        self.calls = []
+
+    def healthy_ids(self):
+        return list(self.healthy)
+
+    def num_runners(self):
+        return 3
+
+    def call(self, fns, timeout_s=None):
+        self.calls.append(sorted(fns))
+        out = {}
+        for i, fn in fns.items():
+            if i == 2 and 2 in self.healthy:
+                self.healthy.remove(2)
+                continue
+            out[i] = fn(SimpleNamespace(sample=self._sample, get_metrics=lambda: {}))
+        return out
+
+    @staticmethod
+    def _sample(groups):
+        return [completion_episode(prompt_ids=[1, row], completion_ids=[3], behavior_logprobs=[-0.1], reward=1.0,
+                                   weights_seq_no=1, group_id=gid, source_id=source_id(POLICY))
+                for gid, row in groups]
+
+
+def test_sync_sampler_gives_a_dead_runners_groups_to_the_others_and_counts_them():
+    runners = _DyingRunners()
+    config = SimpleNamespace(async_sampling=False, max_staleness=1, sample_timeout_s=5.0, online_prompts_per_step=6,
+                             group_size=4)
+    sampler = Sampler(config, runners, MetricsLogger(), PromptSchedule(num_rows=10, seed=3))
+    records = sampler.sample(weights_seq_no=1)
+    assert sorted(r[Record.GROUP_ID] for r in records) == list(range(6))  # every group once
+    assert runners.calls == [[1, 2, 3], [1, 3]]  # runner 2's two groups went to runners 1 and 3
+    logged = sampler.metrics.reduce()[m.P3O]
+    assert logged[m.SAMPLES_LOST].peek() == 2 * 4
+    assert sampler.schedule.pending == []  # all trained: nothing to sample again after a restore
+
+
+def test_split_groups_is_contiguous_and_near_equal():
+    groups = PromptSchedule(num_rows=10).take(5)
+    plan = split_groups(groups, [1, 4])
+    assert [len(plan[1]), len(plan[4])] == [3, 2] and plan[1] + plan[4] == groups
+    assert split_groups(groups[:1], [1, 2, 3]) == {1: groups[:1]}
