@@ -63,6 +63,10 @@ class P3OConfig(AlgorithmConfig):
         self.verify_weight_sync = True
         # Max |learner - engine| log-prob on the probe; fp32 engines agree to ~1e-5, bf16 needs ~5e-2.
         self.weight_sync_tolerance = DEFAULT_TOLERANCE
+        # A runner that has not loaded new weights by then is hung: raise rather than wait forever.
+        self.weight_sync_timeout_s = 300.0
+        # Consecutive optimizer steps with a non-finite loss or gradient (each skipped) before the run stops.
+        self.max_consecutive_nonfinite_steps = 3
         # Asynchronous sampling: runners keep generating (with weights up to `max_staleness` versions old).
         self.async_sampling = False
         self.max_staleness = 2
@@ -125,6 +129,8 @@ class P3OConfig(AlgorithmConfig):
         vllm_kwargs: Optional[Dict[str, Any]] = NotProvided,
         verify_weight_sync: Optional[bool] = NotProvided,
         weight_sync_tolerance: Optional[float] = NotProvided,
+        weight_sync_timeout_s: Optional[float] = NotProvided,
+        max_consecutive_nonfinite_steps: Optional[int] = NotProvided,
         eval_interval: Optional[int] = NotProvided,
         eval_max_prompts: Optional[int] = NotProvided,
         async_sampling: Optional[bool] = NotProvided,
@@ -162,6 +168,11 @@ class P3OConfig(AlgorithmConfig):
             verify_weight_sync: After each sync, check that the engine's log-probs on a probe sequence match the
                 learner's (raises on a silent sync failure).
             weight_sync_tolerance: Largest allowed |learner - engine| log-prob on that probe.
+            weight_sync_timeout_s: A runner that has not loaded new weights within this many seconds raises
+                `WeightSyncError` naming it (default 300), instead of a silent hang.
+            max_consecutive_nonfinite_steps: An optimizer step whose loss or gradient is not finite is skipped
+                (nothing reaches the weights) and counted in ``p3o/skipped_nonfinite_steps``; after this many in a
+                row (default 3) the run stops with an error naming what was not finite.
             eval_interval: Greedy held-out evaluation every this many iterations (needs ``eval_dataset`` in
                 env_config); 0 disables.
             eval_max_prompts: At most this many held-out prompts per evaluation.
@@ -194,7 +205,8 @@ class P3OConfig(AlgorithmConfig):
             prompts_per_step=prompts_per_step,
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, logprobs_mode=logprobs_mode,
             vllm_kwargs=vllm_kwargs, verify_weight_sync=verify_weight_sync,
-            weight_sync_tolerance=weight_sync_tolerance, async_sampling=async_sampling,
+            weight_sync_tolerance=weight_sync_tolerance, weight_sync_timeout_s=weight_sync_timeout_s,
+            max_consecutive_nonfinite_steps=max_consecutive_nonfinite_steps, async_sampling=async_sampling,
             max_staleness=max_staleness, behavior_models=behavior_models, offline_fraction=offline_fraction,
             offline_skip_bad_rows=offline_skip_bad_rows, offline_rescore_model=offline_rescore_model,
             offline_max_seq_len=offline_max_seq_len, record_rollouts=record_rollouts, eval_interval=eval_interval,

@@ -126,3 +126,27 @@ def test_reference_kl_uses_the_frozen_initial_model(ray_session, tiny_model):
 def test_unknown_ess_scope_is_refused(tiny_model):
     with pytest.raises(ValueError, match="ess_scope must be one of"):
         P3OConfig().training(model=tiny_model, ess_scope="token").validate()
+
+
+def test_nonfinite_step_is_skipped_weights_unchanged_and_repeated_ones_stop_the_run(ray_session, tiny_model):
+    config = (P3OConfig().training(model=tiny_model, lr=3e-3, max_consecutive_nonfinite_steps=2)
+              .learners(num_learners=0))
+    lg = config.build_learner_group(spaces=SPACES)
+    try:
+        good = _fixed_batch(tiny_model, behavior_shift=0.3)
+        bad = _fixed_batch(tiny_model, behavior_shift=0.3)
+        bad.policy_batches[DEFAULT_MODULE_ID]["advantages"][2] = np.nan  # one poisoned row of the policy's samples
+        before = _weights(lg)
+        results = lg.update(batch=bad)
+        assert results[0][DEFAULT_MODULE_ID][m.SKIPPED_NONFINITE_STEPS].peek() == 1
+        after = _weights(lg)
+        assert all(torch.equal(before[k], after[k]) for k in before)  # nothing reached the weights
+        results = lg.update(batch=good)  # a finite step in between resets the count, and is applied
+        assert results[0][DEFAULT_MODULE_ID][m.SKIPPED_NONFINITE_STEPS].peek() == 0
+        assert any(not torch.equal(after[k], v) for k, v in _weights(lg).items())
+        lg.update(batch=bad)
+        with pytest.raises(Exception, match=r"2 optimizer steps in a row were skipped.*loss = nan.*"
+                                            r"1 rows with non-finite advantages \(policy\)"):
+            lg.update(batch=bad)
+    finally:
+        lg.shutdown()

@@ -10,21 +10,30 @@ group, so with ``num_learners=k`` the ESS every learner uses is the ESS of the u
 learner's loss is its share of the global token-mean. DDP averages gradients over the k learners, so the loss
 handed to autograd is multiplied by k: the applied gradient then equals the gradient of one learner holding the
 whole minibatch.
+
+Non-finite steps: a step whose gradient (after DDP's all-reduce, so every learner decides alike) holds a NaN or inf
+is skipped entirely (no optimizer step, no learning-rate step; RLlib's default would zero the bad entries and still
+step Adam) and counted under ``skipped_nonfinite_steps``. After ``max_consecutive_nonfinite_steps`` in a row the
+learner raises `NonFiniteStepError`, naming what was not finite: the loss, the ESS, the gradient, and which source's
+rows held non-finite advantages or behavior log-probs.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
-from ray.rllib.utils.typing import ModuleID, TensorType
+from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
 from rllib_p3o import metrics, objectives
 from rllib_p3o.columns import Columns
 from rllib_p3o.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
+from rllib_p3o.sources import POLICY_SOURCE_ID
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -33,12 +42,41 @@ if TYPE_CHECKING:
 _GROUPINGS = ((Columns.SOURCE_ID, metrics.BY_SOURCE), (Columns.STALENESS, metrics.BY_STALENESS))
 
 
+class NonFiniteStepError(FloatingPointError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient; the message says what was not finite."""
+
+
 class P3OTorchLearner(TorchLearner):
     """Applies the configured objective (``config.loss``: "p3o" or "grpo") to a padded token batch."""
 
     def build(self) -> None:
         super().build()
         self._ref_models: Dict[ModuleID, torch.nn.Module] = {}
+        self._consecutive_nonfinite = 0
+        self._nonfinite_inputs: List[str] = []  # of the current step, from compute_loss_for_module
+        self._loss_stats: Dict[str, float] = {}
+
+    def apply_gradients(self, gradients_dict: ParamDict) -> None:
+        """RLlib's optimizer step, unless the gradient is not finite (module docstring)."""
+        bad = [pid for pid, g in gradients_dict.items() if not bool(torch.isfinite(g).all())]
+        self.metrics.log_value((DEFAULT_MODULE_ID, metrics.SKIPPED_NONFINITE_STEPS), 1 if bad else 0, reduce="sum")
+        if not bad:
+            self._consecutive_nonfinite = 0
+            super().apply_gradients(gradients_dict)
+            return
+        self._consecutive_nonfinite += 1
+        for optim in self._optimizer_parameters:
+            optim.zero_grad(set_to_none=True)
+        if self._consecutive_nonfinite >= self.config.max_consecutive_nonfinite_steps:
+            raise NonFiniteStepError(
+                f"{self._consecutive_nonfinite} optimizer steps in a row were skipped because they were not finite "
+                f"(max_consecutive_nonfinite_steps={self.config.max_consecutive_nonfinite_steps}). Last step: "
+                + "; ".join(self._describe_nonfinite(len(bad), len(gradients_dict))))
+
+    def _describe_nonfinite(self, bad_params: int, params: int) -> List[str]:
+        what = [f"{k} = {v}" for k, v in self._loss_stats.items() if not np.isfinite(v)]
+        what.append(f"gradient non-finite in {bad_params} of {params} parameter tensors")
+        return what + self._nonfinite_inputs
 
     def compute_loss_for_module(
         self, *, module_id: ModuleID, config: "AlgorithmConfig", batch: Dict[str, Any],
@@ -69,6 +107,8 @@ class P3OTorchLearner(TorchLearner):
             raise ValueError(f"Unknown loss {config.loss!r}; expected 'p3o' or 'grpo'.")
 
         self.metrics.log_dict({(module_id, k): float(v) for k, v in stats.items()}, window=1)
+        self._loss_stats = {metrics.LOSS: float(loss.detach()), metrics.ESS: float(stats[metrics.ESS])}
+        self._nonfinite_inputs = _nonfinite_inputs(batch, mask)
         for column, label in _GROUPINGS:
             if column in batch:
                 own_cap = label == metrics.BY_SOURCE and groups is not None
@@ -136,3 +176,17 @@ class P3OTorchLearner(TorchLearner):
         ids = batch[Columns.INPUT_IDS].long()
         logits = ref(input_ids=ids, attention_mask=batch[Columns.ATTENTION_MASK]).logits[:, :-1]
         return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def _nonfinite_inputs(batch: Dict[str, Any], mask: torch.Tensor) -> List[str]:
+    """Which rows' inputs are not finite, by column and source id ("source 0" is the policy's own samples)."""
+    out = []
+    source = batch.get(Columns.SOURCE_ID)
+    bad_behavior = (~torch.isfinite(batch[Columns.BEHAVIOR_LOGPROBS]) & mask).any(-1)
+    for column, bad_rows in ((Columns.ADVANTAGES, ~torch.isfinite(batch[Columns.ADVANTAGES])),
+                             (Columns.BEHAVIOR_LOGPROBS, bad_behavior)):
+        if bool(bad_rows.any()):
+            ids = sorted(set(source[bad_rows].tolist())) if source is not None else []
+            names = ", ".join("policy" if i == POLICY_SOURCE_ID else f"source id {i}" for i in ids) or "unknown source"
+            out.append(f"{int(bad_rows.sum())} rows with non-finite {column} ({names})")
+    return out
