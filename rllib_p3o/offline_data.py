@@ -25,6 +25,9 @@ from rllib_p3o.trajectories import OfflineDataError, check_row, row_to_record, v
 
 logger = logging.getLogger(__name__)
 
+# Key of the offline position in a checkpoint.
+BATCHES_TAKEN = "batches_taken"
+
 
 def _tokenizer(config):
     from transformers import AutoTokenizer
@@ -88,6 +91,10 @@ class P3OOfflineData(OfflineData):
     - Rows without ``advantage`` get the group-normalized reward of their ``group_id`` group, computed over the
       whole dataset (Ray Data ``groupby``), not over whichever rows a batch happens to hold.
     - Rows without ``behavior_logprobs`` are scored once by ``offline_rescore_model`` (if set).
+    - Resume: rows are read in a fixed order (Ray Data's ``preserve_order``), so the position is the number of
+      batches taken (`get_position`). Ray Data iterators cannot seek, so a restored run reads and discards the
+      batches of the current epoch it had already trained on (`set_position`): no row is replayed or skipped, at
+      the cost of reading them once more.
     """
 
     def __init__(self, config):
@@ -102,6 +109,8 @@ class P3OOfflineData(OfflineData):
         if report.num_rows - report.bad_rows <= 0:
             raise OfflineDataError("offline dataset has no valid rows:\n" + report.summary())
         self.rows_skipped = report.bad_rows
+        self.rows_per_epoch = report.num_rows - report.bad_rows
+        self.batches_taken = 0
         self.source_names: Set[str] = _source_names(report.files)
         super().__init__(config)
         if rescore:
@@ -112,6 +121,7 @@ class P3OOfflineData(OfflineData):
             if "group_id" not in self.data.columns():
                 raise OfflineDataError(f"{report.files}: rows without 'advantage' need a 'group_id' column")
             self.data = self.data.groupby("group_id").map_groups(_normalize_group, batch_format="numpy")
+        self.data.context.execution_options.preserve_order = True  # a position must name the same rows again
         logger.info("offline data: %s", report.summary(limit=5))
 
     def sample_batch(self, num_rows: int) -> Batch:
@@ -119,7 +129,23 @@ class P3OOfflineData(OfflineData):
         # A truthy module_state: the P3O prelearner needs no weights (RLlib would otherwise fetch them).
         mab = self.sample(num_samples=num_rows, num_shards=0, module_state={"unused": True})
         sb = mab.policy_batches[DEFAULT_MODULE_ID]
+        self.batches_taken += 1
         return {k: np.asarray(sb[k]) for k in BATCH_COLUMNS}
+
+    def get_position(self) -> Dict[str, int]:
+        return {BATCHES_TAKEN: self.batches_taken}
+
+    def set_position(self, position: Dict[str, int], batch_rows: int) -> int:
+        """Continue after the batches a checkpointed run took (``batch_rows`` rows each, the last of an epoch fewer):
+        discard those of the current epoch. Returns how many were discarded."""
+        taken = int(position[BATCHES_TAKEN])
+        per_epoch = -(-self.rows_per_epoch // batch_rows)
+        self.batch_iterators = None  # a fresh pass from the first row
+        discard = taken % per_epoch
+        for _ in range(discard):
+            self.sample_batch(batch_rows)
+        self.batches_taken = taken
+        return discard
 
     def _has_missing_advantages(self) -> bool:
         import pyarrow.parquet as pq

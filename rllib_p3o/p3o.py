@@ -44,6 +44,7 @@ from rllib_p3o import batching, metrics
 from rllib_p3o.columns import Columns
 from rllib_p3o.engine_runners import EngineRunners
 from rllib_p3o.p3o_config import P3OConfig
+from rllib_p3o.prompt_schedule import PromptSchedule
 from rllib_p3o.sampler import Sampler
 from rllib_p3o.sources import SourceNames, behavior_source_name
 from rllib_p3o.trajectories import TrajectoryRecorder
@@ -52,6 +53,14 @@ from rllib_p3o.weight_sync import WeightSync
 __all__ = ["P3O", "P3OConfig"]
 
 logger = logging.getLogger(__name__)
+
+# Keys of P3O's own checkpoint state (in the algorithm's state, beside RLlib's components).
+P3O_STATE = "p3o"
+SAMPLER_STATE = "sampler"
+OFFLINE_STATE = "offline_position"
+BATCH_RNG_STATE = "batch_rng"
+ROWS_TRAINED = "rows_trained"
+SKIPPED_NONFINITE = metrics.SKIPPED_NONFINITE_STEPS
 
 
 class P3O(Algorithm):
@@ -68,14 +77,19 @@ class P3O(Algorithm):
         self._runners = runners = EngineRunners(self.env_runner_group)
         self._pad_id = runners.call_first("pad_token_id")
         self._has_engine = bool(runners.call_first("has_engine"))
-        self._sampler = Sampler(config, runners, self.metrics)
+        self._sampler = (Sampler(config, runners, self.metrics,
+                                 PromptSchedule(runners.call_first("num_prompts"), seed=config.seed or 0))
+                         if config.online_rows_per_step > 0 else None)
+        self._runner_restarts = 0
+        self._skipped_nonfinite = 0  # lifetime
         self._source_names = SourceNames([*map(behavior_source_name, config.behavior_models),
                                           *getattr(self.offline_data, "source_names", ())])
         self._recorder = TrajectoryRecorder(config.record_rollouts) if config.record_rollouts else None
         probe_ids = runners.call_first("probe_token_ids") if config.verify_weight_sync and self._has_engine else None
         self._weight_sync = WeightSync(self.learner_group, runners, probe_token_ids=probe_ids,
                                        tolerance=config.weight_sync_tolerance,
-                                       push_async=config.async_sampling and runners.remote)
+                                       push_async=config.async_sampling and runners.remote,
+                                       timeout_s=config.weight_sync_timeout_s)
         self._weight_sync.push(blocking=True)
 
     # -- one iteration: sample -> advantages, batch -> update -> sync -> metrics ------------------------------------
@@ -104,7 +118,7 @@ class P3O(Algorithm):
         if cfg.online_rows_per_step > 0:
             with (metrics.timed(timings, metrics.TIME_GENERATE_S),
                   self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER))):
-                records = self._sampler.sample(cfg.online_rows_per_step, self._weight_sync.weights_seq_no)
+                records = self._sampler.sample(self._weight_sync.weights_seq_no)
             with metrics.timed(timings, metrics.TIME_BATCHING_S):
                 batching.add_group_advantages(records)  # over whole prompt groups, before sharding
                 if self._recorder is not None:
@@ -132,6 +146,10 @@ class P3O(Algorithm):
         self._rows_trained += len(batch[Columns.INPUT_IDS])
         per_learner_ess = [float(r[DEFAULT_MODULE_ID][metrics.ESS].peek()) for r in learner_results
                            if DEFAULT_MODULE_ID in r and metrics.ESS in r[DEFAULT_MODULE_ID]]
+        # Every learner skips the same steps (they see the same all-reduced gradient).
+        self._skipped_nonfinite += max((int(r[DEFAULT_MODULE_ID][metrics.SKIPPED_NONFINITE_STEPS].peek())
+                                        for r in learner_results if DEFAULT_MODULE_ID in r
+                                        and metrics.SKIPPED_NONFINITE_STEPS in r[DEFAULT_MODULE_ID]), default=0)
         self._log_by_source(metrics.learners_by_source(learner_results, self._source_names))
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         return per_learner_ess
@@ -144,6 +162,10 @@ class P3O(Algorithm):
         self._log(metrics.step_metrics(records, batch, timings, sync_stats, per_learner_ess,
                                        num_offline_rows=cfg.offline_rows_per_step,
                                        weights_seq_no=self._weight_sync.weights_seq_no, offline_rows_skipped=skipped))
+        self._log({metrics.SKIPPED_NONFINITE_STEPS: self._skipped_nonfinite})
+        if self._runners.remote:
+            self._log({metrics.HEALTHY_ENV_RUNNERS: len(self._runners.healthy_ids()),
+                       metrics.ENV_RUNNER_RESTARTS_LIFETIME: self._runner_restarts})
         if records:
             self._log_by_source(metrics.records_by_source(records, self._source_names))
 
@@ -173,9 +195,52 @@ class P3O(Algorithm):
             self.offline_data.batch_iterators = None  # release the Ray Data iterator before Ray goes away
         super().stop()
 
+    def restore_env_runners(self, env_runner_group) -> List[int]:
+        """RLlib's hook after it restarted failed runners: load the current weights into their new engines and
+        check the probe before they sample (RLlib's own restore only sets the runner state, without waiting)."""
+        if env_runner_group is not self.env_runner_group:
+            return super().restore_env_runners(env_runner_group)
+        restored = env_runner_group.probe_unhealthy_env_runners() if self.config.is_online else []
+        if restored:
+            self._runner_restarts += len(restored)
+            stats = self._weight_sync.push_to(restored)
+            logger.warning("EnvRunner %s restarted; current weights v%d loaded and verified (probe max |diff| %s).",
+                           ", ".join(map(str, restored)), self._weight_sync.weights_seq_no,
+                           stats.get(metrics.PROBE_MAX_ABS_DIFF, "n/a"))
+        return restored
+
+    # -- checkpoint state: the data position besides RLlib's own (weights, optimizer, iteration, metrics) ----------
+
+    def get_state(self, *args, **kwargs) -> Dict[str, Any]:
+        state = super().get_state(*args, **kwargs)
+        state[P3O_STATE] = {
+            SAMPLER_STATE: self._sampler.get_state() if self._sampler is not None else None,
+            OFFLINE_STATE: self.offline_data.get_position() if hasattr(self.offline_data, "get_position") else None,
+            BATCH_RNG_STATE: self._rng.bit_generator.state,
+            ROWS_TRAINED: self._rows_trained,
+            SKIPPED_NONFINITE: self._skipped_nonfinite,
+        }
+        return state
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        super().set_state(state)
+        own = state.get(P3O_STATE)
+        if not own:
+            return
+        if self._sampler is not None and own.get(SAMPLER_STATE):
+            resampled = self._sampler.set_state(own[SAMPLER_STATE])
+            self._log({metrics.GROUPS_RESAMPLED_AFTER_RESTORE: resampled})
+        if own.get(OFFLINE_STATE) is not None and hasattr(self.offline_data, "set_position"):
+            self.offline_data.set_position(own[OFFLINE_STATE], batch_rows=self.config.offline_rows_per_step)
+        self._rng.bit_generator.state = own[BATCH_RNG_STATE]
+        self._rows_trained = int(own[ROWS_TRAINED])
+        self._skipped_nonfinite = int(own.get(SKIPPED_NONFINITE, 0))
+
     def restore_from_path(self, path, *args, **kwargs):
         super().restore_from_path(path, *args, **kwargs)
         self._weight_sync.push_restored(int(self.iteration or 0))
+        if self._recorder is not None:  # iterations after the checkpoint are recorded again, not twice
+            self._recorder.forget_after(int(self.iteration or 0))
 
     def export_hf(self, path: str) -> str:
         """Write the current policy as a Hugging Face model directory (weights + config + tokenizer)."""

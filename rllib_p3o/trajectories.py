@@ -37,6 +37,7 @@ import dataclasses
 import glob
 import math
 import os
+import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -295,8 +296,11 @@ class TrajectoryRecorder:
     """Writes batches of completion records as Parquet files ``part-<iteration>.parquet`` under ``directory``.
 
     Each file is written under a hidden temporary name, flushed to disk and renamed into place, so a reader (or a
-    resumed run) sees complete files only, even if the run is killed mid-write.
+    resumed run) sees complete files only, even if the run is killed mid-write. A run restored from a checkpoint
+    calls `forget_after`, so the iterations it trains again are recorded once, not twice.
     """
+
+    _PART = re.compile(r"^\.?part-(\d+)\.parquet(\.tmp)?$")
 
     def __init__(self, directory: str):
         self.directory = os.path.abspath(directory)
@@ -312,3 +316,14 @@ class TrajectoryRecorder:
             os.fsync(f.fileno())
         os.replace(tmp, final)
         return final
+
+    def forget_after(self, iterations_done: int) -> List[str]:
+        """Delete the files of iterations ``>= iterations_done`` (written after the checkpoint being restored)
+        and any half-written temporary file; returns the deleted paths."""
+        removed = []
+        for name in sorted(os.listdir(self.directory)):
+            m = self._PART.match(name)
+            if m and (m.group(2) or int(m.group(1)) >= iterations_done):
+                os.remove(os.path.join(self.directory, name))
+                removed.append(name)
+        return removed

@@ -98,3 +98,4 @@ def test_no_import_cycle_in_the_package():
 def test_no_module_over_350_lines():
     sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
+

