@@ -19,6 +19,7 @@ import sys
 import time
 
 from _common import add_run_args, run_tuner, start, stop_at, write_summary
+from rllib_p3o.losses import LOSSES
 
 PRINT_EVERY = 5  # iterations; also the held-out evaluation interval of the demo config
 
@@ -31,7 +32,7 @@ def _clock(seconds: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(parser, "runs/demo")
-    parser.add_argument("--loss", default="p3o", choices=["p3o", "grpo"])
+    parser.add_argument("--loss", default="p3o", choices=sorted(LOSSES))
     parser.add_argument("--seed", type=int, default=0, help="RL seed (sampling, batch order)")
     parser.add_argument("--base-seed", type=int, default=0, help="base model seed (init, corpus, pretraining)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the base model's pretraining")

@@ -25,6 +25,7 @@ import argparse
 import os
 
 from _common import add_run_args, run_tuner, start, stop_at, write_summary
+from rllib_p3o.losses import LOSSES
 
 
 def briefly_trained(model: str, path: str, heldout_target: float, max_iterations: int = 400) -> str:
@@ -66,7 +67,7 @@ def main() -> None:
                         help="--behavior trained: RL-train a copy of the base model until this held-out accuracy")
     parser.add_argument("--ess-scope", choices=["batch", "source"], default="batch",
                         help="one ESS for the whole batch (the paper's) or one per data source")
-    parser.add_argument("--loss", choices=["p3o", "grpo"], default="p3o", help="grpo: the PPO-clip baseline")
+    parser.add_argument("--loss", choices=sorted(LOSSES), default="p3o", help="grpo: the PPO-clip baseline")
     args = parser.parse_args()
     out = os.path.abspath(args.out)
 

@@ -215,8 +215,10 @@ def p3o_loss(
     entropy_coeff: float = 0.0,
     ess_groups: Optional[torch.Tensor] = None,
     num_ess_groups: int = 0,
+    cap: bool = True,
+    behavior_kl: bool = True,
 ) -> Tuple[torch.Tensor, Metrics]:
-    """The batch-adaptive P3O loss.
+    """The batch-adaptive P3O loss (``cap=False`` / ``behavior_kl=False``: its ablations, `rllib_p3o.losses`).
 
     With ``r_t = exp(logπθ_t - logπ_b_t)`` and ``ESS`` the normalized effective sample size of all valid ``r_t`` of
     the global batch (`effective_sample_size`), per valid token::
@@ -250,15 +252,16 @@ def p3o_loss(
     else:
         ess_tok = _grouped_ess(log_ratios, mask, ess_groups, num_ess_groups).to(logprobs.dtype)
 
-    weight = torch.minimum(torch.exp(log_ratios.detach()), ess_tok)
+    ratio = torch.exp(log_ratios.detach())
+    weight = torch.minimum(ratio, ess_tok) if cap else ratio
     pg_tok = -weight * logprobs * adv
     kl_tok = kl_k3(logprobs, behavior)
     pg_loss = _token_mean(pg_tok, mask, n_global)
-    kl_loss = _token_mean((1.0 - ess_tok) * kl_tok, mask, n_global)
+    kl_loss = _token_mean((1.0 - ess_tok) * kl_tok, mask, n_global) if behavior_kl else 0.0
     reg_loss, extra = _regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
     loss = pg_loss + kl_loss + reg_loss
 
-    extra = dict(extra, kl_weight=1.0 - ess_tok)
+    extra = dict(extra, kl_weight=(1.0 - ess_tok) if behavior_kl else torch.zeros_like(ess_tok))
     metrics = _diagnostics(log_ratios, mask, kl_tok, n_global, cap=ess_tok, extra=extra)
     metrics.update(_loss_metrics(loss, pg_loss, n_global, stats))
     return loss, metrics

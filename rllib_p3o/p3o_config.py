@@ -18,13 +18,13 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from rllib_p3o.env import TextEnv
 from rllib_p3o.env_runner import VLLMEnvRunner
+from rllib_p3o.losses import LOSSES
 from rllib_p3o.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.rl_module import HFCausalLMRLModule
 from rllib_p3o.sources import behavior_sample_counts
 from rllib_p3o.torch.p3o_torch_learner import P3OTorchLearner
 from rllib_p3o.weight_sync import DEFAULT_TOLERANCE
 
-LOSSES = ("p3o", "grpo")
 ESS_SCOPES = ("batch", "source")
 LOGPROBS_MODES = ("processed", "raw")
 
@@ -149,7 +149,8 @@ class P3OConfig(AlgorithmConfig):
             model: Hugging Face causal-LM directory (or hub id) of the policy; the tokenizer is loaded from it.
             model_dtype: "float32" (default), "bfloat16" or "float16", for learner and engine alike.
             trust_remote_code: Passed to transformers and vLLM; off unless asked.
-            loss: "p3o" (default) or "grpo" (PPO-style clipped surrogate, the baseline).
+            loss: A registered loss (`rllib_p3o.losses`): "p3o" (default), its ablations "p3o_no_cap" and
+                "p3o_no_kl", or "grpo" (PPO-style clipped surrogate, the baseline).
             clip_low, clip_high: GRPO's ε_low/ε_high (ignored by P3O, which has no clip knob).
             kl_ref_coeff: Weight of a k3 KL to the frozen initial model (0 = off; the learner then loads it).
             entropy_coeff: Entropy bonus weight (0 = off; computing entropy needs the full vocabulary per token).
@@ -248,12 +249,12 @@ class P3OConfig(AlgorithmConfig):
         if not self.policy_model:
             self._value_error("P3OConfig needs a policy model: .training(model='/path/to/hf-causal-lm').")
         if self.loss not in LOSSES:
-            self._value_error(f"loss must be one of {LOSSES}, got {self.loss!r}.")
+            self._value_error(f"Unknown loss {self.loss!r}; registered losses: {', '.join(sorted(LOSSES))}.")
         if self.ess_scope not in ESS_SCOPES:
             self._value_error(f"ess_scope must be one of {ESS_SCOPES}, got {self.ess_scope!r}.")
         if self.logprobs_mode not in LOGPROBS_MODES:
             self._value_error(f"logprobs_mode must be 'processed' or 'raw', got {self.logprobs_mode!r}.")
-        if self.group_size < 2 and self.loss in LOSSES:
+        if self.group_size < 2:
             self._value_error("group_size must be >= 2: advantages are normalized within each prompt group.")
         if not 0.0 <= self.resolved_offline_fraction <= 1.0:
             self._value_error(f"offline_fraction must be in [0, 1], got {self.offline_fraction}.")

@@ -233,3 +233,41 @@ def test_ess_per_source_lets_fresh_rows_learn_at_full_weight():
     # The reported ESS stays the batch's; the KL weight is the token-mean of each token's 1 - ESS.
     assert float(m_src["ess"]) == pytest.approx(ess_batch, rel=1e-6)
     assert float(m_src["kl_weight"]) == pytest.approx((1 - ess_off) / 2, rel=1e-4)
+
+
+def _ablation_case():
+    """One row, three completion tokens: r = (e^0.5, 1, e^-1), advantage 2; the hand-computed gradients below."""
+    behavior = torch.tensor([[-1.0, -0.5, -0.2]])
+    logp = (behavior + torch.tensor([[0.5, 0.0, -1.0]])).requires_grad_(True)
+    return logp, behavior, torch.tensor([2.0]), torch.ones(1, 3, dtype=torch.bool)
+
+
+def _hand_gradient(logp, behavior, adv, cap: bool, kl: bool) -> torch.Tensor:
+    """d/d logπ of (1/N)·Σ_t [-w_t·logπ_t·A + c·(1-ESS)·K(logπ_t - logπ_b_t)], K' = 1 - 1/r, ESS and w constant."""
+    r = torch.exp(logp.detach() - behavior)
+    ess = r.sum() ** 2 / (r.numel() * (r ** 2).sum())
+    w = torch.minimum(r, ess) if cap else r
+    return (-w * adv + (1.0 - ess) * (1.0 - 1.0 / r) * float(kl)) / r.numel()
+
+
+@pytest.mark.parametrize("name,cap,kl", [("p3o", True, True), ("p3o_no_cap", False, True),
+                                         ("p3o_no_kl", True, False)])
+def test_registered_p3o_family_matches_hand_computed_gradient(name, cap, kl):
+    from rllib_p3o.losses import get_loss
+
+    logp, behavior, adv, mask = _ablation_case()
+    loss, stats = get_loss(name).fn(logp, behavior, adv, mask)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, _hand_gradient(logp, behavior, adv, cap, kl))
+    assert (stats["kl_weight"] > 0) == kl
+
+
+def test_unknown_loss_lists_the_registered_names():
+    from rllib_p3o import P3OConfig
+    from rllib_p3o.losses import LOSSES, get_loss
+
+    assert {"p3o", "grpo", "p3o_no_cap", "p3o_no_kl"} <= set(LOSSES)
+    with pytest.raises(ValueError, match="Unknown loss 'ppo'; registered losses: grpo, p3o, p3o_no_cap, p3o_no_kl"):
+        get_loss("ppo")
+    with pytest.raises(ValueError, match="Unknown loss 'ppo'; registered losses: grpo, p3o"):
+        P3OConfig().training(model="/some/model", loss="ppo").validate()

@@ -30,7 +30,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
-from rllib_p3o import metrics, objectives
+from rllib_p3o import losses, metrics, objectives
 from rllib_p3o.columns import Columns
 from rllib_p3o.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
 from rllib_p3o.sources import POLICY_SOURCE_ID
@@ -47,7 +47,7 @@ class NonFiniteStepError(FloatingPointError):
 
 
 class P3OTorchLearner(TorchLearner):
-    """Applies the configured objective (``config.loss``: "p3o" or "grpo") to a padded token batch."""
+    """Applies the configured objective (``config.loss``, a name in `rllib_p3o.losses`) to a padded token batch."""
 
     def build(self) -> None:
         super().build()
@@ -95,16 +95,13 @@ class P3OTorchLearner(TorchLearner):
             entropy_coeff=config.entropy_coeff,
         )
         behavior, advantages = batch[Columns.BEHAVIOR_LOGPROBS], batch[Columns.ADVANTAGES]
+        spec = losses.get_loss(config.loss)
+        kwargs = {key: getattr(config, key) for key in spec.config_keys}
         groups = None
-        if config.loss == "p3o":
+        if spec.ess_scoped:
             groups, num_groups = self._ess_groups(config, batch)
-            loss, stats = objectives.p3o_loss(logp, behavior, advantages, mask,
-                                              ess_groups=groups, num_ess_groups=num_groups, **common)
-        elif config.loss == "grpo":
-            loss, stats = objectives.grpo_loss(logp, behavior, advantages, mask,
-                                               clip_low=config.clip_low, clip_high=config.clip_high, **common)
-        else:  # validated in P3OConfig; kept for configs built by hand
-            raise ValueError(f"Unknown loss {config.loss!r}; expected 'p3o' or 'grpo'.")
+            kwargs.update(ess_groups=groups, num_ess_groups=num_groups)
+        loss, stats = spec.fn(logp, behavior, advantages, mask, **kwargs, **common)
 
         self.metrics.log_dict({(module_id, k): float(v) for k, v in stats.items()}, window=1)
         self._loss_stats = {metrics.LOSS: float(loss.detach()), metrics.ESS: float(stats[metrics.ESS])}
