@@ -19,6 +19,10 @@ are loaded into every runner's engine in place (`rllib_p3o.weight_sync`) → met
 
 ESS scope: the objective's ESS is computed over one optimizer step's minibatch across all learners. With the
 default (no ``minibatch_size``, one epoch) that is the whole training batch of the iteration.
+
+Faults and resume: the data position (the driver's `PromptSchedule`, the batch RNG, the offline batches taken) is
+part of the checkpoint, so a restored run samples what the uninterrupted one would; runners RLlib restarts get the
+current, verified weights in `restore_env_runners` before they sample (README, "Fault tolerance and resume").
 """
 
 from __future__ import annotations
