@@ -95,10 +95,6 @@ class EngineRunners:
                 "config.fault_tolerance(restart_failed_env_runners=True) to restart failed runners and go on.") from e
         return {o.runner_id: _unwrap(o) for o in outcomes}
 
-    def foreach(self, fn: Callable[[Any], Any], timeout_s: Optional[float] = None) -> Dict[int, Any]:
-        """``fn(runner)`` on every healthy engine runner (see `call`)."""
-        return self.call({i: fn for i in self.healthy_ids()}, timeout_s=timeout_s)
-
     def call_first(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``runner.method(*args, **kwargs)`` on the first healthy engine runner."""
         for i in self.healthy_ids():

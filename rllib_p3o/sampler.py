@@ -143,12 +143,13 @@ class Sampler:
             results = self.runners.call({i: _sample_call(gs) for i, gs in plan.items()},
                                         timeout_s=self.config.sample_timeout_s)
             todo = []
+            healthy = set(self.runners.healthy_ids())
             for i, gs in plan.items():
                 if i in results:
                     episodes, runner_metrics = results[i]
                     self.metrics.aggregate([runner_metrics], key=ENV_RUNNER_RESULTS)
                     records += episodes_to_records(episodes)
-                elif i in self.runners.healthy_ids():
+                elif i in healthy:
                     raise RuntimeError(f"EnvRunner {i} did not return its {len(gs)} prompt groups within "
                                        f"sample_timeout_s={self.config.sample_timeout_s}.")
                 else:  # it died: the others sample its groups, with the same seeds
