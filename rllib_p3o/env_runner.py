@@ -44,7 +44,7 @@ from rllib_p3o import metrics, weight_sync
 from rllib_p3o.columns import Infos
 from rllib_p3o.env import TextEnv
 from rllib_p3o.episodes import completion_episode
-from rllib_p3o.prompt_schedule import Group, PromptSchedule, group_seed
+from rllib_p3o.prompt_schedule import Group, PromptSchedule
 from rllib_p3o.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
 from rllib_p3o.weight_sync import WeightSyncError  # noqa: F401  (public here: raised by load_policy_weights)
 
@@ -194,9 +194,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     def sample(self, num_prompts: Optional[int] = None, groups: Optional[List[Group]] = None, **kwargs) -> List:
         """Sample ``group_size`` completions for each prompt group; one episode per completion.
 
-        ``groups`` (`rllib_p3o.prompt_schedule.Group`: group id, prompt row) come from the driver's schedule; each
-        group's sampling seed depends only on its id, so any runner samples the same completions for it (with the
-        same weights). Called without ``groups`` (plain RLlib use), the runner takes ``num_prompts`` from its own
+        ``groups`` (`rllib_p3o.prompt_schedule.Group`: group id, prompt row, sampling seed) come from the driver's
+        schedule, which derives each seed from the group id, so any runner samples the same completions for a group
+        (with the same weights). Called without ``groups`` (plain RLlib use), the runner takes ``num_prompts`` from its own
         schedule. With behavior models, each prompt group holds ``group_size - Σ behavior samples`` policy
         completions and each behavior model's share, generated with that model's own sampling parameters.
         """
@@ -214,8 +214,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         completions: List[_Completion] = []
         t_gen = 0.0
         for k, engine in enumerate(self._engines()):
-            params = [self._sampling_params(group_seed(self.config.seed or 0, g.group_id) + k, n=engine.samples,
-                                            **engine.overrides) for g in groups]
+            params = [self._sampling_params(g.seed + k, n=engine.samples, **engine.overrides) for g in groups]
             t0 = time.perf_counter()
             outputs = engine.llm.generate(requests, params, use_tqdm=False)
             t_gen += time.perf_counter() - t0
@@ -259,7 +258,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             self._own_schedule = PromptSchedule(len(self.env.rows), seed=(self.config.seed or 0) + self.worker_index)
         groups = self._own_schedule.take(k)
         self._own_schedule.done(g.group_id for g in groups)
-        return [Group(_OWN_GROUP_BASE * (1 + self.worker_index) + g.group_id, g.row) for g in groups]
+        return [g._replace(group_id=_OWN_GROUP_BASE * (1 + self.worker_index) + g.group_id) for g in groups]
 
     def get_metrics(self):
         return self.metrics.reduce()

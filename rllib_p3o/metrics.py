@@ -65,6 +65,10 @@ GROUPS_RESAMPLED_AFTER_RESTORE = "groups_resampled_after_restore"
 # Optimizer steps whose loss or gradient was not finite: not applied (see `P3OTorchLearner`). Under p3o/ the
 # run's total; under learners/default_policy/ the iteration's.
 SKIPPED_NONFINITE_STEPS = "skipped_nonfinite_steps"
+# A trial's start (with its first result): seconds from the actor's setup (or Tune's reset of a reused actor) to
+# the first sync of the initial weights, and whether Tune reused the previous trial's actor (`P3O.reset_config`).
+SETUP_S = "setup_s"
+ACTOR_REUSED = "actor_reused"
 # Where the iteration's time went.
 TIME_GENERATE_S = "time_generate_s"
 TIME_BATCHING_S = "time_batching_s"

@@ -35,6 +35,8 @@ import numpy as np
 
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SPACES
+from ray.rllib.utils.debug.deterministic import update_global_seed_if_necessary
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_SAMPLING_TIMER,
     LEARNER_RESULTS,
@@ -43,11 +45,13 @@ from ray.rllib.utils.metrics import (
     SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
 )
+from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_p3o import batching, metrics
 from rllib_p3o.columns import Columns
 from rllib_p3o.engine_runners import EngineRunners
-from rllib_p3o.p3o_config import P3OConfig
+from rllib_p3o.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
+from rllib_p3o.p3o_config import RESETTABLE_KEYS, P3OConfig, config_differences
 from rllib_p3o.prompt_schedule import PromptSchedule
 from rllib_p3o.sampler import Sampler
 from rllib_p3o.sources import SourceNames, behavior_source_name
@@ -75,26 +79,72 @@ class P3O(Algorithm):
         return P3OConfig()
 
     def setup(self, config: P3OConfig) -> None:
+        t0 = time.perf_counter()
         super().setup(config)
-        self._rng = np.random.default_rng(config.seed)
-        self._rows_trained = 0
         self._runners = runners = EngineRunners(self.env_runner_group)
         self._pad_id = runners.call_first("pad_token_id")
         self._has_engine = bool(runners.call_first("has_engine"))
+        self._probe_ids = (runners.call_first("probe_token_ids")
+                           if config.verify_weight_sync and self._has_engine else None)
+        self._runner_restarts = 0
+        self._setup_training_state(actor_reused=False, t0=t0)
+
+    def _setup_training_state(self, actor_reused: bool, t0: float) -> None:
+        """Everything a trial starts from, beside the runners: data position, counters, recorder, weight sync (the
+        runners get the learner's initial weights, verified). Shared by `setup` and `reset_config`."""
+        config: P3OConfig = self.config
+        # Tune's `Trainable.reset` replaces ``self.config`` with the next trial's dict before `reset_config` runs.
+        self._config_in_use = config
+        runners = self._runners
+        self._rng = np.random.default_rng(config.seed)
+        self._rows_trained = 0
         self._sampler = (Sampler(config, runners, self.metrics,
                                  PromptSchedule(runners.call_first("num_prompts"), seed=config.seed or 0))
                          if config.online_rows_per_step > 0 else None)
-        self._runner_restarts = 0
         self._skipped_nonfinite = 0  # lifetime
         self._source_names = SourceNames([*map(behavior_source_name, config.behavior_models),
                                           *getattr(self.offline_data, "source_names", ())])
         self._recorder = TrajectoryRecorder(config.record_rollouts) if config.record_rollouts else None
-        probe_ids = runners.call_first("probe_token_ids") if config.verify_weight_sync and self._has_engine else None
-        self._weight_sync = WeightSync(self.learner_group, runners, probe_token_ids=probe_ids,
+        self._weight_sync = WeightSync(self.learner_group, runners, probe_token_ids=self._probe_ids,
                                        tolerance=config.weight_sync_tolerance,
                                        push_async=config.async_sampling and runners.remote,
                                        timeout_s=config.weight_sync_timeout_s)
         self._weight_sync.push(blocking=True)
+        # Reported with the first result: what this trial's start cost, and whether Tune reused the actor for it.
+        self._log({metrics.SETUP_S: time.perf_counter() - t0, metrics.ACTOR_REUSED: float(actor_reused)})
+
+    def reset_config(self, new_config: Dict[str, Any]) -> bool:
+        """Tune's actor reuse (``tune.TuneConfig(reuse_actors=True)``): start the next trial in this actor, keeping
+        the EnvRunners and their engines (the slow part of a start), with a new learner, data position and metrics.
+
+        Only `RESETTABLE_KEYS` (and keys `P3OConfig` does not define, such as a sweep's own) may differ from the
+        running config; anything else needs new runners, so this returns False and Tune fails the trial with the
+        message logged here (run such trials in separate experiments, or without ``reuse_actors``).
+        """
+        t0 = time.perf_counter()
+        new = self.get_default_config().update_from_dict(new_config)
+        new.validate()  # (validation also fills in settings, which the comparison needs)
+        different = config_differences(self._config_in_use, new)
+        if different:
+            logger.error("P3O.reset_config cannot reuse this actor: %s differ(s) from the running trial; only %s "
+                         "may change between reused trials.", ", ".join(different), ", ".join(RESETTABLE_KEYS))
+            return False
+        new.freeze()
+        if self._sampler is not None:
+            self._sampler.drain()
+        self.learner_group.shutdown()
+        self.config = new
+        update_global_seed_if_necessary(new.framework_str, new.seed)
+        self.metrics = MetricsLogger(root=True, stats_cls_lookup=new.stats_cls_lookup)
+        self._counters.clear()
+        self._timers.clear()
+        spaces = {INPUT_ENV_SPACES: (new.observation_space, new.action_space), **(self.spaces or {})}
+        self.learner_group = new.build_learner_group(
+            rl_module_spec=new.get_multi_rl_module_spec(spaces=spaces, inference_only=False))
+        if hasattr(self.offline_data, "set_position"):  # the same files (compared above): read them from the start
+            self.offline_data.set_position({OFFLINE_BATCHES_TAKEN: 0}, batch_rows=new.offline_rows_per_step)
+        self._setup_training_state(actor_reused=True, t0=t0)
+        return True
 
     # -- one iteration: sample -> advantages, batch -> update -> sync -> metrics ------------------------------------
 

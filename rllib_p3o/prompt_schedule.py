@@ -21,10 +21,11 @@ import numpy as np
 
 
 class Group(NamedTuple):
-    """One prompt group to sample: its global id and the index of its prompt row."""
+    """One prompt group to sample: its global id, the index of its prompt row and its sampling seed."""
 
     group_id: int
     row: int
+    seed: int
 
 
 def group_seed(seed: int, group_id: int) -> int:
@@ -65,7 +66,7 @@ class PromptSchedule:
             ids.append(self.next_group)
             self.next_group += 1
         self._outstanding.update(ids)
-        return [Group(g, self.row(g)) for g in ids]
+        return [Group(g, self.row(g), group_seed(self.seed, g)) for g in ids]
 
     def done(self, group_ids: Iterable[int]) -> None:
         """These groups were trained on."""

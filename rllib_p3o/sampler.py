@@ -196,6 +196,18 @@ class Sampler:
         self._log(metrics.DROPPED_STALE_SAMPLES_LIFETIME, self.dropped_stale_lifetime)
         return taken
 
+    def drain(self, timeout_s: float = 60.0) -> int:
+        """Wait for the runners' in-flight async samples and discard them with the queue (before the weights are
+        replaced by unrelated ones, as in `P3O.reset_config`). Returns how many sample() calls were waited for."""
+        waited = len(self._in_flight)
+        t0 = time.perf_counter()
+        while self._in_flight and time.perf_counter() - t0 < timeout_s:
+            for i, _ in self.runners.fetch_ready(SAMPLE_TAG, timeout_s=_POLL_S):
+                self._in_flight.pop(i, None)
+            self._in_flight = {i: g for i, g in self._in_flight.items() if i in set(self.runners.healthy_ids())}
+        self.queue = StaleChunkQueue(self.config.max_staleness)
+        return waited
+
     # -- checkpoint: the data position ------------------------------------------------------------------------------
 
     def get_state(self) -> Dict[str, Any]:
