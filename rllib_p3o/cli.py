@@ -1,9 +1,11 @@
 """``rllib-p3o`` console command.
 
     rllib-p3o validate PATH [--model DIR] [--max-seq-len N] [--allow-missing-behavior]
+    rllib-p3o sweep [--quick | --full] [--out DIR] ...        (`rllib_p3o.sweep.run`: its own --help)
 
-Checks a trajectory Parquet file or directory against the schema (`rllib_p3o.trajectories`) and prints every bad row
-with file, row and column. Exit status 0 when the data is valid, 1 when any row is bad, 2 on usage errors.
+``validate`` checks a trajectory Parquet file or directory against the schema (`rllib_p3o.trajectories`) and prints
+every bad row with file, row and column. Exit status 0 when the data is valid, 1 when any row is bad, 2 on usage
+errors. ``sweep`` runs the paper's comparisons on the built-in task as resumable Ray Tune experiments.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from rllib_p3o.trajectories import OfflineDataError, validate_trajectories
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sweep"]:
+        from rllib_p3o.sweep.run import main as sweep_main
+
+        return sweep_main(argv[1:])
     parser = argparse.ArgumentParser(prog="rllib-p3o", description="rllib-p3o tools")
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate", help="check trajectory Parquet files against the schema")
@@ -26,6 +33,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     v.add_argument("--allow-missing-behavior", action="store_true",
                    help="rows without behavior_logprobs are fine (they will be rescored by a model)")
     v.add_argument("--limit", type=int, default=200, help="print at most this many problems")
+    sub.add_parser("sweep", add_help=False, help="method × regime × seed comparison as Tune experiments (--help)")
     args = parser.parse_args(argv)
 
     tokenizer = None

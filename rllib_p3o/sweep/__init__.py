@@ -1,0 +1,6 @@
+"""The claims sweep: P3O against GRPO (ε sweep) and P3O's ablations, across off-policy regimes, with seeds, as
+resumable Ray Tune experiments on the built-in task (``rllib-p3o sweep``; `rllib_p3o.sweep.run`).
+
+Modules: `grid` (methods, regimes, grids), `prep` (models and recording some regimes need), `run` (the Tune
+experiments), `report` (curves, table, figures).
+"""

@@ -1,0 +1,75 @@
+"""Artifacts some regimes of the claims sweep need, built once under ``<out>/prep`` and reused on a rerun:
+
+- ``base_model``: the demo's base model (`build_demo_model`, seed 0), the policy every trial starts from;
+- ``weaker_model``: an earlier checkpoint of the same pretraining (fewer steps);
+- ``stale_recording``: trajectory Parquet sampled by the frozen base policy (an "older policy" for every trial:
+  the further a trial's policy moves, the staler these data are for it);
+- ``stronger_model``: the base model RL-trained with the demo config until its held-out accuracy reaches 0.8.
+
+The recording and the stronger model come from one Algorithm: first ``lr=0`` with ``record_rollouts`` (the policy
+stays the base model), then `P3O.reset_config` to the demo's learning rate, trained until the target.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Callable, Optional
+
+from rllib_p3o import metrics
+from rllib_p3o.sweep.grid import Grid, Prepared, lr_schedule
+from rllib_p3o.tasks import build_demo_model
+from rllib_p3o.tasks.demo_config import demo_config
+
+STAMP = "prepared.json"
+WEAKER_PRETRAIN_STEPS = 300
+STRONGER_HELDOUT = 0.8
+
+
+def prepare(out: str, grid: Grid, needs: set, base_model: Optional[str] = None,
+            say: Callable[[str], None] = print) -> Prepared:
+    """Build (or reuse) what ``needs`` (names of `Prepared` fields) asks for; ``base_model`` skips building one."""
+    prep_dir = os.path.join(out, "prep")
+    os.makedirs(prep_dir, exist_ok=True)
+    stamp = os.path.join(prep_dir, STAMP)
+    done = json.load(open(stamp)) if os.path.exists(stamp) else {}
+    if base_model is None:
+        say("[prep] base model (pretrained once, ~1 min; reused on a rerun)")
+        base_model = build_demo_model(os.path.join(prep_dir, "base_model"), seed=0)
+    done["base_model"] = base_model
+    if "weaker_model" in needs and "weaker_model" not in done:
+        say(f"[prep] weaker model: the same pretraining stopped after {WEAKER_PRETRAIN_STEPS} steps")
+        done["weaker_model"] = build_demo_model(os.path.join(prep_dir, "weaker_model"), seed=0,
+                                                pretrain_steps=WEAKER_PRETRAIN_STEPS)
+    if ({"stale_recording", "stronger_model"} & needs) - set(done):
+        done.update(_record_then_train(base_model, prep_dir, grid, say))
+    with open(stamp, "w") as f:
+        json.dump(done, f, indent=2)
+    return Prepared(**{k: done.get(k) for k in Prepared.__dataclass_fields__})
+
+
+def _record_then_train(base_model: str, prep_dir: str, grid: Grid, say: Callable[[str], None]) -> dict:
+    recording = os.path.join(prep_dir, "stale_recording")
+    stronger = os.path.join(prep_dir, "stronger_model")
+    frozen = demo_config(base_model, lr=0.0, eval_interval=0, record_rollouts=recording, **grid.extra)
+    frozen.environment(env_config={**frozen.env_config, "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward"})
+    algo = frozen.build_algo()
+    try:
+        say(f"[prep] stale recording: {grid.iterations} iterations sampled by the frozen base policy → {recording}")
+        for _ in range(grid.iterations):
+            algo.train()
+        trained = frozen.copy(copy_frozen=False).training(lr=lr_schedule(grid.default_lr), eval_interval=5,
+                                                          record_rollouts=None)
+        algo.reset_config(trained.to_dict())
+        algo._iteration = 0  # (Tune resets this itself when it reuses an actor)
+        heldout, max_iterations = 0.0, 10 * grid.iterations
+        while heldout < STRONGER_HELDOUT and algo.iteration < max_iterations:
+            result = algo.train()
+            measured = result.get(metrics.P3O, {}).get(metrics.HELDOUT_REWARD_MEAN, float("nan"))
+            heldout = heldout if math.isnan(measured) else measured
+        say(f"[prep] stronger model: held-out {heldout:.3f} after {algo.iteration} iterations → {stronger}")
+        algo.export_hf(stronger)
+    finally:
+        algo.stop()
+    return {"stale_recording": recording, "stronger_model": stronger, "stronger_heldout": heldout}

@@ -1,0 +1,120 @@
+"""The claims sweep (`rllib_p3o.sweep`): actor reuse in Tune (`P3O.reset_config`), the sweep through Tune with its
+table, and its resume after the driver is killed. Real Ray, RLlib, Tune and vLLM on the tiny model."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from rllib_p3o import P3OConfig
+from rllib_p3o import metrics as m
+from rllib_p3o.sweep import report
+from rllib_p3o.sweep.grid import METHODS, lr_schedule
+from rllib_p3o.tasks import ArithmeticTask
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(model: str, **training) -> P3OConfig:
+    return (P3OConfig()
+            .environment(env_config={"dataset": ArithmeticTask().train_rows()[:40],
+                                     "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward"})
+            .training(model=model, group_size=4, prompts_per_step=8, max_tokens=2, lr=1e-3, eval_interval=0,
+                      **training)
+            .env_runners(num_env_runners=1)
+            .debugging(seed=0))
+
+
+@pytest.mark.slow
+def test_reset_config_starts_the_next_trial_like_a_fresh_build(ray_session, tiny_model):
+    first = _config(tiny_model).build_algo()
+    try:
+        first.train()
+        second = _config(tiny_model, **METHODS["grpo_eps0.4"]).debugging(seed=1)
+        assert first.reset_config(second.to_dict())
+        first._iteration = 0  # Tune's `Trainable.reset` does this after reset_config
+        reused = first.train()
+        # A setting the runners depend on cannot change in a reused actor.
+        assert not first.reset_config(_config(tiny_model, temperature=1.3).to_dict())
+    finally:
+        first.stop()
+    fresh_algo = second.build_algo()
+    try:
+        fresh = fresh_algo.train()
+    finally:
+        fresh_algo.stop()
+    assert reused[m.P3O][m.ACTOR_REUSED] == 1.0 and fresh[m.P3O][m.ACTOR_REUSED] == 0.0
+    assert reused[m.P3O][m.SETUP_S] < fresh[m.P3O][m.SETUP_S]
+    # The same weights, seeds and prompts as a fresh build: the same completions, rewards and first update.
+    for key in (m.REWARD_MEAN, m.COMPLETION_LEN_MEAN, m.WEIGHTS_SEQ_NO):
+        assert reused[m.P3O][key] == fresh[m.P3O][key], key
+    assert reused["training_iteration"] == 1
+    learner_r, learner_f = m.lookup(reused, *m.LEARNER), m.lookup(fresh, *m.LEARNER)
+    assert learner_r[m.CLIP_FRACTION] == pytest.approx(learner_f[m.CLIP_FRACTION], abs=1e-6)
+    assert learner_r[m.LOSS] == pytest.approx(learner_f[m.LOSS], rel=1e-4, abs=1e-6)
+
+
+def _sweep_args(model: str, out: str):
+    return [sys.executable, "-m", "rllib_p3o.cli", "sweep", "--out", out, "--base-model", model,
+            "--regimes", "on_policy_4_steps", "temperature_1.2", "--methods", "p3o", "grpo_eps0.2",
+            "--seeds", "0", "--iterations", "1", "--lr", "5e-4"]
+
+
+def _result_lines(path: str):
+    with open(path) as f:
+        return [json.loads(line)["training_iteration"] for line in f if line.strip()]
+
+
+@pytest.mark.slow
+def test_sweep_writes_its_table_and_a_restored_sweep_does_not_rerun_finished_trials(tiny_model, tmp_path):
+    out = str(tmp_path / "sweep")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
+    job = subprocess.Popen(_sweep_args(tiny_model, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 400
+    # Kill the driver once the first regime's experiment is finished and the second one has begun.
+    while time.time() < deadline and not os.path.isdir(os.path.join(out, "temperature_1.2")):
+        assert job.poll() is None, job.stdout.read().decode()[-3000:]
+        time.sleep(0.2)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    first_stage = sorted(glob.glob(os.path.join(out, "on_policy_4_steps", "*", "result.json")))
+    assert len(first_stage) == 2
+    before = {p: (os.path.getmtime(p), _result_lines(p)) for p in first_stage}
+    assert all(lines == [1] for _, lines in before.values())
+
+    done = subprocess.run(_sweep_args(tiny_model, out), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[on_policy_4_steps] finished earlier: 2 trials, not run again" in done.stdout
+    assert {p: (os.path.getmtime(p), _result_lines(p)) for p in first_stage} == before  # not touched
+
+    curves = pd.read_csv(os.path.join(out, report.CURVES_CSV))
+    trials = curves.groupby([report.STAGE, report.METHOD]).size()
+    assert trials.to_dict() == {(r, meth): 1 for r in ("on_policy_4_steps", "temperature_1.2")
+                                for meth in ("p3o", "grpo_eps0.2")}  # each trial trained its 1 iteration once
+    table = open(os.path.join(out, report.SUMMARY_MD)).read()
+    assert table.count("| on_policy_4_steps |") == 2 and table.count("| temperature_1.2 |") == 2
+    summary = json.load(open(os.path.join(out, report.SUMMARY_JSON)))
+    assert summary["lr_peak"] == 5e-4 and len(summary["figures"]) == 2
+    assert all(os.path.exists(f) for f in summary["figures"])
+    # The second trial of each experiment ran in the first one's actor.
+    assert sorted(t[report.ACTOR_REUSED] for t in summary["trials"]) == [False, False, True, True]
+
+
+def test_lr_choice_is_the_peak_whose_worse_method_does_best():
+    rows = []
+    for peak, p3o, grpo in ((2e-4, 0.5, 0.4), (5e-4, 0.9, 0.6), (1e-3, 0.95, 0.3)):
+        for method, last in (("p3o", p3o), ("grpo_eps0.2", grpo)):
+            for it, value in ((1, 0.1), (2, last)):
+                rows.append({report.STAGE: "lr", report.METHOD: method, report.SEED: 0, report.LR_PEAK: peak,
+                             report.ITERATION: it, report.SAMPLES: (it - 1) * 512, report.HELDOUT: value,
+                             report.ESS: 1.0, report.SETUP_S: 1.0, report.ACTOR_REUSED: 0.0,
+                             report.ERROR: False})
+    choice = report.choose_lr(pd.DataFrame(rows), (2e-4, 5e-4, 1e-3))
+    assert choice["lr_peak"] == 5e-4
+    assert lr_schedule(5e-4) == [[0, 1e-5], [5120, 5e-4]]
