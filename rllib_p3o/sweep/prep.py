@@ -54,6 +54,8 @@ def _record_then_train(base_model: str, prep_dir: str, grid: Grid, say: Callable
     stronger = os.path.join(prep_dir, "stronger_model")
     frozen = demo_config(base_model, lr=0.0, eval_interval=0, record_rollouts=recording, **grid.extra)
     frozen.environment(env_config={**frozen.env_config, "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward"})
+    # A short job in this process: a runner fault ends it (and Ray prints no warning about restartable actors).
+    frozen.fault_tolerance(restart_failed_env_runners=False)
     algo = frozen.build_algo()
     try:
         say(f"[prep] stale recording: {grid.iterations} iterations sampled by the frozen base policy → {recording}")

@@ -86,15 +86,15 @@ def run_stage(out: str, stage: str, param_space: Dict, iterations: int, cells: L
     """Run (or resume, or skip when finished) the Tune experiment ``<out>/<stage>`` whose trials are ``cells``
     ((method, seed, lr peak) each); returns its ResultGrid."""
     path = os.path.join(out, stage)
-    if tune.Tuner.can_restore(path):
-        results = tune.Tuner.restore(path, trainable="P3O", param_space=param_space).get_results()
-        found = sorted(_cell(r.config) for r in results)
-        if found != sorted(cells):
+    trials = _saved_trials(path)
+    if trials is not None:
+        found = sorted(_cell(t.config) for t in trials)
+        if not set(found) <= set(cells):
             raise SystemExit(f"{path} holds another grid ({len(found)} trials: {found[:3]}...) than this command's "
                              f"({len(cells)}: {sorted(cells)[:3]}...); pass --fresh, or another --out.")
-        if all(r.metrics and not r.error for r in results):
+        if found == sorted(cells) and all(t.status == "TERMINATED" for t in trials):
             say(f"[{stage}] finished earlier: {len(cells)} trials, not run again")
-            return results
+            return tune.Tuner.restore(path, trainable="P3O", param_space=param_space).get_results()
         say(f"[{stage}] continuing the interrupted experiment (finished trials are kept)")
         # The param space again: Tune stores objects it cannot serialize as placeholders that need it.
         tuner = tune.Tuner.restore(path, trainable="P3O", resume_errored=False, restart_errored=True,
@@ -110,6 +110,18 @@ def run_stage(out: str, stage: str, param_space: Dict, iterations: int, cells: L
                                       stop={"training_iteration": iterations},
                                       failure_config=tune.FailureConfig(max_failures=0)))
     return tuner.fit()
+
+
+def _saved_trials(path: str):
+    """The trials of the experiment saved at ``path`` (run or not); None when there is none, or when it was
+    interrupted before Tune saved its first state (then it is deleted, to start over)."""
+    if not tune.Tuner.can_restore(path):
+        return None
+    try:
+        return tune.ExperimentAnalysis(path).trials
+    except ValueError:  # no experiment_state file yet
+        shutil.rmtree(path)
+        return None
 
 
 def _cell(config: Dict) -> tuple:
