@@ -46,6 +46,8 @@ class Prepared:
     """Artifacts some regimes need (`rllib_p3o.sweep.prep`): paths of the models and of the stale recording."""
 
     base_model: str
+    train_prompts: str  # .jsonl files of the demo task's rows
+    heldout_prompts: str
     stronger_model: Optional[str] = None
     weaker_model: Optional[str] = None
     stale_recording: Optional[str] = None
@@ -120,6 +122,9 @@ def regime_config(regime: Regime, prepared: Prepared, grid: Grid) -> P3OConfig:
     """The demo config (64 prompts × 8 completions per iteration, greedy held-out eval every ``eval_interval``),
     changed by ``regime``."""
     config = demo_config(prepared.base_model, eval_interval=grid.eval_interval, **grid.extra)
-    # The reward by import path: the same function object in every trial (and a reused actor compares configs).
-    config.environment(env_config={**config.env_config, "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward"})
+    # Prompts by path and the reward by import path: Tune saves every trial's config (with rows, ~0.7 MB each),
+    # and a reused actor compares configs.
+    config.environment(env_config={**config.env_config, "dataset": prepared.train_prompts,
+                                   "eval_dataset": prepared.heldout_prompts,
+                                   "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward"})
     return regime.apply(config, prepared)

@@ -1,6 +1,7 @@
 """Artifacts some regimes of the claims sweep need, built once under ``<out>/prep`` and reused on a rerun:
 
 - ``base_model``: the demo's base model (`build_demo_model`, seed 0), the policy every trial starts from;
+- ``train_prompts``/``heldout_prompts``: the demo task's rows as .jsonl;
 - ``weaker_model``: an earlier checkpoint of the same pretraining (fewer steps);
 - ``stale_recording``: trajectory Parquet sampled by the frozen base policy (an "older policy" for every trial:
   the further a trial's policy moves, the staler these data are for it);
@@ -19,7 +20,7 @@ from typing import Callable, Optional
 
 from rllib_p3o import metrics
 from rllib_p3o.sweep.grid import Grid, Prepared, lr_schedule
-from rllib_p3o.tasks import build_demo_model
+from rllib_p3o.tasks import ArithmeticTask, build_demo_model
 from rllib_p3o.tasks.demo_config import demo_config
 
 STAMP = "prepared.json"
@@ -38,6 +39,11 @@ def prepare(out: str, grid: Grid, needs: set, base_model: Optional[str] = None,
         say("[prep] base model (pretrained once, ~1 min; reused on a rerun)")
         base_model = build_demo_model(os.path.join(prep_dir, "base_model"), seed=0)
     done["base_model"] = base_model
+    task = ArithmeticTask()
+    for key, rows in (("train_prompts", task.train_rows()), ("heldout_prompts", task.heldout_rows())):
+        done[key] = os.path.join(prep_dir, f"{key}.jsonl")
+        with open(done[key], "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
     if "weaker_model" in needs and "weaker_model" not in done:
         say(f"[prep] weaker model: the same pretraining stopped after {WEAKER_PRETRAIN_STEPS} steps")
         done["weaker_model"] = build_demo_model(os.path.join(prep_dir, "weaker_model"), seed=0,

@@ -36,8 +36,6 @@ from rllib_p3o.sweep.grid import method_value, regime_config
 
 LR_STAGE = "lr"
 LR_CHOICE = "lr_choice.json"
-# Tune writes the experiment state after every event, so a restore after a kill knows every finished trial.
-os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
 
 
 class StageProgress(tune.Callback):
@@ -61,7 +59,7 @@ class StageProgress(tune.Callback):
         done = sum(t is trial or t.status in ("TERMINATED", "ERROR") for t in self._trials)
         left = self.num_trials - max(done, self.finished_here)
         eta = (time.time() - self.t0) / self.finished_here * left
-        print(f"[{self.stage}] {trial.config.get(METHOD)} seed {trial.config.get('seed')}: {text}; "
+        print(f"[{self.stage}] {_trial_name(trial)}: {text}; "
               f"{left} trials left, ~{eta / 60:.1f} min", flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -77,9 +75,7 @@ class StageProgress(tune.Callback):
 
 
 def _trial_name(trial) -> str:
-    lr = trial.config.get("lr")
-    peak = f"_lr{lr[-1][-1]:g}" if isinstance(lr, list) else ""
-    return f"{trial.config[METHOD]}_seed{trial.config['seed']}{peak}"
+    return "{}_seed{}_lr{:g}".format(*_cell(trial.config))
 
 
 def run_stage(out: str, stage: str, param_space: Dict, iterations: int, cells: List[tuple], say=print):
