@@ -16,7 +16,7 @@ Behavior models:
   off-policy from the start).
 
 P3O's KL term pulls the policy toward whatever generated the data, with weight 1 - ESS; with a frozen model that
-is weaker than the target, it holds the policy near that model (README, "Off-policy regimes").
+is weaker than the target, it holds the policy near that model (README, "The claims sweep").
 """
 
 from __future__ import annotations
