@@ -156,7 +156,7 @@ class _DyingRunners:
     def _sample(groups):
         return [completion_episode(prompt_ids=[1, row], completion_ids=[3], behavior_logprobs=[-0.1], reward=1.0,
                                    weights_seq_no=1, group_id=gid, source_id=source_id(POLICY))
-                for gid, row in groups]
+                for gid, row, _seed in groups]
 
 
 def test_sync_sampler_gives_a_dead_runners_groups_to_the_others_and_counts_them():
