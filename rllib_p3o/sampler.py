@@ -204,7 +204,8 @@ class Sampler:
         while self._in_flight and time.perf_counter() - t0 < timeout_s:
             for i, _ in self.runners.fetch_ready(SAMPLE_TAG, timeout_s=_POLL_S):
                 self._in_flight.pop(i, None)
-            self._in_flight = {i: g for i, g in self._in_flight.items() if i in set(self.runners.healthy_ids())}
+            healthy = set(self.runners.healthy_ids())  # a runner that died will not answer
+            self._in_flight = {i: g for i, g in self._in_flight.items() if i in healthy}
         self.queue = StaleChunkQueue(self.config.max_staleness)
         return waited
 
