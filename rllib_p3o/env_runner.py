@@ -12,16 +12,18 @@ measure weight staleness/numerics, not the sampling distortion). The mode and sa
 with every sample.
 
 Weight sync (`rllib_p3o.weight_sync`): `load_policy_weights` reloads the engine's weights in place (no restart)
-through vLLM's layerwise reload, re-processes a tied LM head, resets the prefix cache (cached KV was computed with
-the old weights) and, when the payload has a probe, checks that the engine's log-probs of a probe sequence match
-the learner's.
+through vLLM's layerwise reload (`rllib_p3o.vllm_engine`), re-processes a tied LM head, resets the prefix cache
+(cached KV was computed with the old weights) and, when the payload has a probe, checks that the engine's log-probs
+of a probe sequence match the learner's.
+
+Threads: each engine gets `P3OConfig.env_runner_threads` torch/OpenMP threads (its Ray CPUs by default), so that
+in async mode generation and training run side by side instead of spin-waiting on each other's cores.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from typing import Any, Dict, List, NamedTuple, Optional
 
@@ -40,7 +42,7 @@ from ray.rllib.utils.metrics import (
     NUM_EPISODES_LIFETIME,
 )
 
-from rllib_p3o import metrics, weight_sync
+from rllib_p3o import metrics, vllm_engine, weight_sync
 from rllib_p3o.columns import Infos
 from rllib_p3o.env import TextEnv
 from rllib_p3o.episodes import completion_episode
@@ -50,8 +52,6 @@ from rllib_p3o.weight_sync import WeightSyncError  # noqa: F401  (public here: r
 
 logger = logging.getLogger(__name__)
 
-# A CPU engine's default KV cache claims ~90% of host RAM; this is plenty for small models and short sequences.
-CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
 # Group ids of a runner's own schedule (sample() called without groups) start here: they never meet the driver's.
 _OWN_GROUP_BASE = 10**15
 
@@ -105,6 +105,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self._behavior: List[tuple] = []
         self._last_sample_end: Optional[float] = None
         if self.is_sampler:
+            vllm_engine.set_engine_threads(config.env_runner_threads)
             self._llm = self._make_engine(config.policy_model)
             self._tied_embeddings = bool(getattr(self._llm.llm_engine.model_config.hf_config,
                                                  "tie_word_embeddings", False))
@@ -113,32 +114,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     # -- engine -------------------------------------------------------------------------------------------------
 
     def _make_engine(self, model: str):
-        # In-process engine inside a Ray actor: one process, ~4x faster start than vLLM's multiprocess engine.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm import LLM
-        from vllm.platforms import current_platform
-
-        cfg = self.config
-        kwargs: Dict[str, Any] = dict(
-            model=model,
-            tokenizer=model,
-            dtype=cfg.model_dtype,
-            seed=int(cfg.seed or 0),
-            trust_remote_code=cfg.trust_remote_code,
-            max_model_len=self._max_model_len(),
-            logprobs_mode="processed_logprobs" if cfg.logprobs_mode == "processed" else "raw_logprobs",
-            worker_extension_cls="rllib_p3o.vllm_ext.WeightSyncExtension",
-            # Sampling comes only from our SamplingParams, never from the model's generation_config defaults.
-            generation_config="vllm",
-        )
-        if current_platform.is_cpu():
-            kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_DEFAULT_KV_CACHE_BYTES)
-        kwargs.update(cfg.vllm_kwargs or {})
-        t0 = time.perf_counter()
-        llm = LLM(**kwargs)
-        logger.info("vLLM engine for %s ready in %.1fs (runner %d)", model, time.perf_counter() - t0,
-                    self.worker_index)
-        return llm
+        return vllm_engine.make_engine(self.config, model, self._max_model_len(), self.worker_index)
 
     def _max_model_len(self) -> int:
         """Longest prompt of the datasets + max_tokens (vLLM silently truncates past max_model_len)."""
@@ -288,38 +264,37 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return ids + extra
 
     def load_policy_weights(self, payload: Dict[str, Any]) -> Dict[str, float]:
-        """Load new policy weights (`rllib_p3o.weight_sync` payload) into the engine in place, then verify them."""
+        """Load new policy weights (`rllib_p3o.weight_sync` payload) into the engine in place, then verify them.
+
+        Returns the load's time split (`rllib_p3o.metrics`: transfer, engine reload, verify) and the probe's max
+        |learner - engine| log-prob difference."""
         seq = int(payload[weight_sync.VERSION])
         if self._llm is None:
             self._weights_seq_no = seq
             return {}
-        import safetensors.torch
-
         t0 = time.perf_counter()
         state = payload[weight_sync.RL_MODULE]
         if isinstance(state, ray.ObjectRef):
             state = ray.get(state)
-        blob = safetensors.torch.save(weight_sync.hf_weights(state, self._tied_embeddings))
-        engine_stats = self._llm.collective_rpc("p3o_reload_weights", args=(blob,))[0]
-        self._llm.reset_prefix_cache()
+        hf = weight_sync.hf_weights(state, self._tied_embeddings)
+        t1 = time.perf_counter()
+        engine_stats = vllm_engine.reload_weights(self._llm, hf)
         self._weights_seq_no = seq
-        stats = {metrics.LOAD_S: time.perf_counter() - t0, metrics.ENGINE_RELOAD_S: engine_stats["engine_reload_s"]}
+        t2 = time.perf_counter()
+        stats = {metrics.TRANSFER_S: t1 - t0, metrics.ENGINE_RELOAD_S: engine_stats["engine_reload_s"]}
         probe = payload.get(weight_sync.PROBE)
         if probe is not None:
             stats[metrics.PROBE_MAX_ABS_DIFF] = weight_sync.check_probe(
                 self.engine_logprobs(probe[weight_sync.PROBE_TOKEN_IDS]), probe[weight_sync.PROBE_LOGPROBS],
                 payload.get(weight_sync.TOLERANCE, weight_sync.DEFAULT_TOLERANCE),
                 where=f"runner {self.worker_index}: after loading weights v{self._weights_seq_no}")
+        stats[metrics.VERIFY_S] = time.perf_counter() - t2
+        stats[metrics.LOAD_S] = time.perf_counter() - t0
         return stats
 
     def engine_logprobs(self, token_ids: List[int]) -> np.ndarray:
         """The engine's log-prob of each token of ``token_ids`` given its prefix (length ``len - 1``)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        out = self._llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))],
-                                 SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False)[0]
-        return np.asarray([lp[t].logprob for t, lp in zip(token_ids[1:], out.prompt_logprobs[1:])], dtype=np.float64)
+        return vllm_engine.prompt_logprobs(self._llm, token_ids)
 
     # -- state / checkpointing (RLlib's keys, shared with the weight-sync payload: rl_module, weights_seq_no) ------
 

@@ -78,8 +78,15 @@ TIME_SYNC_S = "time_sync_s"
 TIME_OTHER_S = "time_other_s"
 # Weight sync: "sync_" + the runners' load statistics (max over runners).
 SYNC_PREFIX = "sync_"
-LOAD_S = "load_s"
+# The split of one sync: the driver gathers the learner's weights (and scores the probe with the learner); each
+# runner fetches them from the object store (transfer), reloads its engine, and scores the probe (verify).
+GATHER_S = "gather_s"
+PROBE_LEARNER_S = "probe_learner_s"
+TRANSFER_S = "transfer_s"
 ENGINE_RELOAD_S = "engine_reload_s"
+VERIFY_S = "verify_s"
+LOAD_S = "load_s"  # the runner's whole part: transfer + reload + verify
+SYNC_BYTES = "bytes"
 PROBE_MAX_ABS_DIFF = "probe_max_abs_diff"
 SYNC_PROBE_MAX_ABS_DIFF = SYNC_PREFIX + PROBE_MAX_ABS_DIFF
 

