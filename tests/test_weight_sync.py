@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rllib_p3o.weight_sync import WeightSync, WeightSyncError
+from rllib_p3o.weight_sync import PackedTensors, WeightSync, WeightSyncError, hf_weights
 
 
 class _Learners:
@@ -51,3 +51,21 @@ def test_a_runner_that_dies_during_the_push_is_left_to_the_restart():
     runners = _Runners(hung=(), dead=(3,))
     stats = WeightSync(_Learners(), runners, probe_token_ids=None, timeout_s=0.5).push()
     assert stats["load_s"] == pytest.approx(0.2) and stats["bytes"] > 0 and runners.healthy_ids() == [1, 2]
+
+
+def test_packed_tensors_come_back_bit_exact_in_every_dtype_and_shape():
+    """The payload's transport form (byte arrays for the object store); a pickle round trip stands in for Ray's."""
+    import pickle
+
+    g = torch.Generator().manual_seed(0)
+    state = {"lm.a.weight": torch.randn(4, 6, generator=g),
+             "lm.b.weight": torch.randn(6, 4, generator=g).t(),  # not contiguous
+             "lm.c.bias": torch.randn(5, generator=g).to(torch.bfloat16),  # numpy has no bfloat16
+             "lm.d.scale": torch.tensor(0.5, dtype=torch.float16),  # 0-d
+             "lm.lm_head.weight": torch.randn(3, 2, generator=g)}
+    back = pickle.loads(pickle.dumps(PackedTensors(state))).unpack()
+    assert set(back) == set(state)
+    for k, t in state.items():
+        assert back[k].dtype == t.dtype and back[k].shape == t.shape and torch.equal(back[k], t), k
+    hf = hf_weights(PackedTensors(state), tied_embeddings=True)
+    assert set(hf) == {"a.weight", "b.weight", "c.bias", "d.scale"}  # HF names; the tied head is vLLM's to re-tie

@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 _GROUPINGS = ((Columns.SOURCE_ID, metrics.BY_SOURCE), (Columns.STALENESS, metrics.BY_STALENESS))
 
 
+# Torch's own thread count in this process, before any learner set one (the learner default in sync mode).
+_TORCH_DEFAULT_THREADS = torch.get_num_threads()
+
+
 class NonFiniteStepError(FloatingPointError):
     """Too many optimizer steps in a row had a non-finite loss or gradient; the message says what was not finite."""
 
@@ -51,9 +55,12 @@ class P3OTorchLearner(TorchLearner):
 
     def build(self) -> None:
         # The learner's own thread budget (`P3OConfig.learner_threads`): in async mode it shares the machine with
-        # the runners' engines, and oversubscribed OpenMP threads spin-wait on each other.
-        if self.config.learner_threads:
-            torch.set_num_threads(self.config.learner_threads)
+        # the runners' engines, and oversubscribed OpenMP threads spin-wait on each other. Set every time (also back
+        # to torch's default): a local learner lives in the driver or a reused Tune actor, where an earlier run may
+        # have set another; unchanged counts are left alone (an in-process vLLM engine forbids setting them).
+        threads = self.config.learner_threads or _TORCH_DEFAULT_THREADS
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
         super().build()
         self._ref_models: Dict[ModuleID, torch.nn.Module] = {}
         self._consecutive_nonfinite = 0
