@@ -52,6 +52,14 @@ def sum_reward(prompts, completions, answer, **_) -> List[float]:
     return [1.0 if c.strip().startswith(a) else 0.0 for c, a in zip(completions, answer)]
 
 
+def build_model(size: str, models_dir: str) -> str:
+    """The randomly initialized Qwen2 of this size (`SIZES`) with the task's tokenizer, under ``models_dir``."""
+    from rllib_p3o.tasks.tiny_model import build_tiny_model
+
+    corpus = [f"{r['prompt']}{r['answer']}" for r in task_rows()]
+    return build_tiny_model(os.path.join(models_dir, size), corpus, overwrite=True, **SIZES[size])
+
+
 # -- one run of this project (a subprocess of the project's own Python) ---------------------------------------------
 
 def run_project(model: str, mode: str, steps: int) -> Dict:
@@ -174,7 +182,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode and size (their steps are pooled)")
     parser.add_argument("--project-modes", nargs="+", default=list(PROJECT_MODES), choices=PROJECT_MODES)
-    parser.add_argument("--peer-modes", nargs="+", default=list(PEER_MODES), choices=PEER_MODES)
+    parser.add_argument("--peer-modes", nargs="*", default=list(PEER_MODES), choices=PEER_MODES,
+                        help="none: this project only")
     parser.add_argument("--models-dir", default="runs/peer_trl")
     parser.add_argument("--out", default="benchmarks/results/peer_trl.json")
     parser.add_argument("--worker", choices=("project", "peer"), help=argparse.SUPPRESS)
@@ -189,13 +198,10 @@ def main() -> None:
             json.dump(run(args.model, args.mode, args.steps), f)
         return
 
-    from rllib_p3o.tasks.tiny_model import build_tiny_model
-
     peer_python = ensure_peer_venv() if args.peer_modes else None
-    corpus = [f"{r['prompt']}{r['answer']}" for r in task_rows()]
     report: Dict = {"setting": __doc__.split("\n\n")[2], "steps": args.steps, "runs": {}, "ratio_project_over_peer": {}}
     for size in args.sizes:
-        model = build_tiny_model(os.path.join(args.models_dir, size), corpus, overwrite=True, **SIZES[size])
+        model = build_model(size, args.models_dir)
         runs: Dict = {}
         # Alternate the sides: project mode 1, peer mode 1, project mode 2, ...
         pairs = itertools.zip_longest([("project", m) for m in args.project_modes],

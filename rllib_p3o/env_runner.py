@@ -82,6 +82,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     """EnvRunner holding a vLLM engine; see the module docstring."""
 
     def __init__(self, *, config, **kwargs):
+        t_init = time.perf_counter()
         super().__init__(config=config, **kwargs)
         from transformers import AutoTokenizer
 
@@ -104,12 +105,15 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         # (spec, engine) pairs.
         self._behavior: List[tuple] = []
         self._last_sample_end: Optional[float] = None
+        t_engines = time.perf_counter()
         if self.is_sampler:
             vllm_engine.set_engine_threads(config.env_runner_threads)
             self._llm = self._make_engine(config.policy_model)
             self._tied_embeddings = bool(getattr(self._llm.llm_engine.model_config.hf_config,
                                                  "tie_word_embeddings", False))
             self._behavior = [(spec, self._make_engine(spec["model"])) for spec in config.behavior_models]
+        # Where this runner's start went (`startup_times`); the imports before __init__ are not in it.
+        self._startup = {"init_s": time.perf_counter() - t_init, "engines_s": time.perf_counter() - t_engines}
 
     # -- engine -------------------------------------------------------------------------------------------------
 
@@ -127,6 +131,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
     def has_engine(self) -> bool:
         return self._llm is not None
+
+    def startup_times(self) -> Dict[str, float]:
+        """Seconds of this runner's ``__init__`` (``init_s``) and, within it, of starting its engines (``engines_s``)."""
+        return dict(self._startup)
 
     def pad_token_id(self) -> int:
         pad = self.tokenizer.pad_token_id

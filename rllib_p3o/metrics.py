@@ -76,6 +76,7 @@ TIME_OFFLINE_READ_S = "time_offline_read_s"
 TIME_TRAIN_S = "time_train_s"
 TIME_SYNC_S = "time_sync_s"
 TIME_OTHER_S = "time_other_s"
+TIME_EVAL_S = "time_eval_s"  # the held-out evaluation at the start of an iteration (when there is one)
 # Weight sync: "sync_" + the runners' load statistics (max over runners).
 SYNC_PREFIX = "sync_"
 # The split of one sync: the driver gathers the learner's weights (and scores the probe with the learner); each

@@ -151,17 +151,19 @@ class P3O(Algorithm):
     def training_step(self) -> None:
         cfg: P3OConfig = self.config
         it = int(self.iteration or 0)  # iterations done so far; this one is it + 1
-        if cfg.eval_interval and (it == 0 or (it + 1) % cfg.eval_interval == 0):
-            self._log_heldout()  # the policy as it is at the start of this iteration (iteration 1: untrained)
-        t0 = time.perf_counter()
         timings: Dict[str, float] = {}
+        if cfg.eval_interval and (it == 0 or (it + 1) % cfg.eval_interval == 0):
+            with metrics.timed(timings, metrics.TIME_EVAL_S):
+                self._log_heldout()  # the policy as it is at the start of this iteration (iteration 1: untrained)
+        t0 = time.perf_counter()
         records, batch = self._sample_batch(timings)
         with metrics.timed(timings, metrics.TIME_TRAIN_S):
             per_learner_ess = self._update(batch)
         with (metrics.timed(timings, metrics.TIME_SYNC_S),
               self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER))):
             sync_stats = self._weight_sync.push()
-        timings[metrics.TIME_OTHER_S] = time.perf_counter() - t0 - sum(timings.values())
+        timings[metrics.TIME_OTHER_S] = (time.perf_counter() - t0 - sum(timings.values())
+                                         + timings.get(metrics.TIME_EVAL_S, 0.0))
         self._log_step(records, batch, timings, sync_stats, per_learner_ess)
 
     def _sample_batch(self, timings: Dict[str, float]) -> Tuple[List[Dict[str, Any]], batching.Batch]:

@@ -68,10 +68,8 @@ class P3OConfig(AlgorithmConfig):
         self.verify_weight_sync = True
         # Max |learner - engine| log-prob on the probe; fp32 engines agree to ~1e-5, bf16 needs ~5e-2.
         self.weight_sync_tolerance = DEFAULT_TOLERANCE
-        # A runner that has not loaded new weights by then is hung: raise rather than wait forever.
-        self.weight_sync_timeout_s = 300.0
-        # Consecutive optimizer steps with a non-finite loss or gradient (each skipped) before the run stops.
-        self.max_consecutive_nonfinite_steps = 3
+        self.weight_sync_timeout_s = 300.0  # a runner that has not loaded new weights by then is hung: raise
+        self.max_consecutive_nonfinite_steps = 3  # non-finite steps in a row (each skipped) before the run stops
         # Asynchronous sampling: runners keep generating (with weights up to `max_staleness` versions old).
         self.async_sampling = False
         self.max_staleness = 2
@@ -107,6 +105,8 @@ class P3OConfig(AlgorithmConfig):
         # A 1-step episode per completion; the train batch size is prompts_per_step * group_size.
         self.rollout_fragment_length = 1
         # Weights are pushed to the runners by P3O itself (runner state holds no connector stats to merge).
+        # Start-up: build the driver's local runner while the remote ones start their engines (RLlib waits after).
+        self.validate_env_runners_after_construction = False
         self._dont_auto_sync_env_runner_states = True
         self.merge_env_runner_states = False
         self.broadcast_env_runner_states = False
