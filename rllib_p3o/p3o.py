@@ -51,7 +51,8 @@ from rllib_p3o import batching, metrics
 from rllib_p3o.columns import Columns
 from rllib_p3o.engine_runners import EngineRunners
 from rllib_p3o.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
-from rllib_p3o.p3o_config import RESETTABLE_KEYS, P3OConfig, config_differences
+from rllib_p3o.p3o_config import P3OConfig
+from rllib_p3o.trial_reuse import RESETTABLE_KEYS, config_differences
 from rllib_p3o.prompt_schedule import PromptSchedule
 from rllib_p3o.sampler import Sampler
 from rllib_p3o.sources import SourceNames, behavior_source_name

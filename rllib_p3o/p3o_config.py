@@ -26,11 +26,6 @@ from rllib_p3o.torch.p3o_torch_learner import P3OTorchLearner
 from rllib_p3o.weight_sync import DEFAULT_TOLERANCE
 
 ESS_SCOPES = ("batch", "source")
-# Settings that may change between two trials sharing one Tune actor (`P3O.reset_config`): they reach only the
-# driver and the learner, never the EnvRunners' engines, tokenizer or data.
-RESETTABLE_KEYS = ("seed", "loss", "clip_low", "clip_high", "kl_ref_coeff", "entropy_coeff", "ess_scope", "lr",
-                   "grad_clip", "grad_clip_by", "num_epochs", "minibatch_size", "shuffle_batch_per_epoch",
-                   "max_consecutive_nonfinite_steps", "eval_interval", "eval_max_prompts", "record_rollouts")
 LOGPROBS_MODES = ("processed", "raw")
 
 
@@ -330,21 +325,3 @@ class P3OConfig(AlgorithmConfig):
     def _model_config_auto_includes(self) -> Dict[str, Any]:
         # Users can still override any key through `.rl_module(model_config=...)`.
         return super()._model_config_auto_includes | self.lm_model_config()
-
-
-def config_differences(old: AlgorithmConfig, new: AlgorithmConfig) -> List[str]:
-    """Names of the settings ``old`` and ``new`` do not share, leaving out `RESETTABLE_KEYS`, private attributes and
-    keys the config class does not define (a Tune search's own keys). Both go through a dict round trip first, as
-    Tune's trial configs do (RLlib rewrites some settings, e.g. its old-stack ``policies``, on the way)."""
-    old, new = (type(old)().update_from_dict(c.to_dict()) for c in (old, new))
-    defined = [k for k in type(old)().__dict__ if not k.startswith("_") and k not in RESETTABLE_KEYS]
-    return [k for k in defined if not _same(getattr(old, k, None), getattr(new, k, None))]
-
-
-def _same(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001  (e.g. arrays: ambiguous truth value)
-        return False

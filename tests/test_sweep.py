@@ -17,6 +17,7 @@ from rllib_p3o import metrics as m
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import METHODS, lr_schedule
 from rllib_p3o.tasks import ArithmeticTask
+from rllib_p3o.trial_reuse import config_differences
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,6 +30,20 @@ def _config(model: str, **training) -> P3OConfig:
                       **training)
             .env_runners(num_env_runners=1)
             .debugging(seed=0))
+
+
+def test_reuse_check_ignores_a_restored_experiments_lists_but_not_a_real_change(tiny_model):
+    # A Tune restore hands back tuples (RLlib's `policies`) as lists: found in CI, where the restored sweep's
+    # second trial could not reuse the actor.
+    config = _config(tiny_model)
+    as_restored = config.to_dict()
+    as_restored["policies"] = {k: list(spec) for k, spec in as_restored["policies"].items()}
+    restored = P3OConfig().update_from_dict(as_restored)
+    # The value this test is about does change in the round trip (plain == would call it a difference).
+    assert P3OConfig().update_from_dict(config.to_dict()).policies != restored.policies
+    assert config_differences(config, restored) == []
+    assert config_differences(config, _config(tiny_model, temperature=1.3, **METHODS["grpo_eps0.4"])) == [
+        "temperature"]
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from rllib_p3o.p3o_config import P3OConfig
 from rllib_p3o.tasks.demo_config import demo_config
 
-# Methods: name -> config overrides (all keys in `rllib_p3o.p3o_config.RESETTABLE_KEYS`).
+# Methods: name -> config overrides (all keys in `rllib_p3o.trial_reuse.RESETTABLE_KEYS`).
 METHODS: Dict[str, Dict[str, Any]] = {
     "p3o": {"loss": "p3o"},
     "grpo_eps0.2": {"loss": "grpo", "clip_low": 0.2, "clip_high": 0.2},
