@@ -42,7 +42,7 @@ from ray.rllib.utils.metrics import (
     NUM_EPISODES_LIFETIME,
 )
 
-from rllib_p3o import metrics, vllm_engine, weight_sync
+from rllib_p3o import lora, metrics, vllm_engine, weight_sync
 from rllib_p3o.columns import Infos
 from rllib_p3o.env import TextEnv
 from rllib_p3o.episodes import completion_episode
@@ -63,6 +63,7 @@ class _Engine(NamedTuple):
     llm: Any  # vllm.LLM
     samples: int  # completions per prompt
     overrides: Dict[str, Any]  # sampling parameters that differ from the config's
+    lora_request: Any = None  # the policy's current adapter under LoRA (vllm.lora.request.LoRARequest)
 
 
 class _Completion(NamedTuple):
@@ -96,6 +97,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self._own_schedule: Optional[PromptSchedule] = None
         self._env_steps_lifetime = 0
         self._llm = None
+        self._lora_request = None  # under LoRA: the adapter of the weights version the engine holds
         # An offline-only run without remote runners needs no engine (nor prompts) at all.
         offline_only = config.resolved_offline_fraction >= 1.0
         self.is_sampler = self.worker_index > 0 or (self.num_workers == 0 and not offline_only)
@@ -108,7 +110,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         t_engines = time.perf_counter()
         if self.is_sampler:
             vllm_engine.set_engine_threads(config.env_runner_threads)
-            self._llm = self._make_engine(config.policy_model)
+            self._llm = self._make_engine(config.policy_model, lora=config.lora)
             self._tied_embeddings = bool(getattr(self._llm.llm_engine.model_config.hf_config,
                                                  "tie_word_embeddings", False))
             self._behavior = [(spec, self._make_engine(spec["model"])) for spec in config.behavior_models]
@@ -117,8 +119,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
     # -- engine -------------------------------------------------------------------------------------------------
 
-    def _make_engine(self, model: str):
-        return vllm_engine.make_engine(self.config, model, self._max_model_len(), self.worker_index)
+    def _make_engine(self, model: str, lora: Optional[Dict[str, Any]] = None):
+        return vllm_engine.make_engine(self.config, model, self._max_model_len(), self.worker_index, lora=lora)
 
     def _max_model_len(self) -> int:
         """Longest prompt of the datasets + max_tokens (vLLM silently truncates past max_model_len)."""
@@ -169,7 +171,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     def _engines(self) -> List[_Engine]:
         """The policy's engine and each behavior model's, with their share of a prompt group (if any)."""
         counts = behavior_sample_counts(self.config.behavior_models, self.config.group_size)
-        engines = [_Engine(POLICY, self._llm, self.config.group_size - sum(counts), {})]
+        engines = [_Engine(POLICY, self._llm, self.config.group_size - sum(counts), {}, self._lora_request)]
         for (spec, llm), n in zip(self._behavior, counts):
             overrides = {k: spec[k] for k in ("temperature", "top_p", "top_k", "max_tokens") if k in spec}
             engines.append(_Engine(behavior_source_name(spec), llm, n, overrides))
@@ -200,7 +202,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         for k, engine in enumerate(self._engines()):
             params = [self._sampling_params(g.seed + k, n=engine.samples, **engine.overrides) for g in groups]
             t0 = time.perf_counter()
-            outputs = engine.llm.generate(requests, params, use_tqdm=False)
+            outputs = engine.llm.generate(requests, params, use_tqdm=False, lora_request=engine.lora_request)
             t_gen += time.perf_counter() - t0
             for i, (pids, out) in enumerate(zip(prompt_ids, outputs)):
                 for comp in out.outputs:
@@ -257,7 +259,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         rows = self.env.eval_rows[:max_prompts]
         params = SamplingParams(n=1, temperature=0.0, max_tokens=self.config.max_tokens)
         outs = self._llm.generate([TokensPrompt(prompt_token_ids=self._encode(r["prompt"])) for r in rows],
-                                  params, use_tqdm=False)
+                                  params, use_tqdm=False, lora_request=self._lora_request)
         completions = [self.tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outs]
         rewards = self.env.score([r["prompt"] for r in rows], completions, rows)
         return {metrics.REWARD_MEAN: float(np.mean(rewards)), metrics.NUM_PROMPTS: float(len(rows))}
@@ -284,9 +286,13 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         state = payload[weight_sync.RL_MODULE]
         if isinstance(state, ray.ObjectRef):
             state = ray.get(state)
-        hf = weight_sync.hf_weights(state, self._tied_embeddings)
+        state = weight_sync.module_tensors(state)
         t1 = time.perf_counter()
-        engine_stats = vllm_engine.reload_weights(self._llm, hf)
+        if self.config.lora:  # the adapter only, swapped in under this version's id; the base stays as loaded
+            engine_stats = vllm_engine.load_adapter(self._llm, seq, lora.adapter_state(state), self.config.lora)
+            self._lora_request = vllm_engine.lora_request(seq)
+        else:
+            engine_stats = vllm_engine.reload_weights(self._llm, weight_sync.hf_weights(state, self._tied_embeddings))
         self._weights_seq_no = seq
         t2 = time.perf_counter()
         stats = {metrics.TRANSFER_S: t1 - t0, metrics.ENGINE_RELOAD_S: engine_stats["engine_reload_s"]}
@@ -302,7 +308,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
     def engine_logprobs(self, token_ids: List[int]) -> np.ndarray:
         """The engine's log-prob of each token of ``token_ids`` given its prefix (length ``len - 1``)."""
-        return vllm_engine.prompt_logprobs(self._llm, token_ids)
+        return vllm_engine.prompt_logprobs(self._llm, token_ids, self._lora_request)
 
     # -- state / checkpointing (RLlib's keys, shared with the weight-sync payload: rl_module, weights_seq_no) ------
 

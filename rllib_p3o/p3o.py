@@ -299,10 +299,12 @@ class P3O(Algorithm):
         if self._recorder is not None:  # iterations after the checkpoint are recorded again, not twice
             self._recorder.forget_after(int(self.iteration or 0))
 
-    def export_hf(self, path: str) -> str:
-        """Write the current policy as a Hugging Face model directory (weights + config + tokenizer)."""
+    def export_hf(self, path: str, merged: bool = False) -> str:
+        """Write the current policy as a Hugging Face model directory (weights + config + tokenizer). Under LoRA: the
+        adapter in peft format (load it with ``peft.PeftModel.from_pretrained(base, path)``), or with ``merged`` a
+        full model with the adapter merged in."""
         results = self.learner_group.foreach_learner(
-            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().save_pretrained(path))
+            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().save_pretrained(path, merged=merged))
         return [r.get() for r in results][0]
 
 

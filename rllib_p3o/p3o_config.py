@@ -16,6 +16,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from rllib_p3o import lora as lora_specs
 from rllib_p3o.env import TextEnv
 from rllib_p3o.env_runner import VLLMEnvRunner
 from rllib_p3o.losses import LOSSES
@@ -49,6 +50,7 @@ class P3OConfig(AlgorithmConfig):
         self.entropy_coeff = 0.0
         self.ess_scope = "batch"
         self.logprob_chunk_size = 8
+        self.lora: Optional[Dict[str, Any]] = None  # `rllib_p3o.lora` spec; validate() fills in its defaults
         # Sampling.
         self.group_size = 8
         self.prompts_per_step = 16
@@ -122,6 +124,7 @@ class P3OConfig(AlgorithmConfig):
         entropy_coeff: Optional[float] = NotProvided,
         ess_scope: Optional[str] = NotProvided,
         logprob_chunk_size: Optional[int] = NotProvided,
+        lora: Optional[Dict[str, Any]] = NotProvided,
         group_size: Optional[int] = NotProvided,
         prompts_per_step: Optional[int] = NotProvided,
         max_tokens: Optional[int] = NotProvided,
@@ -165,6 +168,10 @@ class P3OConfig(AlgorithmConfig):
                 token capped and pulled by its own source's ESS; for mixtures whose parts are off-policy to very
                 different degrees, such as a second model's rollouts beside fresh ones.
             logprob_chunk_size: Sequences per LM-head chunk in the learner (bounds full-vocabulary logits memory).
+            lora: Train a LoRA adapter instead of all weights: ``{"r": 16, "alpha": 32, "target_modules": [...],
+                "dropout": 0.0}`` (defaults as shown; target_modules: every linear layer vLLM serves adapters on).
+                Runners serve the frozen base with vLLM's LoRA support and swap in each synced adapter (verified
+                by the probe); syncs and checkpoints carry the adapter only; the reference KL uses the base.
             group_size: Completions sampled per prompt; advantages are normalized within each group.
             prompts_per_step: Prompts per training step (train batch = prompts_per_step * group_size rows).
             max_tokens, temperature, top_p, top_k: vLLM sampling parameters of the rollouts.
@@ -210,7 +217,7 @@ class P3OConfig(AlgorithmConfig):
         for name, value in dict(
             model_dtype=model_dtype, trust_remote_code=trust_remote_code, loss=loss,
             clip_low=clip_low, clip_high=clip_high, kl_ref_coeff=kl_ref_coeff, entropy_coeff=entropy_coeff,
-            ess_scope=ess_scope, logprob_chunk_size=logprob_chunk_size, group_size=group_size,
+            ess_scope=ess_scope, logprob_chunk_size=logprob_chunk_size, lora=lora, group_size=group_size,
             prompts_per_step=prompts_per_step,
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, logprobs_mode=logprobs_mode,
             vllm_kwargs=vllm_kwargs, verify_weight_sync=verify_weight_sync,
@@ -304,6 +311,12 @@ class P3OConfig(AlgorithmConfig):
                 self._value_error(f"{name} must be >= 1 or None, got {getattr(self, name)}.")
         if self.minibatch_size is not None and self.minibatch_size <= 0:
             self._value_error("minibatch_size must be positive or None.")
+        if self.lora is not None:
+            try:
+                spec = lora_specs.resolve(self.lora)
+                self.lora = lora_specs.validate(spec, self.policy_model, self.trust_remote_code)
+            except ValueError as e:
+                self._value_error(f"lora: {e}")
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         return RLModuleSpec(module_class=HFCausalLMRLModule, model_config=self.lm_model_config())
@@ -316,6 +329,7 @@ class P3OConfig(AlgorithmConfig):
             "trust_remote_code": self.trust_remote_code,
             "logprob_chunk_size": self.logprob_chunk_size,
             "compute_entropy": self.entropy_coeff > 0,
+            "lora": self.lora,
         }
 
     def get_default_learner_class(self) -> Union[Type[Learner], str]:

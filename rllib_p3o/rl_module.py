@@ -13,6 +13,7 @@ full-vocabulary logits is alive at a time, in the forward pass and in the backwa
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from typing import Any, Dict, Optional
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ray.rllib.core.rl_module.torch import TorchRLModule
+
+from rllib_p3o import lora
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,10 @@ class HFCausalLMRLModule(TorchRLModule):
 
     ``model_config`` keys: ``model`` (local directory or hub id; required), ``dtype`` ("float32" | "bfloat16" |
     "float16"), ``trust_remote_code`` (False), ``logprob_chunk_size`` (sequences per LM-head chunk, 8),
-    ``compute_entropy`` (False; needed only for an entropy bonus), ``gradient_checkpointing`` (False).
+    ``compute_entropy`` (False; needed only for an entropy bonus), ``gradient_checkpointing`` (False), ``lora``
+    (None, or a validated `rllib_p3o.lora` spec: ``self.lm`` is then a peft model whose adapter alone trains; the
+    module state, the weight sync and checkpoints hold the adapter only, and the frozen base doubles as the
+    reference model).
     """
 
     def setup(self) -> None:
@@ -60,6 +66,11 @@ class HFCausalLMRLModule(TorchRLModule):
         self.lm = load_causal_lm(self.model_path, cfg.get("dtype", "float32"), cfg.get("trust_remote_code", False))
         if cfg.get("gradient_checkpointing"):
             self.lm.gradient_checkpointing_enable()
+        self.lora_spec: Optional[Dict[str, Any]] = cfg.get("lora")
+        if self.lora_spec:
+            from peft import get_peft_model
+
+            self.lm = get_peft_model(self.lm, lora.peft_config(self.lora_spec))
         self.chunk_size = int(cfg.get("logprob_chunk_size", 8))
         self.compute_entropy = bool(cfg.get("compute_entropy", False))
         self._softcap = getattr(self.lm.config, "final_logit_softcapping", None)
@@ -80,7 +91,7 @@ class HFCausalLMRLModule(TorchRLModule):
         input_ids = input_ids.long()
         targets = input_ids[:, 1:]
         if self._chunked_head_ok:
-            hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask,
+            hidden = self._causal_lm().base_model(input_ids=input_ids, attention_mask=attention_mask,
                                         use_cache=False).last_hidden_state[:, :-1]
             head = self._head_from_hidden
         else:
@@ -100,6 +111,18 @@ class HFCausalLMRLModule(TorchRLModule):
             out[TOKEN_ENTROPY] = torch.cat(ents)
         return out
 
+    def _causal_lm(self) -> torch.nn.Module:
+        """The Hugging Face model (with the adapter's layers in it under LoRA): its ``base_model`` is the backbone."""
+        return self.lm.get_base_model() if self.lora_spec else self.lm
+
+    @torch.no_grad()
+    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Log-probs under the frozen base: the same model with the adapter disabled (LoRA only)."""
+        if not self.lora_spec:
+            raise ValueError("reference_logprobs needs a LoRA module (else the learner loads the reference model)")
+        with self.lm.disable_adapter():
+            return self.token_logprobs(input_ids, attention_mask)[TOKEN_LOGP]
+
     @torch.no_grad()
     def sequence_logprobs(self, token_ids) -> list:
         """Log-prob of each token of one sequence given its prefix, in eval mode (for weight-sync probes)."""
@@ -112,7 +135,7 @@ class HFCausalLMRLModule(TorchRLModule):
             self.train(was_training)
 
     def _head_from_hidden(self, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-        logits = self.lm.get_output_embeddings()(hidden)
+        logits = self._causal_lm().get_output_embeddings()(hidden)
         return self._head_from_logits(_softcap(logits, self._softcap), targets, with_entropy)
 
     @staticmethod
@@ -135,8 +158,8 @@ class HFCausalLMRLModule(TorchRLModule):
             was_training = self.lm.training
             self.lm.eval()
             ref = self.lm(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
-            hid = self.lm.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-            mine = _softcap(self.lm.get_output_embeddings()(hid), self._softcap).float()
+            hid = self._causal_lm().base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+            mine = _softcap(self._causal_lm().get_output_embeddings()(hid), self._softcap).float()
             self.lm.train(was_training)
             ok = bool(torch.allclose(ref, mine, atol=1e-4, rtol=1e-3))
         except Exception as e:  # an architecture without base_model/last_hidden_state
@@ -150,12 +173,19 @@ class HFCausalLMRLModule(TorchRLModule):
 
     def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
         # torch tensors, not numpy: numpy has no bfloat16, and fp16 would be silently upcast (2x sync payload).
-        return {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        # Under LoRA the adapter only: the frozen base is the model directory (what syncs and checkpoints need).
+        return {k: v.detach().cpu() for k, v in self.state_dict().items()
+                if not self.lora_spec or lora.is_adapter_param(k)}
 
-    def save_pretrained(self, path: str, tokenizer_from: Optional[str] = None) -> str:
-        """Export the policy as a Hugging Face directory (weights, config and, if found, the tokenizer)."""
+    def save_pretrained(self, path: str, tokenizer_from: Optional[str] = None, merged: bool = False) -> str:
+        """Export the policy as a Hugging Face directory (weights, config and, if found, the tokenizer). Under LoRA:
+        the adapter in peft format, or with ``merged`` the base with the adapter merged in (into a copy: the
+        module's own base stays frozen and unmerged)."""
         os.makedirs(path, exist_ok=True)
-        self.lm.save_pretrained(path)
+        if self.lora_spec and merged:
+            copy.deepcopy(self.lm).merge_and_unload().save_pretrained(path)
+        else:
+            self.lm.save_pretrained(path)
         try:
             from transformers import AutoTokenizer
 

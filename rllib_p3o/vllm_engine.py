@@ -1,4 +1,5 @@
-"""A runner's vLLM engine: its thread budget, its arguments, in-place weight reload and probe scoring.
+"""A runner's vLLM engine: its thread budget, its arguments, in-place weight reload (or LoRA adapter swap) and probe
+scoring.
 
 The engine runs in the runner's own process (vLLM's in-process engine core, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 set here unless the user chose otherwise): one process, ~4x faster start than the multiprocess engine, and new
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -32,9 +33,11 @@ def set_engine_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def make_engine(cfg: Any, model: str, max_model_len: int, worker_index: int) -> Any:
+def make_engine(cfg: Any, model: str, max_model_len: int, worker_index: int,
+                lora: Optional[Mapping[str, Any]] = None) -> Any:
     """A ``vllm.LLM`` for ``model`` with the config's dtype, seed and logprobs mode (`rllib_p3o.p3o_config`); sampling
-    comes only from our SamplingParams, never from the model's generation_config defaults."""
+    comes only from our SamplingParams, never from the model's generation_config defaults. With ``lora`` (a
+    validated `rllib_p3o.lora` spec) the engine serves one adapter of that rank on the frozen ``model``."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
     from vllm.platforms import current_platform
@@ -52,6 +55,10 @@ def make_engine(cfg: Any, model: str, max_model_len: int, worker_index: int) -> 
     )
     if current_platform.is_cpu():
         kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_DEFAULT_KV_CACHE_BYTES)
+    if lora is not None:
+        from rllib_p3o.lora import vllm_max_lora_rank
+
+        kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(lora["r"]), max_loras=1, max_cpu_loras=1)
     kwargs.update(cfg.vllm_kwargs or {})
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
@@ -80,11 +87,35 @@ def reload_weights(llm: Any, hf_tensors: Mapping[str, Any]) -> Dict[str, float]:
     return stats
 
 
-def prompt_logprobs(llm: Any, token_ids: List[int]) -> np.ndarray:
-    """The engine's log-prob of each token of ``token_ids`` given its prefix (length ``len - 1``)."""
+def lora_request(version: int) -> Any:
+    """The ``LoRARequest`` of the policy adapter of weights ``version`` (`load_adapter`). Its name and path are part
+    of vLLM's prefix-cache key, so no KV of an older adapter is reused; the path is never read."""
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(f"p3o_policy_v{version}", version, f"/p3o-in-memory-adapter/v{version}")
+
+
+def load_adapter(llm: Any, version: int, adapter: Mapping[str, Any], spec: Mapping[str, Any]) -> Dict[str, float]:
+    """Make ``adapter`` (`rllib_p3o.lora.adapter_state`) the engine's policy adapter for ``lora_request(version)``,
+    replacing the previous one (`rllib_p3o.vllm_ext`). Returns the extension's statistics."""
+    payload: Any = dict(adapter)
+    if not is_in_process(llm):
+        import safetensors.torch
+
+        payload = safetensors.torch.save({k: v.contiguous() for k, v in payload.items()})
+    stats = llm.collective_rpc("p3o_load_lora", args=(version, payload, spec["r"], spec["alpha"],
+                                                      list(spec["target_modules"])))[0]
+    llm.reset_prefix_cache()
+    return stats
+
+
+def prompt_logprobs(llm: Any, token_ids: List[int], lora_request: Any = None) -> np.ndarray:
+    """The engine's log-prob of each token of ``token_ids`` given its prefix (length ``len - 1``), with the adapter
+    of ``lora_request`` when given."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     out = llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))],
-                       SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False)[0]
+                       SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False,
+                       lora_request=lora_request)[0]
     return np.asarray([lp[t].logprob for t, lp in zip(token_ids[1:], out.prompt_logprobs[1:])], dtype=np.float64)

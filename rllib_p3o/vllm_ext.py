@@ -8,11 +8,15 @@ multiprocess engine (raw tensors only survive in-process).
 Why not ``model.load_weights`` directly: on CPU, vLLM prepacks linear weights and drops the originals, so a direct
 load corrupts the engine. The layerwise reload re-runs that post-processing. vLLM 0.32 has one more trap: with tied
 embeddings the LM head keeps its *old* prepacked kernel after a reload; it is re-processed here.
+
+LoRA (`p3o_load_lora`): vLLM loads adapters only from files named by a ``LoRARequest``; this builds the adapter from
+the tensors the runner received and puts it in the worker's adapter manager under the request's id, which vLLM then
+finds loaded and never reads from a path. The previous version is removed first (one policy adapter at a time).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Union
+from typing import Any, Dict, List, Mapping, Union
 
 
 class WeightSyncExtension:
@@ -26,6 +30,37 @@ class WeightSyncExtension:
             weights = safetensors.torch.load(weights)
         self.reload_weights(weights_iterator=iter(weights.items()))
         self._p3o_refresh_tied_lm_head()
+        return {"num_tensors": float(len(weights)), "engine_reload_s": time.perf_counter() - t0}
+
+    def p3o_load_lora(self, lora_id: int, weights: Union[bytes, Mapping[str, Any]], r: int, alpha: float,
+                      target_modules: List[str]) -> Dict[str, float]:
+        """Make ``weights`` (peft names, `rllib_p3o.lora.adapter_state`) the adapter with id ``lora_id``."""
+        import time
+
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+
+        t0 = time.perf_counter()
+        if isinstance(weights, (bytes, bytearray)):
+            import safetensors.torch
+
+            weights = safetensors.torch.load(weights)
+        worker_manager = self.model_runner.lora_manager
+        manager = worker_manager._adapter_manager
+        helper = PEFTHelper.from_dict({"r": r, "lora_alpha": alpha, "target_modules": list(target_modules)})
+        helper.validate_legal(worker_manager.lora_config)
+        mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
+        # Cloned: vLLM scales lora_B in place, and the received tensors may be the learner's own or read-only.
+        lora = LoRAModel.from_lora_tensors(
+            lora_id, {k: v.detach().clone() for k, v in weights.items()}, helper, device="cpu",
+            dtype=worker_manager.lora_config.lora_dtype, model_vocab_size=worker_manager.vocab_size,
+            weights_mapper=mapper.get_rename_mapper() if mapper is not None else None)
+        if not lora.loras:
+            raise ValueError(f"none of the {len(weights)} adapter tensors matched a LoRA layer of the engine's model")
+        for old in list(manager.list_adapters()):
+            manager.remove_adapter(old)
+        manager.add_adapter(lora)
+        manager.activate_adapter(lora_id)
         return {"num_tensors": float(len(weights)), "engine_reload_s": time.perf_counter() - t0}
 
     def _p3o_refresh_tied_lm_head(self) -> None:

@@ -73,10 +73,16 @@ class PackedTensors:
                     for k, a in self.arrays.items()}
 
 
+def module_tensors(module_state: Union[Mapping[str, Any], PackedTensors]) -> Mapping[str, Any]:
+    """``{module state name: tensor}`` of a payload's module state (packed or not, nested under the module id or
+    not)."""
+    state = module_state.unpack() if isinstance(module_state, PackedTensors) else module_state
+    return state.get(DEFAULT_MODULE_ID, state)
+
+
 def hf_weights(module_state: Union[Mapping[str, Any], PackedTensors], tied_embeddings: bool) -> Dict[str, Any]:
     """The learner module's weights under Hugging Face checkpoint names (what vLLM's reload expects)."""
-    state = module_state.unpack() if isinstance(module_state, PackedTensors) else module_state
-    state = state.get(DEFAULT_MODULE_ID, state)
+    state = module_tensors(module_state)
     hf = {k[len(LM_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(LM_PREFIX)}
     if not hf:
         raise WeightSyncError(f"weight payload has no '{LM_PREFIX}*' tensors (keys: {list(state)[:5]})")

@@ -67,6 +67,11 @@ class P3OTorchLearner(TorchLearner):
         self._nonfinite_inputs: List[str] = []  # of the current step, from compute_loss_for_module
         self._loss_stats: Dict[str, float] = {}
 
+    def get_parameters(self, module) -> List[torch.nn.Parameter]:
+        """The parameters that train: all of them, or under LoRA the adapter's (the frozen base gets no gradient,
+        no optimizer state and no DDP all-reduce)."""
+        return [p for p in module.parameters() if p.requires_grad]
+
     def apply_gradients(self, gradients_dict: ParamDict) -> None:
         """RLlib's optimizer step, unless the gradient is not finite (module docstring)."""
         grads = list(gradients_dict.values())
@@ -177,9 +182,12 @@ class P3OTorchLearner(TorchLearner):
 
     @torch.no_grad()
     def _reference_logprobs(self, module_id: ModuleID, config, batch) -> torch.Tensor:
-        """Log-probs under the frozen initial model, for the optional reference-KL term."""
+        """Log-probs under the frozen initial model, for the optional reference-KL term: under LoRA the module's own
+        base with the adapter disabled (no second copy), else a copy loaded once."""
+        module = self.module[module_id].unwrapped()
+        if module.lora_spec:
+            return module.reference_logprobs(batch[Columns.INPUT_IDS], batch[Columns.ATTENTION_MASK])
         if module_id not in self._ref_models:
-            module = self.module[module_id].unwrapped()
             ref = load_causal_lm(module.model_path, module.model_config.get("dtype", "float32"),
                                  module.model_config.get("trust_remote_code", False)).to(self._device).eval()
             for p in ref.parameters():
