@@ -8,7 +8,7 @@
 3. Writes OUT/demo_curves.png (train reward, held-out accuracy, ESS), the final model in Hugging Face format
    (OUT/final_model) and OUT/summary.json. Exits with status 1 if the target was not reached in time.
 
-    python examples/demo.py [--out runs/demo] [--target 0.9] [--time-limit 600] [--seed 0] [--base-seed 0]
+    python examples/demo.py [--out runs/demo] [--target 0.9] [--time-limit 600] [--seed 0] [--base-seed 0] [--lora R]
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def main() -> int:
     parser.add_argument("--base-seed", type=int, default=0, help="base model seed (init, corpus, pretraining)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the base model's pretraining")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (after warm-up)")
+    parser.add_argument("--lora", type=int, default=None, metavar="R",
+                        help="train a LoRA adapter of rank R (alpha 2R, every linear layer) instead of all weights")
     parser.add_argument("--pretrain-steps", type=int, default=1500, help="base model pretraining steps")
     args = parser.parse_args()
     out = os.path.abspath(args.out)
@@ -56,7 +58,8 @@ def main() -> int:
 
     print(f"[2/3] {args.loss.upper()} training via tune.Tuner: stops at held-out accuracy >= {args.target}, at the "
           f"latest after {_clock(args.time_limit)} of training or {args.iterations} iterations", flush=True)
-    config = demo_config(model, loss=args.loss, **({"lr": [[0, 1e-5], [5120, args.lr]]} if args.lr else {}))
+    config = demo_config(model, loss=args.loss, **({"lr": [[0, 1e-5], [5120, args.lr]]} if args.lr else {}),
+                         **({"lora": {"r": args.lora, "alpha": 2 * args.lora}} if args.lora else {}))
     df, summary = run_tuner(config.debugging(seed=args.seed), "demo", out,
                             stop_at(args.target, args.time_limit, args.iterations), target=args.target,
                             print_every=PRINT_EVERY, time_limit=args.time_limit, max_iterations=args.iterations,
@@ -67,8 +70,8 @@ def main() -> int:
                                            title="P3O on (a+b)%10, tiny Qwen2, 2 CPU cores")
     module_dir = os.path.join(summary["checkpoint"], "learner_group", "learner", "rl_module", "default_policy")
     summary["final_model"] = HFCausalLMRLModule.from_checkpoint(module_dir).save_pretrained(
-        os.path.join(out, "final_model"), tokenizer_from=model)
-    summary.update(loss=args.loss, seed=args.seed, base_seed=args.base_seed, threads=args.threads,
+        os.path.join(out, "final_model"), tokenizer_from=model, merged=True)  # LoRA: the adapter merged in
+    summary.update(loss=args.loss, lora_rank=args.lora, seed=args.seed, base_seed=args.base_seed, threads=args.threads,
                    total_time_s=time.time() - t_start)
     df.to_csv(os.path.join(out, "metrics.csv"), index=False)
     summary_path = write_summary(summary, out, echo=False)

@@ -14,7 +14,9 @@ with every sample.
 Weight sync (`rllib_p3o.weight_sync`): `load_policy_weights` reloads the engine's weights in place (no restart)
 through vLLM's layerwise reload (`rllib_p3o.vllm_engine`), re-processes a tied LM head, resets the prefix cache
 (cached KV was computed with the old weights) and, when the payload has a probe, checks that the engine's log-probs
-of a probe sequence match the learner's.
+of a probe sequence match the learner's. Under LoRA (``config.lora``) the engine serves the frozen base and a sync
+swaps in the new adapter alone (`vllm_engine.load_adapter`), under a `LoRARequest` per weights version that every
+policy generation and probe then names.
 
 Threads: each engine gets `P3OConfig.env_runner_threads` torch/OpenMP threads (its Ray CPUs by default), so that
 in async mode generation and training run side by side instead of spin-waiting on each other's cores.

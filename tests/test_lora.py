@@ -127,8 +127,11 @@ def test_lora_trains_the_adapter_only_syncs_it_verified_and_restores_it(ray_sess
 
 
 @pytest.mark.slow
-def test_lora_with_two_learners_async_through_tune(ray_session, tiny_model, tmp_path):
-    config = (_config(tiny_model, async_sampling=True, max_staleness=2)
+def test_lora_with_two_learners_async_and_a_behavior_model_through_tune(ray_session, tiny_model, tiny_untied_model,
+                                                                        tmp_path):
+    # The behavior model is served without LoRA beside the policy's LoRA engine, in the same runner.
+    behavior = [{"model": tiny_untied_model, "samples": 2, "name": "frozen"}]
+    config = (_config(tiny_model, async_sampling=True, max_staleness=2, behavior_models=behavior)
               .learners(num_learners=2, num_cpus_per_learner=1))
     result = tune.Tuner(
         "P3O", param_space=config,
@@ -138,3 +141,6 @@ def test_lora_with_two_learners_async_through_tune(ray_session, tiny_model, tmp_
     assert result.error is None and result.metrics["training_iteration"] == 3
     assert result.metrics[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] < 1e-3
     assert np.isfinite(m.lookup(result.metrics, *m.LEARNER, m.ESS))
+    by_source = result.metrics[m.P3O][m.BY_SOURCE]
+    assert set(by_source) == {"policy", "behavior/frozen"}
+    assert by_source["behavior/frozen"][m.ESS] < by_source["policy"][m.ESS]
