@@ -186,6 +186,25 @@ def test_rows_without_behavior_logprobs_error_or_are_rescored(ray_session, tiny_
     assert res[m.P3O][m.TRAINED_TOKENS] > 0
 
 
+def test_lora_trains_offline_on_rescored_rows(ray_session, tiny_model, recording, tmp_path):
+    """LoRA (issue 14) on the offline path, with rows scored by `offline_rescore_model`: the adapter starts as the
+    identity (lora_B = 0), so the learner is the rescoring model and every ratio is 1."""
+    rows = pq.read_table(os.path.join(recording, "part-0000000.parquet")).drop_columns(["behavior_logprobs"]).to_pylist()
+    f = _write(tmp_path / "no_behavior.parquet", rows)
+    algo = (P3OConfig().training(model=tiny_model, group_size=4, prompts_per_step=8, lr=1e-3,
+                                 offline_rescore_model=tiny_model, lora={"r": 8, "alpha": 16})
+            .offline_data(input_=[f]).env_runners(num_env_runners=0).build_algo())
+    try:
+        res = algo.train()
+        state = algo.learner_group.get_state(components="learner/rl_module")["learner"]["rl_module"]
+    finally:
+        algo.stop()
+    assert state["default_policy"] and all(".lora_" in k for k in state["default_policy"])  # the adapter trained
+    ess = m.lookup(res, *m.LEARNER, m.ESS)
+    assert ess > 0.999 and m.lookup(res, *m.LEARNER, m.KL_BEHAVIOR) < 1e-5
+    assert res[m.P3O][m.TRAINED_TOKENS] > 0 and res[m.P3O][m.NUM_OFFLINE_ROWS] == 32
+
+
 def test_restored_offline_run_continues_at_the_next_unread_rows(recording, tiny_model, tmp_path):
     # 128 recorded rows, 48 per iteration: an epoch is 3 batches (48, 48, 32), then the rows come again in order.
     config = (P3OConfig().training(model=tiny_model, group_size=4, prompts_per_step=12, lr=1e-3)
