@@ -73,16 +73,20 @@ def is_in_process(llm: Any) -> bool:
     return isinstance(llm.llm_engine.engine_core, InprocClient)
 
 
+def _rpc_tensors(llm: Any, tensors: Mapping[str, Any]) -> Any:
+    """``tensors`` as a worker-extension argument: the tensors themselves for the in-process engine (no copy), else
+    safetensors bytes (tensors do not survive the multiprocess engine's RPC; `rllib_p3o.vllm_ext` reads both)."""
+    if is_in_process(llm):
+        return dict(tensors)
+    import safetensors.torch
+
+    return safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()})
+
+
 def reload_weights(llm: Any, hf_tensors: Mapping[str, Any]) -> Dict[str, float]:
     """Load ``{HF name: tensor}`` into the engine in place (`rllib_p3o.vllm_ext`) and drop the prefix cache, whose
     KV was computed with the old weights. Returns the extension's statistics."""
-    if is_in_process(llm):
-        payload: Any = dict(hf_tensors)
-    else:
-        import safetensors.torch
-
-        payload = safetensors.torch.save(dict(hf_tensors))
-    stats = llm.collective_rpc("p3o_reload_weights", args=(payload,))[0]
+    stats = llm.collective_rpc("p3o_reload_weights", args=(_rpc_tensors(llm, hf_tensors),))[0]
     llm.reset_prefix_cache()
     return stats
 
@@ -98,12 +102,7 @@ def lora_request(version: int) -> Any:
 def load_adapter(llm: Any, version: int, adapter: Mapping[str, Any], spec: Mapping[str, Any]) -> Dict[str, float]:
     """Make ``adapter`` (`rllib_p3o.lora.adapter_state`) the engine's policy adapter for ``lora_request(version)``,
     replacing the previous one (`rllib_p3o.vllm_ext`). Returns the extension's statistics."""
-    payload: Any = dict(adapter)
-    if not is_in_process(llm):
-        import safetensors.torch
-
-        payload = safetensors.torch.save({k: v.contiguous() for k, v in payload.items()})
-    stats = llm.collective_rpc("p3o_load_lora", args=(version, payload, spec["r"], spec["alpha"],
+    stats = llm.collective_rpc("p3o_load_lora", args=(version, _rpc_tensors(llm, adapter), spec["r"], spec["alpha"],
                                                       list(spec["target_modules"])))[0]
     llm.reset_prefix_cache()
     return stats

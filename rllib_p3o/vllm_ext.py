@@ -24,10 +24,7 @@ class WeightSyncExtension:
         import time
 
         t0 = time.perf_counter()
-        if isinstance(weights, (bytes, bytearray)):
-            import safetensors.torch
-
-            weights = safetensors.torch.load(weights)
+        weights = _tensors(weights)
         self.reload_weights(weights_iterator=iter(weights.items()))
         self._p3o_refresh_tied_lm_head()
         return {"num_tensors": float(len(weights)), "engine_reload_s": time.perf_counter() - t0}
@@ -41,10 +38,7 @@ class WeightSyncExtension:
         from vllm.lora.peft_helper import PEFTHelper
 
         t0 = time.perf_counter()
-        if isinstance(weights, (bytes, bytearray)):
-            import safetensors.torch
-
-            weights = safetensors.torch.load(weights)
+        weights = _tensors(weights)
         worker_manager = self.model_runner.lora_manager
         manager = worker_manager._adapter_manager
         helper = PEFTHelper.from_dict({"r": r, "lora_alpha": alpha, "target_modules": list(target_modules)})
@@ -71,3 +65,12 @@ class WeightSyncExtension:
         quant_method = getattr(lm_head, "quant_method", None)
         if tied and quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
             quant_method.process_weights_after_loading(lm_head)
+
+
+def _tensors(weights: Union[bytes, Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The tensors of a reload argument: as given in-process, or read from safetensors bytes (multiprocess)."""
+    if isinstance(weights, (bytes, bytearray)):
+        import safetensors.torch
+
+        return safetensors.torch.load(weights)
+    return weights
