@@ -73,7 +73,13 @@ def pad_records(records: Sequence[Mapping[str, Any]], pad_id: int, pad_to: Optio
         out[Columns.INPUT_IDS][i, :p] = r[Record.PROMPT_IDS]
         out[Columns.INPUT_IDS][i, p:p + c] = r[Record.COMPLETION_IDS]
         out[Columns.ATTENTION_MASK][i, :p + c] = 1
-        out[Columns.COMPLETION_MASK][i, p - 1:p - 1 + c] = 1.0
+        loss_mask = r.get(Record.LOSS_MASK)
+        if loss_mask is None:
+            out[Columns.COMPLETION_MASK][i, p - 1:p - 1 + c] = 1.0
+        elif len(loss_mask) != c:
+            raise ValueError(f"record {i}: loss mask of {len(loss_mask)} entries for {c} completion tokens")
+        else:  # multi-turn: environment tokens are context, not trained on
+            out[Columns.COMPLETION_MASK][i, p - 1:p - 1 + c] = loss_mask
         out[Columns.BEHAVIOR_LOGPROBS][i, p - 1:p - 1 + c] = r[Record.BEHAVIOR_LOGPROBS]
     rows = {
         Columns.ADVANTAGES: [r[Record.ADVANTAGE] for r in records],

@@ -11,7 +11,8 @@ Layout of a learner batch of B rows right-padded to T tokens (targets are ``inpu
 ``j`` of a row with a prompt of ``P`` tokens sits at target position ``P - 1 + j``):
 
     token columns   [B, T]     input_ids (padding: the tokenizer's pad id), attention_mask (0)
-    target columns  [B, T-1]   completion_mask (1 on completion targets), behavior_logprobs (log π_b of that target)
+    target columns  [B, T-1]   completion_mask (1 on model-generated completion targets: a multi-turn record's
+                               environment tokens are 0), behavior_logprobs (log π_b of that target)
     row columns     [B]        advantages, weights_seq_no, source_id, staleness
 """
 
@@ -73,6 +74,8 @@ class Record:
     SOURCE_ID = Columns.SOURCE_ID
     STALENESS = Columns.STALENESS  # set by the sampler
     INFOS = "infos"  # the episode's infos (`Infos`); online records only
+    # Multi-turn only: 1 on model tokens, 0 on environment tokens of the completion (absent: all model tokens).
+    LOSS_MASK = "loss_mask"
 
 
 class Infos:
@@ -85,3 +88,7 @@ class Infos:
     TEMPERATURE = "temperature"
     TOP_P = "top_p"
     LOGPROBS_MODE = "logprobs_mode"
+    # Multi-turn episodes (`rllib_p3o.multiturn`): model turns played, whether the episode was cut by a limit, and
+    # the environment's own counters (e.g. ToolEnv's tool_calls, tool_errors).
+    TURNS = "turns"
+    TRUNCATED = "truncated"

@@ -8,10 +8,14 @@ the gym spaces, which are `gymnasium.spaces.Text` placeholders. The EnvRunner re
 schedule picks the rows) and scores with `TextEnv.score`, so the reward function sees whole batches, as TRL's does.
 
 ``env_config``:
-    ``dataset``: a ``.parquet``/``.jsonl``/``.json`` path or a list of dicts, each with at least ``prompt``; other
-        columns (e.g. ``answer``) are passed to the reward function as keyword lists.
+    ``dataset``: a ``.parquet``/``.jsonl``/``.json`` path or a list of dicts, each with at least ``prompt``: a
+        string, or a list of chat messages rendered with the policy tokenizer's chat template (`rllib_p3o.chat`);
+        other columns (e.g. ``answer``) are passed to the reward function as keyword lists.
     ``reward_fn``: ``reward_fn(prompts: list[str], completions: list[str], **columns) -> list[float]`` (TRL's
-        signature), or ``"module:function"``.
+        signature), or ``"module:function"``. For conversational prompts it also gets ``completion_messages``.
+    ``multi_turn_env``: optional, a `rllib_p3o.multiturn.MultiTurnEnv` class: episodes of several turns (see there
+        for ``max_turns``, ``max_total_tokens``); ``reward_fn`` is then optional.
+    ``stop_tokens``: optional token strings that end a completion (or a model turn) besides EOS.
     ``eval_dataset``: optional held-out rows (same formats) for greedy evaluation.
     ``seed``: shuffling seed (default 0).
 """
@@ -26,6 +30,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import gymnasium as gym
 import numpy as np
+
+from rllib_p3o.chat import check_chat_template, is_conversational, message_problem
 
 Row = Dict[str, Any]
 DatasetSpec = Union[str, os.PathLike, Sequence[Mapping[str, Any]]]
@@ -76,9 +82,52 @@ def load_prompt_dataset(spec: DatasetSpec, name: str = "dataset") -> List[Row]:
             raise DatasetError(f"{where}: row {i} is a {type(r).__name__}, expected a mapping with a 'prompt'")
         if "prompt" not in r:
             raise DatasetError(f"{where}: row {i} has no 'prompt' column (columns: {sorted(r)})")
-        if not isinstance(r["prompt"], str) or not r["prompt"]:
-            raise DatasetError(f"{where}: row {i} column 'prompt' must be a non-empty string, got {r['prompt']!r}")
+        prompt = r["prompt"]
+        if is_conversational(prompt):
+            problem = message_problem(prompt)
+            if problem:
+                raise DatasetError(f"{where}: row {i} column 'prompt': {problem}")
+        elif not isinstance(prompt, str) or not prompt:
+            raise DatasetError(f"{where}: row {i} column 'prompt' must be a non-empty string or a list of chat "
+                               f"messages, got {prompt!r:.200}")
     return [dict(r) for r in rows]
+
+
+def has_conversational_prompts(rows: Sequence[Mapping[str, Any]]) -> bool:
+    return any(is_conversational(r.get("prompt")) for r in rows)
+
+
+def dataset_is_conversational(spec: DatasetSpec) -> bool:
+    """Whether a prompt dataset's prompts are chat messages, read cheaply (Parquet: the schema; JSONL: the first
+    row) for config validation; the full check happens when the runners load the rows."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return has_conversational_prompts([r for r in spec if isinstance(r, Mapping)])
+    path = os.fspath(spec)
+    try:
+        if path.endswith(".parquet") or os.path.isdir(path):
+            import pyarrow as pa
+            import pyarrow.dataset as ds
+
+            field = ds.dataset(path, format="parquet").schema.field("prompt")
+            return pa.types.is_list(field.type) or pa.types.is_large_list(field.type)
+        if path.endswith(".jsonl"):
+            with open(path) as f:
+                first = next((line for line in f if line.strip()), "{}")
+            return is_conversational(json.loads(first).get("prompt"))
+    except (OSError, KeyError, ValueError):
+        return False  # a missing or malformed file is reported, with its row, when it is loaded
+    return False
+
+
+def check_chat_dataset(env_config: Mapping[str, Any], model: str, trust_remote_code: bool = False) -> None:
+    """`rllib_p3o.chat.ChatTemplateError` naming ``model`` when the prompt dataset is conversational and the model's
+    tokenizer has no chat template (at config validation, before any actor starts)."""
+    dataset = env_config.get("dataset")
+    if dataset is None or not dataset_is_conversational(dataset):
+        return
+    from transformers import AutoTokenizer
+
+    check_chat_template(AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code), model)
 
 
 def resolve_callable(fn: Union[str, Callable]) -> Callable:
@@ -98,8 +147,13 @@ class RewardFunction:
         self.fn = resolve_callable(fn)
         self.name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
 
-    def __call__(self, prompts: List[str], completions: List[str], rows: List[Row]) -> np.ndarray:
+    def __call__(self, prompts: List[Any], completions: List[str], rows: List[Row]) -> np.ndarray:
+        """Rewards of ``completions`` (texts). Conversational prompts (message lists) are passed as they are, and the
+        completions also as messages, ``completion_messages=[[{"role": "assistant", "content": text}], ...]``, as
+        TRL passes them to reward functions of conversational datasets."""
         columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
+        if any(is_conversational(p) for p in prompts):
+            columns["completion_messages"] = [[{"role": "assistant", "content": c}] for c in completions]
         try:
             out = self.fn(prompts, completions, **columns)
         except Exception as e:
@@ -138,12 +192,13 @@ class TextEnv(gym.Env):
         config = dict(config or {})
         if "dataset" not in config:
             raise DatasetError("TextEnv needs env_config['dataset'] (a Parquet/JSONL path or a list of dicts).")
-        if "reward_fn" not in config:
+        if "reward_fn" not in config and not config.get("multi_turn_env"):
             raise ValueError("TextEnv needs env_config['reward_fn'] (TRL signature: prompts, completions, **columns).")
         self.rows = load_prompt_dataset(config["dataset"])
         self.eval_rows = (load_prompt_dataset(config["eval_dataset"], "eval_dataset")
                           if config.get("eval_dataset") is not None else [])
-        self.reward = RewardFunction(config["reward_fn"])
+        # A multi-turn environment may give its own rewards (`rllib_p3o.multiturn`).
+        self.reward = RewardFunction(config["reward_fn"]) if "reward_fn" in config else None
         # Every runner holds all rows: which prompt a group samples is the driver's choice (`rllib_p3o.prompt_schedule`).
         # The gym API below (reset/step, used outside this package's runners) draws its own order.
         self._rng = np.random.default_rng([int(config.get("seed", 0)), int(config.get("worker_index", 0))])

@@ -1,4 +1,7 @@
-"""An RLlib EnvRunner that generates completions with vLLM and returns one 1-step episode per completion.
+"""An RLlib EnvRunner that generates with vLLM: one 1-step episode per completion, or multi-turn episodes.
+
+Prompts are strings or chat messages (`rllib_p3o.chat`); with ``env_config["multi_turn_env"]`` each episode plays
+several model and environment turns (`rllib_p3o.multiturn`, played by `rllib_p3o.rollouts`).
 
 Plugged in with ``config.env_runners(env_runner_cls=VLLMEnvRunner)`` (P3OConfig's default). Each *sampling* runner
 (every remote runner, or the local one when ``num_env_runners=0``) holds a ``vllm.LLM``; the local runner of a run
@@ -27,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import ray
@@ -44,11 +47,10 @@ from ray.rllib.utils.metrics import (
     NUM_EPISODES_LIFETIME,
 )
 
-from rllib_p3o import lora, metrics, vllm_engine, weight_sync
-from rllib_p3o.columns import Infos
-from rllib_p3o.env import TextEnv
-from rllib_p3o.episodes import completion_episode
+from rllib_p3o import chat, lora, metrics, multiturn, vllm_engine, weight_sync
+from rllib_p3o.env import TextEnv, has_conversational_prompts, resolve_callable
 from rllib_p3o.prompt_schedule import Group, PromptSchedule
+from rllib_p3o.rollouts import Engine, MultiTurnRollouts, single_turn_episodes, turn_metrics
 from rllib_p3o.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
 from rllib_p3o.weight_sync import WeightSyncError  # noqa: F401  (public here: raised by load_policy_weights)
 
@@ -56,29 +58,6 @@ logger = logging.getLogger(__name__)
 
 # Group ids of a runner's own schedule (sample() called without groups) start here: they never meet the driver's.
 _OWN_GROUP_BASE = 10**15
-
-
-class _Engine(NamedTuple):
-    """One engine's part of every prompt group."""
-
-    source: str  # source name (`rllib_p3o.sources`)
-    llm: Any  # vllm.LLM
-    samples: int  # completions per prompt
-    overrides: Dict[str, Any]  # sampling parameters that differ from the config's
-    lora_request: Any = None  # the policy's current adapter under LoRA (vllm.lora.request.LoRARequest)
-
-
-class _Completion(NamedTuple):
-    """One generated completion, before it is scored and turned into an episode."""
-
-    row: int  # index of its prompt row in this sample() call
-    prompt_ids: List[int]
-    completion_ids: List[int]
-    behavior_logprobs: List[float]
-    finish_reason: Optional[str]
-    text: str
-    source: str
-    params: Any  # vllm.SamplingParams
 
 
 class VLLMEnvRunner(EnvRunner, Checkpointable):
@@ -105,6 +84,18 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self.is_sampler = self.worker_index > 0 or (self.num_workers == 0 and not offline_only)
         env_cls = config.env if isinstance(config.env, type) and issubclass(config.env, TextEnv) else TextEnv
         self.env = env_cls(dict(self.config.env_config)) if (self.is_sampler or "dataset" in env_config) else None
+        if self.env is not None and has_conversational_prompts(self.env.rows + self.env.eval_rows):
+            chat.check_chat_template(self.tokenizer, config.policy_model)
+        self._stop_ids = multiturn.stop_token_ids(self.tokenizer, env_config.get("stop_tokens") or ())
+        # Multi-turn episodes (`rllib_p3o.multiturn`) when env_config names an environment class.
+        self._rollouts: Optional[MultiTurnRollouts] = None
+        if self.env is not None and env_config.get("multi_turn_env"):
+            multi_turn_cls = resolve_callable(env_config["multi_turn_env"])
+            self._rollouts = MultiTurnRollouts(
+                tokenizer=self.tokenizer, make_env=lambda: multi_turn_cls(env_config),
+                max_turns=multiturn.max_turns(env_config), max_tokens=config.max_tokens,
+                max_total_tokens=self._max_total_tokens(), stop_ids=self._stop_ids,
+                sampling_params=self._sampling_params)
         # Frozen behavior models (never synced) generate their share of every prompt group beside the policy:
         # (spec, engine) pairs.
         self._behavior: List[tuple] = []
@@ -125,13 +116,25 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return vllm_engine.make_engine(self.config, model, self._max_model_len(), self.worker_index, lora=lora)
 
     def _max_model_len(self) -> int:
-        """Longest prompt of the datasets + max_tokens (vLLM silently truncates past max_model_len)."""
-        prompts = [r["prompt"] for r in self.env.rows + self.env.eval_rows]
-        longest = max(len(ids) for ids in self.tokenizer(prompts, add_special_tokens=True)["input_ids"])
+        """Longest prompt of the datasets + max_tokens, or a multi-turn episode's ``max_total_tokens`` (vLLM silently
+        truncates past max_model_len)."""
+        if self._rollouts is not None:
+            return self._rollouts.max_total_tokens
+        longest = max(len(self._encode(r["prompt"])) for r in self.env.rows + self.env.eval_rows)
         return int(longest + self.config.max_tokens)
 
-    def _encode(self, prompt: str) -> List[int]:
-        return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    def _max_total_tokens(self) -> int:
+        """A multi-turn episode's token limit: ``env_config["max_total_tokens"]`` or the model's context length."""
+        limit = self.config.env_config.get("max_total_tokens")
+        if limit is None:
+            from transformers import AutoConfig
+
+            limit = AutoConfig.from_pretrained(self.config.policy_model,
+                                               trust_remote_code=self.config.trust_remote_code).max_position_embeddings
+        return int(limit)
+
+    def _encode(self, prompt: chat.Prompt) -> List[int]:
+        return chat.prompt_token_ids(self.tokenizer, prompt)
 
     def has_engine(self) -> bool:
         return self._llm is not None
@@ -150,6 +153,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         cfg = self.config
         kw = dict(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                   max_tokens=cfg.max_tokens, logprobs=0, seed=seed)
+        if self._stop_ids:
+            kw["stop_token_ids"] = self._stop_ids
         kw.update(overrides)
         return SamplingParams(**kw)
 
@@ -170,13 +175,13 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         """Rows of the prompt dataset (every runner holds all of them: the driver's schedule picks)."""
         return len(self.env.rows)
 
-    def _engines(self) -> List[_Engine]:
+    def _engines(self) -> List[Engine]:
         """The policy's engine and each behavior model's, with their share of a prompt group (if any)."""
         counts = behavior_sample_counts(self.config.behavior_models, self.config.group_size)
-        engines = [_Engine(POLICY, self._llm, self.config.group_size - sum(counts), {}, self._lora_request)]
+        engines = [Engine(POLICY, self._llm, self.config.group_size - sum(counts), {}, self._lora_request)]
         for (spec, llm), n in zip(self._behavior, counts):
             overrides = {k: spec[k] for k in ("temperature", "top_p", "top_k", "max_tokens") if k in spec}
-            engines.append(_Engine(behavior_source_name(spec), llm, n, overrides))
+            engines.append(Engine(behavior_source_name(spec), llm, n, overrides))
         return [e for e in engines if e.samples > 0]
 
     def sample(self, num_prompts: Optional[int] = None, groups: Optional[List[Group]] = None, **kwargs) -> List:
@@ -188,58 +193,37 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         schedule. With behavior models, each prompt group holds ``group_size - Σ behavior samples`` policy
         completions and each behavior model's share, generated with that model's own sampling parameters.
         """
-        from vllm.inputs import TokensPrompt
-
         t_start = time.perf_counter()
         idle = t_start - self._last_sample_end if self._last_sample_end is not None else 0.0
         if groups is None:
             groups = self._take_own(num_prompts or self.prompts_per_sample())
         groups = [Group(*g) for g in groups]
         rows = [self.env.rows[g.row] for g in groups]
-        prompt_ids = [self._encode(r["prompt"]) for r in rows]
-        requests = [TokensPrompt(prompt_token_ids=p) for p in prompt_ids]
+        engines = self._engines()
+        if self._rollouts is None:
+            episodes, t_gen = single_turn_episodes(
+                self.tokenizer, rows, groups, engines, sampling_params=self._sampling_params, score=self.env.score,
+                weights_seq_no=self._weights_seq_no, logprobs_mode=self.config.logprobs_mode)
+        else:
+            episodes, t_gen = self._rollouts.play_groups(rows, groups, engines, weights_seq_no=self._weights_seq_no,
+                                                         logprobs_mode=self.config.logprobs_mode)
+            for key, value in turn_metrics(episodes).items():
+                self.metrics.log_value((metrics.MULTI_TURN, key), value, window=1)
+        n_tokens = sum(len(a) for ep in episodes for a in ep.get_actions())
+        self._log_sample(episodes, n_tokens, t_gen, idle)
+        return episodes
 
-        completions: List[_Completion] = []
-        t_gen = 0.0
-        for k, engine in enumerate(self._engines()):
-            params = [self._sampling_params(g.seed + k, n=engine.samples, **engine.overrides) for g in groups]
-            t0 = time.perf_counter()
-            outputs = engine.llm.generate(requests, params, use_tqdm=False, lora_request=engine.lora_request)
-            t_gen += time.perf_counter() - t0
-            for i, (pids, out) in enumerate(zip(prompt_ids, outputs)):
-                for comp in out.outputs:
-                    ids = list(comp.token_ids)
-                    logps = [lp[tid].logprob for tid, lp in zip(ids, comp.logprobs)]
-                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                    completions.append(_Completion(
-                        row=i, prompt_ids=pids, completion_ids=ids, behavior_logprobs=logps,
-                        finish_reason=comp.finish_reason, text=text, source=engine.source, params=params[i]))
-        scored_rows = [rows[c.row] for c in completions]
-        rewards = self.env.score([r["prompt"] for r in scored_rows], [c.text for c in completions], scored_rows)
-
-        episodes = []
-        for c, reward in zip(completions, rewards):
-            episodes.append(completion_episode(
-                prompt_ids=c.prompt_ids, completion_ids=c.completion_ids, behavior_logprobs=c.behavior_logprobs,
-                reward=float(reward), weights_seq_no=self._weights_seq_no, group_id=groups[c.row].group_id,
-                source_id=source_id(c.source),
-                infos={Infos.PROMPT: rows[c.row]["prompt"], Infos.COMPLETION: c.text,
-                       Infos.FINISH_REASON: c.finish_reason, Infos.SOURCE: c.source,
-                       Infos.TEMPERATURE: c.params.temperature, Infos.TOP_P: c.params.top_p,
-                       Infos.LOGPROBS_MODE: self.config.logprobs_mode},
-            ))
-        n_tokens = sum(len(c.completion_ids) for c in completions)
+    def _log_sample(self, episodes: List, n_tokens: int, t_gen: float, idle: float) -> None:
         self._env_steps_lifetime += len(episodes)
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED, len(episodes), reduce="sum")
         self.metrics.log_value(NUM_EPISODES, len(episodes), reduce="sum")
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(episodes), reduce="lifetime_sum")
         self.metrics.log_value(NUM_EPISODES_LIFETIME, len(episodes), reduce="lifetime_sum")
-        self.metrics.log_value(EPISODE_RETURN_MEAN, float(np.mean(rewards)), window=1)
+        self.metrics.log_value(EPISODE_RETURN_MEAN, float(np.mean([ep.get_return() for ep in episodes])), window=1)
         self.metrics.log_value(metrics.GENERATE_TIME_S, t_gen, window=1)
         self.metrics.log_value(metrics.GENERATED_TOKENS_PER_S, n_tokens / max(t_gen, 1e-9), window=1)
         self.metrics.log_value(metrics.IDLE_TIME_S, idle, reduce="sum")
         self._last_sample_end = time.perf_counter()
-        return episodes
 
     def _take_own(self, k: int) -> List[Group]:
         if self._own_schedule is None:
@@ -259,7 +243,15 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         from vllm.inputs import TokensPrompt
 
         rows = self.env.eval_rows[:max_prompts]
-        params = SamplingParams(n=1, temperature=0.0, max_tokens=self.config.max_tokens)
+        if self._rollouts is not None:  # greedy episodes, scored by their return
+            greedy = Engine(POLICY, self._llm, 1, {"temperature": 0.0}, self._lora_request)
+            episodes = self._rollouts.play(rows, [0] * len(rows), greedy, weights_seq_no=self._weights_seq_no,
+                                           group_ids=list(range(len(rows))), source_id=source_id(POLICY),
+                                           logprobs_mode=self.config.logprobs_mode)
+            return {metrics.REWARD_MEAN: float(np.mean([ep.get_return() for ep in episodes])),
+                    metrics.NUM_PROMPTS: float(len(rows)), **turn_metrics(episodes)}
+        params = SamplingParams(n=1, temperature=0.0, max_tokens=self.config.max_tokens,
+                                stop_token_ids=self._stop_ids or None)
         outs = self._llm.generate([TokensPrompt(prompt_token_ids=self._encode(r["prompt"])) for r in rows],
                                   params, use_tqdm=False, lora_request=self._lora_request)
         completions = [self.tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outs]

@@ -1,15 +1,21 @@
 """RLlib episodes that carry one completion each, and the completion records the learner batch is built from.
 
-One `SingleAgentEpisode` per sampled completion, one env step long: observation = prompt token ids, action =
-completion token ids, reward = the verifier's reward, ``extra_model_outputs`` = behavior log-probs of the sampled
-tokens (one per completion token), the weights version (``weights_seq_no``) that produced them, the prompt group and
-the data source. Texts and sampling parameters ride in the step's infos (`rllib_p3o.columns.Infos`), for recording
-and debugging.
+One `SingleAgentEpisode` per sampled completion. Single-turn, it is one env step long: observation = prompt token
+ids, action = completion token ids, reward = the verifier's reward. Multi-turn (`rllib_p3o.multiturn`), it has one
+step per model turn: the reset observation is the prompt's ids, each action a model turn's engine ids, each later
+observation the environment turn's ids that follow it (empty after the last turn), each reward that turn's reward.
+Every step's ``extra_model_outputs`` hold the behavior log-probs of its action tokens, the weights version
+(``weights_seq_no``) that produced them, the prompt group and the data source. Texts and sampling parameters ride
+in the last step's infos (`rllib_p3o.columns.Infos`), for recording and debugging.
+
+As a record, an episode's completion is every token after the prompt, model and environment turns interleaved as
+they were played; ``loss_mask`` is 1 on model tokens and 0 on environment tokens (whose behavior log-probs are 0
+placeholders). Single-turn records carry no loss mask: all their completion tokens are the model's.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -52,19 +58,83 @@ def completion_episode(
     return ep
 
 
+class Turn(NamedTuple):
+    """One model turn of a multi-turn episode and the environment turn after it."""
+
+    action_ids: Sequence[int]  # the engine's token ids of the model turn
+    behavior_logprobs: Sequence[float]  # one per action token
+    reward: float
+    env_ids: Sequence[int]  # token ids of the environment's turn that follows (empty after the last turn)
+
+
+def multi_turn_episode(
+    *,
+    prompt_ids: Sequence[int],
+    turns: Sequence[Turn],
+    terminated: bool,
+    weights_seq_no: int,
+    group_id: int,
+    source_id: int = 0,
+    infos: Mapping[str, Any] | None = None,
+) -> SingleAgentEpisode:
+    """A finished episode with one step per model turn (module docstring); ``infos`` go to the last step."""
+    if not turns:
+        raise ValueError("a multi-turn episode needs at least one model turn")
+    ep = SingleAgentEpisode()
+    ep.add_env_reset(observation=np.asarray(prompt_ids, dtype=np.int64))
+    for k, t in enumerate(turns):
+        last = k == len(turns) - 1
+        ep.add_env_step(
+            observation=np.asarray(t.env_ids, dtype=np.int64),
+            action=np.asarray(t.action_ids, dtype=np.int64),
+            reward=float(t.reward),
+            infos=dict(infos or {}) if last else {},
+            terminated=terminated and last,
+            truncated=(not terminated) and last,
+            extra_model_outputs={
+                Record.BEHAVIOR_LOGPROBS: np.asarray(t.behavior_logprobs, dtype=np.float32),
+                Record.WEIGHTS_SEQ_NO: int(weights_seq_no),
+                Record.GROUP_ID: int(group_id),
+                Record.SOURCE_ID: int(source_id),
+            },
+        )
+    return ep
+
+
 def episodes_to_records(episodes: Sequence[SingleAgentEpisode]) -> List[Dict[str, Any]]:
     """Completion records (`rllib_p3o.columns.Record`) of completion episodes, without advantage and staleness."""
     records = []
     for ep in episodes:
         extra = {k: ep.get_extra_model_outputs(k, 0) for k in _EXTRA}
-        records.append({
+        record = {
             Record.PROMPT_IDS: np.asarray(ep.get_observations(0), dtype=np.int64),
             Record.COMPLETION_IDS: np.asarray(ep.get_actions(0), dtype=np.int64),
             Record.BEHAVIOR_LOGPROBS: np.asarray(extra[Record.BEHAVIOR_LOGPROBS], dtype=np.float32),
-            Record.REWARD: float(ep.get_rewards(0)),
+            Record.REWARD: float(ep.get_return()),
             Record.WEIGHTS_SEQ_NO: int(extra[Record.WEIGHTS_SEQ_NO]),
             Record.GROUP_ID: int(extra[Record.GROUP_ID]),
             Record.SOURCE_ID: int(extra[Record.SOURCE_ID]),
             Record.INFOS: ep.get_infos(-1),
-        })
+        }
+        if len(ep) > 1:
+            record.update(_interleaved_turns(ep))
+        records.append(record)
     return records
+
+
+def _interleaved_turns(ep: SingleAgentEpisode) -> Dict[str, np.ndarray]:
+    """A multi-turn episode's completion ids, behavior log-probs and loss mask (model turns and the environment
+    turns between them, in order)."""
+    ids, logps, mask = [], [], []
+    observations, actions = ep.get_observations(), ep.get_actions()
+    for k, action in enumerate(actions):
+        ids.append(np.asarray(action, dtype=np.int64))
+        logps.append(np.asarray(ep.get_extra_model_outputs(Record.BEHAVIOR_LOGPROBS, k), dtype=np.float32))
+        mask.append(np.ones(len(action), dtype=np.int8))
+        if k < len(actions) - 1:  # the environment's turn before the next model turn
+            env_ids = np.asarray(observations[k + 1], dtype=np.int64)
+            ids.append(env_ids)
+            logps.append(np.zeros(len(env_ids), dtype=np.float32))
+            mask.append(np.zeros(len(env_ids), dtype=np.int8))
+    return {Record.COMPLETION_IDS: np.concatenate(ids), Record.BEHAVIOR_LOGPROBS: np.concatenate(logps),
+            Record.LOSS_MASK: np.concatenate(mask)}

@@ -7,6 +7,8 @@ Where the keys live in ``algo.train()``'s result (Tune flattens them with "/", s
     learners/default_policy/<key>           the objective's figures (keys of `objectives.p3o_loss`/`grpo_loss`),
                                             per staleness under by_staleness/<versions behind>/
     env_runners/<key>                       the runners' generate_time_s, generated_tokens_per_s, idle_time_s
+    env_runners/multi_turn/<key>            multi-turn episodes, per episode: turns, truncated (fraction), and
+                                            the environment's counters (ToolEnv: tool_calls, tool_errors)
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ SYNC_BYTES = "bytes"
 PROBE_MAX_ABS_DIFF = "probe_max_abs_diff"
 SYNC_PROBE_MAX_ABS_DIFF = SYNC_PREFIX + PROBE_MAX_ABS_DIFF
 
+# Group of the runners' multi-turn figures (keys: `rllib_p3o.columns.Infos.TURNS`, `.TRUNCATED`, env counters).
+MULTI_TURN = "multi_turn"
+
 # -- groups: p3o/by_source/<name>/<key>, learners/default_policy/by_staleness/<k>/<key> -----------------------------
 BY_SOURCE = "by_source"
 BY_STALENESS = "by_staleness"
@@ -148,7 +153,7 @@ def step_metrics(records: Sequence[Mapping[str, Any]], batch: Mapping[str, np.nd
 
     Rates divide by the time of their phase (floored at 1 ns). Staleness covers the policy's records only.
     """
-    n_gen = int(sum(len(r[Record.COMPLETION_IDS]) for r in records))
+    n_gen = int(sum(generated_tokens(r) for r in records))
     n_trained = int(batch[Columns.COMPLETION_MASK].sum())
     step: Dict[str, float] = {
         NUM_COMPLETIONS: len(records),
@@ -178,6 +183,12 @@ def step_metrics(records: Sequence[Mapping[str, Any]], batch: Mapping[str, np.nd
     return step
 
 
+def generated_tokens(record: Mapping[str, Any]) -> int:
+    """Model-generated tokens of a completion record (a multi-turn record's environment tokens are not)."""
+    mask = record.get(Record.LOSS_MASK)
+    return int(np.sum(mask)) if mask is not None else len(record[Record.COMPLETION_IDS])
+
+
 def records_by_source(records: Sequence[Mapping[str, Any]], names: SourceNames) -> Dict[Tuple[str, str], float]:
     """``{(source name, key): value}``: reward, completion length and count of the sampled records per source."""
     by: Dict[int, List[Mapping[str, Any]]] = {}
@@ -187,7 +198,7 @@ def records_by_source(records: Sequence[Mapping[str, Any]], names: SourceNames) 
     for sid, rs in by.items():
         name = names.name(sid)
         out[(name, REWARD_MEAN)] = float(np.mean([r[Record.REWARD] for r in rs]))
-        out[(name, COMPLETION_LEN_MEAN)] = float(np.mean([len(r[Record.COMPLETION_IDS]) for r in rs]))
+        out[(name, COMPLETION_LEN_MEAN)] = float(np.mean([generated_tokens(r) for r in rs]))
         out[(name, NUM_COMPLETIONS)] = len(rs)
     return out
 

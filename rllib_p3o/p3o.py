@@ -56,7 +56,7 @@ from rllib_p3o.trial_reuse import RESETTABLE_KEYS, config_differences
 from rllib_p3o.prompt_schedule import PromptSchedule
 from rllib_p3o.sampler import Sampler
 from rllib_p3o.sources import SourceNames, behavior_source_name
-from rllib_p3o.trajectories import TrajectoryRecorder
+from rllib_p3o.recorder import TrajectoryRecorder
 from rllib_p3o.weight_sync import WeightSync
 
 __all__ = ["P3O", "P3OConfig"]

@@ -17,7 +17,8 @@ from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from rllib_p3o import lora as lora_specs
-from rllib_p3o.env import TextEnv
+from rllib_p3o.chat import ChatTemplateError
+from rllib_p3o.env import TextEnv, check_chat_dataset
 from rllib_p3o.env_runner import VLLMEnvRunner
 from rllib_p3o.losses import LOSSES
 from rllib_p3o.offline_data import P3OOfflineData, P3OOfflinePreLearner
@@ -311,6 +312,11 @@ class P3OConfig(AlgorithmConfig):
                 self._value_error(f"{name} must be >= 1 or None, got {getattr(self, name)}.")
         if self.minibatch_size is not None and self.minibatch_size <= 0:
             self._value_error("minibatch_size must be positive or None.")
+        if self.policy_model and not self.in_evaluation:
+            try:
+                check_chat_dataset(self.env_config or {}, self.policy_model, self.trust_remote_code)
+            except ChatTemplateError as e:
+                self._value_error(str(e))
         if self.lora is not None:
             try:
                 spec = lora_specs.resolve(self.lora)

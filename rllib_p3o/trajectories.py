@@ -1,11 +1,13 @@
-"""Trajectory files (Parquet): the schema, its validator, rows → completion records, and the recorder.
+"""Trajectory files (Parquet): the schema, its validator, and rows → completion records.
 
 The RLlib side of reading them (Ray Data, prelearner) is `rllib_p3o.offline_data`.
 
 Schema: one row per completion.
 
     column             type                required                          meaning
-    prompt             string              prompt or prompt_ids              prompt text
+    prompt             string or messages  prompt or prompt_ids              prompt text, or chat messages
+                                                                             (list<struct<role, content>>,
+                                                                             rendered by the chat template)
     prompt_ids         list<int>           prompt or prompt_ids              prompt token ids (policy tokenizer)
     completion         string              completion or completion_ids      completion text
     completion_ids     list<int>           completion or completion_ids      completion token ids
@@ -18,14 +20,19 @@ Schema: one row per completion.
     source             string              no                                data source that produced the row:
                                                                              "policy", "behavior/<name>", ...
     temperature, top_p float               no                                sampling parameters
+    loss_mask          list<int>           no                                multi-turn rows: 1 on model tokens,
+                                                                             0 on environment tokens, one per
+                                                                             completion token (absent: all 1)
 
 Text-only rows are tokenized with the policy's tokenizer; rows that carry ids are checked against it (every id
 below its vocabulary size). When a row has both, the ids are authoritative: sampled ids need not be the
 tokenizer's canonical encoding of their decoded text, and they are what the behavior log-probs refer to. ``behavior_logprobs`` must have one
-entry per completion token. Rows without behavior log-probs are an error unless ``offline_rescore_model`` names
+entry per completion token. A multi-turn row's completion holds every token after the prompt, model and environment
+turns as played; its ``loss_mask`` says which are the model's (only those are trained on and enter the ESS; the
+behavior log-probs of environment tokens are placeholders, 0 as recorded). Rows without behavior log-probs are an error unless ``offline_rescore_model`` names
 a model that scores them once; they are never silently treated as on-policy.
 
-Online runs with ``record_rollouts=DIR`` write this same schema (`TrajectoryRecorder`), one file per iteration,
+Online runs with ``record_rollouts=DIR`` write this same schema (`rllib_p3o.recorder`), one file per iteration,
 written to a temporary name and renamed: a file is complete or absent, whatever happens to the run. Read back, a
 row's source becomes ``offline/<source>``; files recorded when the policy source was called "online" read as
 ``offline/policy`` too (`rllib_p3o.sources.offline_source_name`).
@@ -37,18 +44,19 @@ import dataclasses
 import glob
 import math
 import os
-import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from rllib_p3o.columns import Infos, Record
-from rllib_p3o.sources import POLICY, offline_source_name, source_id
+from rllib_p3o.chat import has_chat_template, is_conversational, message_problem, prompt_token_ids
+from rllib_p3o.columns import Record
+from rllib_p3o.sources import offline_source_name, source_id
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 REQUIRED_ONE_OF = (("prompt", "prompt_ids"), ("completion", "completion_ids"), ("group_id", "advantage"))
 LIST_INT_COLUMNS = ("prompt_ids", "completion_ids")
+LOSS_MASK = Record.LOSS_MASK
 # On disk, a record's weights_seq_no is called policy_version (the schema's documented name).
 POLICY_VERSION = "policy_version"
 # A log-prob above this is a data error (float32 noise can make log 1 = 0 slightly positive).
@@ -130,9 +138,18 @@ def check_row(row: Mapping[str, Any], *, vocab_size: Optional[int] = None, token
     for col in ("advantage", "temperature", "top_p"):
         if row.get(col) is not None and not _finite(row[col]):
             out.append((col, f"must be a finite number, got {row[col]!r}"))
-    for col in ("prompt", "completion"):
-        if row.get(col) is not None and not isinstance(row[col], str):
-            out.append((col, f"must be a string, got {type(row[col]).__name__}"))
+    prompt = row.get("prompt")
+    if is_conversational(prompt):
+        problem = message_problem(prompt)
+        if problem:
+            out.append(("prompt", problem))
+        elif row.get("prompt_ids") is None and tokenizer is not None and not has_chat_template(tokenizer):
+            out.append(("prompt", "chat messages, but the policy's tokenizer has no chat template (give prompt_ids "
+                                  "or string prompts)"))
+    elif prompt is not None and not isinstance(prompt, str):
+        out.append(("prompt", f"must be a string or a list of chat messages, got {type(prompt).__name__}"))
+    if row.get("completion") is not None and not isinstance(row["completion"], str):
+        out.append(("completion", f"must be a string, got {type(row['completion']).__name__}"))
     for col in LIST_INT_COLUMNS:
         ids = row.get(col)
         if ids is None:
@@ -154,6 +171,20 @@ def check_row(row: Mapping[str, Any], *, vocab_size: Optional[int] = None, token
         if n_prompt is not None and n_prompt + n_completion > max_seq_len:
             out.append(("completion", f"prompt + completion = {n_prompt + n_completion} tokens, more than "
                                       f"offline_max_seq_len={max_seq_len}"))
+    mask = loss_mask(row)
+    if mask is not None:
+        try:
+            mask = [int(v) for v in mask]
+        except (TypeError, ValueError):
+            mask = None
+            out.append((LOSS_MASK, "must be a list of 0/1 integers"))
+        if mask is not None:
+            if any(v not in (0, 1) for v in mask):
+                out.append((LOSS_MASK, "must hold only 0 and 1"))
+            elif not any(mask):
+                out.append((LOSS_MASK, "has no model token (all 0): nothing to train on"))
+            if n_completion is not None and len(mask) != n_completion:
+                out.append((LOSS_MASK, f"has {len(mask)} entries for {n_completion} completion tokens"))
     lps = row.get("behavior_logprobs")
     if lps is None:
         if require_behavior:
@@ -175,6 +206,14 @@ def check_row(row: Mapping[str, Any], *, vocab_size: Optional[int] = None, token
     return out
 
 
+def loss_mask(row: Mapping[str, Any]) -> Optional[Any]:
+    """A row's loss mask, or None where it has none (a column of nulls reads as NaN in Ray Data's numpy batches)."""
+    mask = row.get(LOSS_MASK)
+    if mask is None or (isinstance(mask, (float, np.floating)) and math.isnan(mask)):
+        return None
+    return mask
+
+
 def _tokenize(tokenizer, text: str, column: str) -> List[int]:
     # Completions continue the prompt: no special tokens (BOS) in front of them.
     return tokenizer(text, add_special_tokens=(column == "prompt"))["input_ids"]
@@ -183,8 +222,13 @@ def _tokenize(tokenizer, text: str, column: str) -> List[int]:
 def _prompt_length(row: Mapping[str, Any], tokenizer) -> Optional[int]:
     if row.get("prompt_ids") is not None:
         return len(row["prompt_ids"])
-    if isinstance(row.get("prompt"), str) and tokenizer is not None:
-        return len(_tokenize(tokenizer, row["prompt"], "prompt"))
+    prompt = row.get("prompt")
+    if tokenizer is None:
+        return None
+    if isinstance(prompt, str):
+        return len(_tokenize(tokenizer, prompt, "prompt"))
+    if is_conversational(prompt) and message_problem(prompt) is None and has_chat_template(tokenizer):
+        return len(prompt_token_ids(tokenizer, list(prompt)))
     return None
 
 
@@ -243,11 +287,13 @@ def row_to_record(row: Mapping[str, Any], tokenizer) -> Dict[str, Any]:
     """
     prompt_ids = row.get("prompt_ids")
     if prompt_ids is None:
-        prompt_ids = _tokenize(tokenizer, row["prompt"], "prompt")
+        prompt = row["prompt"]
+        prompt_ids = (prompt_token_ids(tokenizer, list(prompt)) if is_conversational(prompt)
+                      else _tokenize(tokenizer, prompt, "prompt"))
     completion_ids = row.get("completion_ids")
     if completion_ids is None:
         completion_ids = _tokenize(tokenizer, row["completion"], "completion")
-    return {
+    record = {
         Record.PROMPT_IDS: np.asarray(prompt_ids, dtype=np.int64),
         Record.COMPLETION_IDS: np.asarray(completion_ids, dtype=np.int64),
         Record.BEHAVIOR_LOGPROBS: np.asarray(row["behavior_logprobs"], dtype=np.float32),
@@ -257,73 +303,7 @@ def row_to_record(row: Mapping[str, Any], tokenizer) -> Dict[str, Any]:
         Record.WEIGHTS_SEQ_NO: int(row[POLICY_VERSION]) if row.get(POLICY_VERSION) is not None else 0,
         Record.SOURCE_ID: source_id(offline_source_name(row.get("source"))),
     }
-
-
-# -- recording -----------------------------------------------------------------------------------------------------
-
-def records_to_table(records: Iterable[Mapping[str, Any]]):
-    """Online completion records → a pyarrow table in the trajectory schema."""
-    import pyarrow as pa
-
-    rows = []
-    for r in records:
-        infos = r.get(Record.INFOS) or {}
-        rows.append({
-            "prompt": infos.get(Infos.PROMPT),
-            "prompt_ids": [int(i) for i in r[Record.PROMPT_IDS]],
-            "completion": infos.get(Infos.COMPLETION),
-            "completion_ids": [int(i) for i in r[Record.COMPLETION_IDS]],
-            "reward": float(r[Record.REWARD]),
-            "behavior_logprobs": [float(v) for v in r[Record.BEHAVIOR_LOGPROBS]],
-            "group_id": str(r[Record.GROUP_ID]),
-            "advantage": float(r[Record.ADVANTAGE]) if r.get(Record.ADVANTAGE) is not None else None,
-            POLICY_VERSION: int(r.get(Record.WEIGHTS_SEQ_NO, 0)),
-            "source": str(infos.get(Infos.SOURCE, POLICY)),
-            "temperature": infos.get(Infos.TEMPERATURE),
-            "top_p": infos.get(Infos.TOP_P),
-        })
-    schema = pa.schema([
-        ("prompt", pa.string()), ("prompt_ids", pa.list_(pa.int32())), ("completion", pa.string()),
-        ("completion_ids", pa.list_(pa.int32())), ("reward", pa.float32()),
-        ("behavior_logprobs", pa.list_(pa.float32())), ("group_id", pa.string()), ("advantage", pa.float32()),
-        (POLICY_VERSION, pa.int64()), ("source", pa.string()), ("temperature", pa.float32()),
-        ("top_p", pa.float32()),
-    ])
-    return pa.Table.from_pylist(rows, schema=schema)
-
-
-class TrajectoryRecorder:
-    """Writes batches of completion records as Parquet files ``part-<iteration>.parquet`` under ``directory``.
-
-    Each file is written under a hidden temporary name, flushed to disk and renamed into place, so a reader (or a
-    resumed run) sees complete files only, even if the run is killed mid-write. A run restored from a checkpoint
-    calls `forget_after`, so the iterations it trains again are recorded once, not twice.
-    """
-
-    _PART = re.compile(r"^\.?part-(\d+)\.parquet(\.tmp)?$")
-
-    def __init__(self, directory: str):
-        self.directory = os.path.abspath(directory)
-        os.makedirs(self.directory, exist_ok=True)
-
-    def write(self, records: Sequence[Mapping[str, Any]], iteration: int) -> str:
-        import pyarrow.parquet as pq
-
-        final = os.path.join(self.directory, f"part-{iteration:07d}.parquet")
-        tmp = os.path.join(self.directory, f".part-{iteration:07d}.parquet.tmp")
-        pq.write_table(records_to_table(records), tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        return final
-
-    def forget_after(self, iterations_done: int) -> List[str]:
-        """Delete the files of iterations ``>= iterations_done`` (written after the checkpoint being restored)
-        and any half-written temporary file; returns the deleted paths."""
-        removed = []
-        for name in sorted(os.listdir(self.directory)):
-            m = self._PART.match(name)
-            if m and (m.group(2) or int(m.group(1)) >= iterations_done):
-                os.remove(os.path.join(self.directory, name))
-                removed.append(name)
-        return removed
+    mask = loss_mask(row)
+    if mask is not None:
+        record[Record.LOSS_MASK] = np.asarray(mask, dtype=np.int8)
+    return record

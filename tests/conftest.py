@@ -26,6 +26,18 @@ def tiny_untied_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory):
+    """Tiny Qwen2 whose tokenizer has ChatML-style turn tokens, tool-call tags and a chat template."""
+    from rllib_p3o.tasks import ArithmeticTask, build_tiny_model
+    from rllib_p3o.tasks.tiny_model import CHAT_TEMPLATE, CHAT_TOKENS
+
+    corpus = ArithmeticTask().corpus() + ["system user assistant tool add calc"] * 10
+    return build_tiny_model(str(tmp_path_factory.mktemp("models") / "tiny_chat"), corpus, vocab_size=80,
+                            special_tokens=CHAT_TOKENS, added_tokens=("<tool_call>", "</tool_call>"),
+                            chat_template=CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
 def ray_session():
     import ray
 

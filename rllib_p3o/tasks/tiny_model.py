@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 PAD, EOS = "<pad>", "<eos>"
+# ChatML-style turn markers, and a chat template over them, for tiny models that take conversational prompts.
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+CHAT_TOKENS = (IM_START, IM_END)
+CHAT_TEMPLATE = ("{% for m in messages %}" + IM_START + "{{ m['role'] }} {{ m['content'] }}" + IM_END + "{% endfor %}"
+                 "{% if add_generation_prompt %}" + IM_START + "assistant {% endif %}")
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 64):
-    """A byte-free BPE tokenizer trained on ``corpus``, with digits always split into single tokens."""
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 64, special_tokens: Sequence[str] = (),
+                    added_tokens: Sequence[str] = (), chat_template: Optional[str] = None):
+    """A byte-free BPE tokenizer trained on ``corpus``, with digits always split into single tokens.
+
+    Each of ``special_tokens`` (e.g. `CHAT_TOKENS`) and ``added_tokens`` is one token, never split; special tokens
+    are dropped when text is decoded with ``skip_special_tokens``, added ones (e.g. tool-call tags, as Qwen's
+    ``<tool_call>``) are kept.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -26,9 +37,15 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 64):
         pre_tokenizers.Digits(individual_digits=True),
     ])
     tok.decoder = decoders.BPEDecoder()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS], show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, *special_tokens],
+                                  show_progress=False)
     tok.train_from_iterator(list(corpus), trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS)
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
+                                  additional_special_tokens=list(special_tokens))
+    out.add_tokens(list(added_tokens))
+    if chat_template is not None:
+        out.chat_template = chat_template
+    return out
 
 
 def build_tiny_model(
@@ -45,12 +62,16 @@ def build_tiny_model(
     vocab_size: int = 64,
     init_std: float = 0.02,
     seed: int = 0,
+    special_tokens: Sequence[str] = (),
+    added_tokens: Sequence[str] = (),
+    chat_template: Optional[str] = None,
     overwrite: bool = False,
 ) -> str:
     """Write a tiny Qwen2-architecture model + tokenizer to ``path`` and return ``path``.
 
-    ``corpus`` defaults to the built-in arithmetic task's text. An existing directory built with the same
-    arguments is reused unless ``overwrite``.
+    ``corpus`` defaults to the built-in arithmetic task's text. ``special_tokens``, ``added_tokens`` and
+    ``chat_template`` go to the tokenizer (`build_tokenizer`; e.g. `CHAT_TOKENS` and `CHAT_TEMPLATE`). An existing directory built with the
+    same arguments is reused unless ``overwrite``.
     """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -58,7 +79,8 @@ def build_tiny_model(
     args = dict(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
                 intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings,
                 max_position_embeddings=max_position_embeddings, vocab_size=vocab_size, init_std=init_std,
-                seed=seed, custom_corpus=corpus is not None)
+                seed=seed, custom_corpus=corpus is not None, special_tokens=list(special_tokens),
+                added_tokens=list(added_tokens), chat_template=chat_template)
     stamp = os.path.join(path, "build_args.json")
     if not overwrite and corpus is None and os.path.exists(stamp):
         with open(stamp) as f:
@@ -68,7 +90,8 @@ def build_tiny_model(
         from rllib_p3o.tasks.arithmetic import ArithmeticTask
 
         corpus = ArithmeticTask().corpus()
-    tokenizer = build_tokenizer(corpus, vocab_size=vocab_size)
+    tokenizer = build_tokenizer(corpus, vocab_size=vocab_size, special_tokens=special_tokens,
+                                added_tokens=added_tokens, chat_template=chat_template)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

@@ -1,0 +1,197 @@
+"""Multi-turn environments: the API a user subclasses, and `ToolEnv`, a tool-calling environment built on it.
+
+An episode alternates model turns and environment turns (gymnasium-style, one instance per episode):
+
+    messages = env.reset(row)                     # the first messages (or a string prompt)
+    while True:
+        <the policy generates an assistant turn>
+        result = env.step({"role": "assistant", "content": text})
+        # result.messages: the next messages (a user turn, tool results), result.reward: this turn's reward,
+        # result.terminated / result.truncated: the episode ends
+
+The runner (`rllib_p3o.rollouts`) plays every episode of a sample() call at once: turn k of all active episodes is
+one vLLM call. It keeps the token sequence itself (engine ids for model turns, the template's encoding of
+environment turns; `rllib_p3o.chat`), so `step` sees text but never decides tokens. Episode return = the sum of the
+turn rewards (outcome rewards: 0 until the last turn); advantages are normalized over a prompt group's episodes and
+apply to every model token of the episode.
+
+Plugged in through ``env_config``:
+    ``multi_turn_env``: a `MultiTurnEnv` subclass (or ``"module:Class"``); it is built as ``cls(env_config)``.
+    ``max_turns`` (default 4): model turns per episode; an episode still running after them is truncated.
+    ``max_total_tokens``: prompt + all turns; a turn that would pass it ends the episode, truncated.
+    ``stop_tokens``: token strings that end a model turn besides EOS (e.g. ``"<|im_end|>"``, ``"</tool_call>"``).
+Per-turn new tokens are the config's ``max_tokens``; a turn that hits it without a stop token ends the episode,
+truncated (it cannot continue sensibly mid-sentence).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+from rllib_p3o.chat import Message, Messages, Prompt
+from rllib_p3o.env import RewardFunction, Row
+
+DEFAULT_MAX_TURNS = 4
+
+
+class TurnResult(NamedTuple):
+    """What `MultiTurnEnv.step` returns after a model turn."""
+
+    messages: Union[Messages, str]  # the environment's next turn (messages, or text without a chat template)
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: Dict[str, Any] = {}
+
+
+class MultiTurnEnvError(RuntimeError):
+    """A user environment raised or returned something invalid; the message names the class and the prompt."""
+
+
+class MultiTurnEnv:
+    """Base class of a multi-turn environment: one instance per episode, built as ``cls(env_config)``.
+
+    Subclasses implement `step` and may override `reset` (default: the row's ``prompt``, a string or chat
+    messages) and `render_text` (how messages read when the tokenizer has no chat template).
+    """
+
+    def __init__(self, config: Mapping[str, Any]):
+        self.config = config
+
+    def reset(self, row: Row) -> Prompt:
+        """The episode's first messages (or a string prompt) for dataset row ``row``."""
+        self.row = row
+        return row["prompt"]
+
+    def step(self, assistant: Message) -> TurnResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def render_text(self, messages: Messages) -> str:
+        """Environment messages as plain text, for tokenizers without a chat template."""
+        return "".join(m["content"] for m in messages)
+
+    def metrics(self) -> Dict[str, float]:
+        """Per-episode counters added to the episode's infos and the runner's metrics (e.g. tool calls)."""
+        return {}
+
+
+# -- tools -----------------------------------------------------------------------------------------------------------
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_SIMPLE_CALL = re.compile(r"^(\w+)\((.*)\)$", re.DOTALL)
+
+
+def parse_tool_call(text: str) -> Optional[Tuple[str, Union[Dict[str, Any], str]]]:
+    """The first tool call in an assistant message, as ``(name, arguments)``, or None.
+
+    Formats inside ``<tool_call>...</tool_call>`` (the closing tag may be absent from the text): JSON
+    ``{"name": "calc", "arguments": {"expression": "12*34"}}`` (Hermes/Qwen style: arguments become keyword
+    arguments), or the simple ``calc(12*34)`` or ``calc 12*34`` (a name and one string argument).
+    """
+    m = TOOL_CALL.search(text)
+    if m is None:
+        return None
+    body = m.group(1).strip()
+    if body.startswith("{"):
+        try:
+            call = json.loads(body)
+            return str(call["name"]), dict(call.get("arguments") or {})
+        except (ValueError, KeyError, TypeError):
+            return "", body
+    call = _SIMPLE_CALL.match(body)
+    if call is not None:
+        return call.group(1), call.group(2)
+    name, _, arg = body.partition(" ")
+    return name, arg.strip()
+
+
+class ToolEnv(MultiTurnEnv):
+    """The model may call tools; an answer without a tool call ends the episode and is scored.
+
+    ``env_config``: ``tools`` ``{name: python callable}``; ``reward_fn`` (TRL signature, as for single-turn rows)
+    scores the final answer text against the row's columns; ``tool_timeout_s`` (default 5). A tool that raises, times
+    out, is unknown or gets malformed arguments returns an error message to the model; the runner never crashes
+    on it. A timed-out call keeps running in its worker thread (Python cannot kill a thread): tools should be quick.
+    Tool results go back as ``{"role": "tool", "content": ...}`` messages; without a chat template they read
+    ``<tool_response>...</tool_response>``.
+    """
+
+    def __init__(self, config: Mapping[str, Any]):
+        super().__init__(config)
+        self.tools: Dict[str, Callable] = dict(config.get("tools") or {})
+        self.timeout_s = float(config.get("tool_timeout_s", 5.0))
+        self.reward_fn = RewardFunction(config["reward_fn"])
+        self.tool_calls = 0
+        self.tool_errors = 0
+
+    def step(self, assistant: Message) -> TurnResult:
+        call = parse_tool_call(assistant["content"])
+        if call is None:
+            reward = float(self.reward_fn([self.row["prompt"]], [assistant["content"]], [self.row])[0])
+            return TurnResult([], reward=reward, terminated=True)
+        self.tool_calls += 1
+        result, ok = run_tool(self.tools, *call, timeout_s=self.timeout_s)
+        self.tool_errors += not ok
+        return TurnResult([{"role": "tool", "content": result}])
+
+    def render_text(self, messages: Messages) -> str:
+        return "".join(f"<tool_response>{m['content']}</tool_response>" if m["role"] == "tool" else m["content"]
+                       for m in messages)
+
+    def metrics(self) -> Dict[str, float]:
+        return {"tool_calls": float(self.tool_calls), "tool_errors": float(self.tool_errors)}
+
+
+_TOOL_POOL: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def run_tool(tools: Mapping[str, Callable], name: str, arguments: Union[Dict[str, Any], str], *,
+             timeout_s: float) -> Tuple[str, bool]:
+    """Run one tool call with a time limit; returns ``(text for the model, succeeded)``, never raises."""
+    global _TOOL_POOL
+    if name not in tools:
+        return f"error: unknown tool {name!r} (tools: {', '.join(sorted(tools))})", False
+    if _TOOL_POOL is None:
+        _TOOL_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="p3o-tool")
+    fn = tools[name]
+    future = _TOOL_POOL.submit(lambda: fn(**arguments) if isinstance(arguments, dict) else fn(arguments))
+    try:
+        return str(future.result(timeout=timeout_s)), True
+    except concurrent.futures.TimeoutError:
+        return f"error: tool {name} timed out after {timeout_s:g} s", False
+    except Exception as e:  # the model sees the error and may try again
+        return f"error: {type(e).__name__}: {e}", False
+
+
+def check_turn_result(result: Any, env: MultiTurnEnv) -> TurnResult:
+    """``result`` as a `TurnResult`, or `MultiTurnEnvError` naming the env class and what is wrong."""
+    name = type(env).__name__
+    if not isinstance(result, tuple) or len(result) < 1:
+        raise MultiTurnEnvError(f"{name}.step must return a TurnResult(messages, reward, terminated, truncated, "
+                                f"info), got {result!r:.200}")
+    result = TurnResult(*result)
+    try:
+        reward = float(result.reward)
+    except (TypeError, ValueError):
+        raise MultiTurnEnvError(f"{name}.step returned a non-numeric reward {result.reward!r}") from None
+    if reward != reward or reward in (float("inf"), float("-inf")):
+        raise MultiTurnEnvError(f"{name}.step returned reward {reward} (prompt {getattr(env, 'row', {}).get('prompt')!r:.200})")
+    return result._replace(reward=reward, info=dict(result.info or {}))
+
+
+def max_turns(env_config: Mapping[str, Any]) -> int:
+    return int(env_config.get("max_turns", DEFAULT_MAX_TURNS))
+
+
+def stop_token_ids(tokenizer: Any, tokens: Sequence[str]) -> List[int]:
+    """Ids of the ``stop_tokens``; each must be a single token of the tokenizer (stops are checked per token)."""
+    ids = []
+    for t in tokens:
+        tid = tokenizer.convert_tokens_to_ids(t)
+        if tid is None or tid == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(tid) != t:
+            raise ValueError(f"stop token {t!r} is not a single token of the policy's tokenizer")
+        ids.append(int(tid))
+    return ids

@@ -1,0 +1,85 @@
+"""The recorder: online completion records → trajectory Parquet files (the schema of `rllib_p3o.trajectories`).
+
+``record_rollouts=DIR`` writes one file per iteration, under a temporary name and renamed: a file is complete or
+absent, whatever happens to the run. The prompt column holds the prompt as the engine saw it (a conversational
+prompt rendered by the chat template); the ids columns are authoritative.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Iterable, List, Mapping, Sequence
+
+from rllib_p3o.columns import Infos, Record
+from rllib_p3o.sources import POLICY
+from rllib_p3o.trajectories import LOSS_MASK, POLICY_VERSION
+
+
+def records_to_table(records: Iterable[Mapping[str, Any]]):
+    """Online completion records → a pyarrow table in the trajectory schema."""
+    import pyarrow as pa
+
+    rows = []
+    for r in records:
+        infos = r.get(Record.INFOS) or {}
+        rows.append({
+            "prompt": infos.get(Infos.PROMPT),
+            "prompt_ids": [int(i) for i in r[Record.PROMPT_IDS]],
+            "completion": infos.get(Infos.COMPLETION),
+            "completion_ids": [int(i) for i in r[Record.COMPLETION_IDS]],
+            "reward": float(r[Record.REWARD]),
+            "behavior_logprobs": [float(v) for v in r[Record.BEHAVIOR_LOGPROBS]],
+            "group_id": str(r[Record.GROUP_ID]),
+            "advantage": float(r[Record.ADVANTAGE]) if r.get(Record.ADVANTAGE) is not None else None,
+            POLICY_VERSION: int(r.get(Record.WEIGHTS_SEQ_NO, 0)),
+            "source": str(infos.get(Infos.SOURCE, POLICY)),
+            "temperature": infos.get(Infos.TEMPERATURE),
+            "top_p": infos.get(Infos.TOP_P),
+            LOSS_MASK: [int(v) for v in r[Record.LOSS_MASK]] if r.get(Record.LOSS_MASK) is not None else None,
+        })
+    schema = pa.schema([
+        ("prompt", pa.string()), ("prompt_ids", pa.list_(pa.int32())), ("completion", pa.string()),
+        ("completion_ids", pa.list_(pa.int32())), ("reward", pa.float32()),
+        ("behavior_logprobs", pa.list_(pa.float32())), ("group_id", pa.string()), ("advantage", pa.float32()),
+        (POLICY_VERSION, pa.int64()), ("source", pa.string()), ("temperature", pa.float32()),
+        ("top_p", pa.float32()), (LOSS_MASK, pa.list_(pa.int8())),
+    ])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+class TrajectoryRecorder:
+    """Writes batches of completion records as Parquet files ``part-<iteration>.parquet`` under ``directory``.
+
+    Each file is written under a hidden temporary name, flushed to disk and renamed into place, so a reader (or a
+    resumed run) sees complete files only, even if the run is killed mid-write. A run restored from a checkpoint
+    calls `forget_after`, so the iterations it trains again are recorded once, not twice.
+    """
+
+    _PART = re.compile(r"^\.?part-(\d+)\.parquet(\.tmp)?$")
+
+    def __init__(self, directory: str):
+        self.directory = os.path.abspath(directory)
+        os.makedirs(self.directory, exist_ok=True)
+
+    def write(self, records: Sequence[Mapping[str, Any]], iteration: int) -> str:
+        import pyarrow.parquet as pq
+
+        final = os.path.join(self.directory, f"part-{iteration:07d}.parquet")
+        tmp = os.path.join(self.directory, f".part-{iteration:07d}.parquet.tmp")
+        pq.write_table(records_to_table(records), tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        return final
+
+    def forget_after(self, iterations_done: int) -> List[str]:
+        """Delete the files of iterations ``>= iterations_done`` (written after the checkpoint being restored)
+        and any half-written temporary file; returns the deleted paths."""
+        removed = []
+        for name in sorted(os.listdir(self.directory)):
+            m = self._PART.match(name)
+            if m and (m.group(2) or int(m.group(1)) >= iterations_done):
+                os.remove(os.path.join(self.directory, name))
+                removed.append(name)
+        return removed

@@ -1,0 +1,246 @@
+"""How a runner turns prompt groups into episodes on its engines: single-turn completions, or multi-turn episodes.
+
+Single turn (`single_turn_episodes`): each engine (the policy's, each behavior model's) generates its share of every
+prompt group in one vLLM call; the reward function scores all completions in one call; one 1-step episode each.
+
+Multi-turn (`MultiTurnRollouts`): every episode of a sample() call is played at once, one vLLM call per turn and
+engine. Turn k of all active episodes of an engine is one ``llm.generate`` call (a `TokensPrompt` of each episode's ids so
+far; vLLM's prefix cache keeps the shared history cheap), so an iteration costs about turns × one single-turn call.
+Episodes that end leave the batch. Each episode keeps its token sequence itself (`rllib_p3o.chat` for why):
+
+    prompt ids | model turn 1 (engine ids) | env turn 1 (template ids) | model turn 2 | ... | model turn K
+
+Limits (`rllib_p3o.multiturn`): ``max_turns`` model turns, the config's ``max_tokens`` per turn, and
+``max_total_tokens`` for the whole sequence; an episode cut by any of them is *truncated* (counted). An exception
+from the user's environment is raised as `MultiTurnEnvError` naming the class and the prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+from rllib_p3o import chat
+from rllib_p3o.columns import Infos
+from rllib_p3o.episodes import Turn, completion_episode, multi_turn_episode
+from rllib_p3o.multiturn import MultiTurnEnv, MultiTurnEnvError, check_turn_result
+from rllib_p3o.prompt_schedule import Group
+from rllib_p3o.sources import source_id
+
+
+class Engine(NamedTuple):
+    """One engine's part of every prompt group."""
+
+    source: str  # source name (`rllib_p3o.sources`)
+    llm: Any  # vllm.LLM
+    samples: int  # completions (episodes) per prompt
+    overrides: Dict[str, Any]  # sampling parameters that differ from the config's
+    lora_request: Any = None  # the policy's current adapter under LoRA (vllm.lora.request.LoRARequest)
+
+
+class _Completion(NamedTuple):
+    """One generated completion, before it is scored and turned into an episode."""
+
+    row: int  # index of its prompt row in this sample() call
+    prompt_ids: List[int]
+    completion_ids: List[int]
+    behavior_logprobs: List[float]
+    finish_reason: Optional[str]
+    text: str
+    source: str
+    params: Any  # vllm.SamplingParams
+
+
+def single_turn_episodes(tokenizer: Any, rows: Sequence[Mapping[str, Any]], groups: Sequence[Group],
+                         engines: Sequence[Engine], *, sampling_params: Callable[..., Any],
+                         score: Callable[..., Any], weights_seq_no: int, logprobs_mode: str) -> Tuple[List, float]:
+    """One 1-step episode per completion of each group (module docstring); returns them and the generate seconds.
+
+    Engine k samples group g with seed ``g.seed + k``: any runner samples the same completions for a group.
+    """
+    from vllm.inputs import TokensPrompt
+
+    prompt_ids = [chat.prompt_token_ids(tokenizer, r["prompt"]) for r in rows]
+    requests = [TokensPrompt(prompt_token_ids=p) for p in prompt_ids]
+    completions: List[_Completion] = []
+    t_gen = 0.0
+    for k, engine in enumerate(engines):
+        params = [sampling_params(g.seed + k, n=engine.samples, **engine.overrides) for g in groups]
+        t0 = time.perf_counter()
+        outputs = engine.llm.generate(requests, params, use_tqdm=False, lora_request=engine.lora_request)
+        t_gen += time.perf_counter() - t0
+        for i, (pids, out) in enumerate(zip(prompt_ids, outputs)):
+            for comp in out.outputs:
+                ids = list(comp.token_ids)
+                logps = [lp[tid].logprob for tid, lp in zip(ids, comp.logprobs)]
+                completions.append(_Completion(
+                    row=i, prompt_ids=pids, completion_ids=ids, behavior_logprobs=logps,
+                    finish_reason=comp.finish_reason, text=tokenizer.decode(ids, skip_special_tokens=True),
+                    source=engine.source, params=params[i]))
+    scored_rows = [rows[c.row] for c in completions]
+    rewards = score([r["prompt"] for r in scored_rows], [c.text for c in completions], scored_rows)
+    episodes = [completion_episode(
+        prompt_ids=c.prompt_ids, completion_ids=c.completion_ids, behavior_logprobs=c.behavior_logprobs,
+        reward=float(reward), weights_seq_no=weights_seq_no, group_id=groups[c.row].group_id,
+        source_id=source_id(c.source),
+        infos={Infos.PROMPT: chat.prompt_text(tokenizer, rows[c.row]["prompt"]), Infos.COMPLETION: c.text,
+               Infos.FINISH_REASON: c.finish_reason, Infos.SOURCE: c.source, Infos.TEMPERATURE: c.params.temperature,
+               Infos.TOP_P: c.params.top_p, Infos.LOGPROBS_MODE: logprobs_mode})
+        for c, reward in zip(completions, rewards)]
+    return episodes, t_gen
+
+
+@dataclass
+class _Live:
+    """One episode being played."""
+
+    env: MultiTurnEnv
+    group: int  # index of its prompt group in this sample() call
+    row: Mapping[str, Any]
+    sample: int  # its index within the group's share of its engine
+    prompt: Any  # what reset() returned
+    prompt_ids: List[int]
+    ids: List[int]  # the whole sequence so far
+    turns: List[Turn] = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    terminated: bool = False
+    truncated: bool = False
+    done: bool = False
+    seed: int = 0
+
+
+class MultiTurnRollouts:
+    """Plays multi-turn episodes on a runner's engines (module docstring). One instance per runner.
+
+    ``make_env`` builds one environment per episode; ``sampling_params(seed, **overrides)`` gives vLLM sampling
+    parameters (the runner's). ``stop_ids`` end a model turn besides EOS.
+    """
+
+    def __init__(self, *, tokenizer: Any, make_env: Callable[[], MultiTurnEnv], max_turns: int, max_tokens: int,
+                 max_total_tokens: int, stop_ids: Sequence[int], sampling_params: Callable[..., Any]):
+        self.tokenizer = tokenizer
+        self.make_env = make_env
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+        self.max_total_tokens = max_total_tokens
+        self.stop_ids = list(stop_ids)
+        self.sampling_params = sampling_params
+        self.templated = chat.has_chat_template(tokenizer)
+        self.generate_calls = 0  # for tests and metrics: one per (turn, engine) with active episodes
+
+    def play_groups(self, rows: Sequence[Mapping[str, Any]], groups: Sequence[Group], engines: Sequence[Engine], *,
+                    weights_seq_no: int, logprobs_mode: str) -> Tuple[List, float]:
+        """Every engine plays its share of each group (engine k: seeds from ``g.seed + k``); returns the episodes and
+        the seconds it took."""
+        t0 = time.perf_counter()
+        episodes = []
+        for k, engine in enumerate(engines):
+            episodes += self.play(rows, [g.seed + k for g in groups], engine, weights_seq_no=weights_seq_no,
+                                  group_ids=[g.group_id for g in groups], source_id=source_id(engine.source),
+                                  logprobs_mode=logprobs_mode)
+        return episodes, time.perf_counter() - t0
+
+    def play(self, rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], engine: Engine, *, weights_seq_no: int,
+             group_ids: Sequence[int], source_id: int, logprobs_mode: str) -> List[Any]:
+        """Every episode of ``engine`` (``engine.samples`` per row) to its end; returns RLlib episodes."""
+        live = []
+        for g, row in enumerate(rows):
+            for j in range(engine.samples):
+                env = self.make_env()
+                prompt = self._call(env, "reset", row, row)
+                if chat.is_conversational(prompt) and not self.templated:
+                    chat.check_chat_template(self.tokenizer, "the policy")
+                ids = chat.prompt_token_ids(self.tokenizer, prompt)
+                live.append(_Live(env=env, group=g, row=row, sample=j, prompt=prompt, prompt_ids=list(ids), ids=list(ids),
+                                  seed=(int(seeds[g]) * 1_000_003 + j * 7919) % (2**31)))
+        from vllm.inputs import TokensPrompt
+
+        params_used = None
+        overrides = dict(engine.overrides)
+        max_tokens = int(overrides.pop("max_tokens", self.max_tokens))  # a behavior model's own, per turn
+        for turn in range(self.max_turns):
+            active = [e for e in live if not e.done]
+            if not active:
+                break
+            requests, params = [], []
+            for e in active:
+                budget = min(max_tokens, self.max_total_tokens - len(e.ids))
+                if budget <= 0:
+                    e.truncated = e.done = True
+                    continue
+                requests.append((e, TokensPrompt(prompt_token_ids=list(e.ids))))
+                params.append(self.sampling_params((e.seed + turn) % (2**31), n=1, max_tokens=budget,
+                                                   stop_token_ids=self.stop_ids, **overrides))
+            if not requests:
+                break
+            outputs = engine.llm.generate([r for _, r in requests], params, use_tqdm=False,
+                                          lora_request=engine.lora_request)
+            self.generate_calls += 1
+            params_used = params[0]
+            for (e, _), out in zip(requests, outputs):
+                self._advance(e, out.outputs[0], last_turn=turn == self.max_turns - 1)
+        episodes = []
+        for e in live:
+            if not e.turns:  # the prompt alone filled max_total_tokens: nothing to train on
+                continue
+            info = {Infos.PROMPT: chat.prompt_text(self.tokenizer, e.prompt),
+                    Infos.COMPLETION: self.tokenizer.decode(e.ids[len(e.prompt_ids):], skip_special_tokens=False),
+                    Infos.FINISH_REASON: e.finish_reason, Infos.SOURCE: engine.source,
+                    Infos.TEMPERATURE: getattr(params_used, "temperature", None),
+                    Infos.TOP_P: getattr(params_used, "top_p", None), Infos.LOGPROBS_MODE: logprobs_mode,
+                    Infos.TURNS: len(e.turns), Infos.TRUNCATED: bool(e.truncated and not e.terminated),
+                    **e.env.metrics()}
+            episodes.append(multi_turn_episode(prompt_ids=e.prompt_ids, turns=e.turns, terminated=e.terminated,
+                                               weights_seq_no=weights_seq_no, group_id=group_ids[e.group],
+                                               source_id=source_id, infos=info))
+        return episodes
+
+    def _advance(self, e: _Live, completion: Any, last_turn: bool) -> None:
+        """Append a model turn, let the environment answer, append its turn (or end the episode)."""
+        action = list(completion.token_ids)
+        logps = [lp[t].logprob for t, lp in zip(action, completion.logprobs)]
+        e.ids += action
+        e.finish_reason = completion.finish_reason
+        text = self.tokenizer.decode(action, skip_special_tokens=True)
+        result = check_turn_result(self._call(e.env, "step", {"role": "assistant", "content": text}, e.row), e.env)
+        e.terminated = bool(result.terminated)
+        e.truncated = bool(result.truncated) or (not e.terminated and (completion.finish_reason == "length"
+                                                                       or last_turn))
+        env_ids: List[int] = []
+        if not (e.terminated or e.truncated):
+            env_ids = self._env_ids(e.env, result.messages, action[-1] if action else None)
+            if len(e.ids) + len(env_ids) >= self.max_total_tokens:
+                e.truncated, env_ids = True, []
+        e.turns.append(Turn(action_ids=action, behavior_logprobs=logps, reward=result.reward, env_ids=env_ids))
+        e.ids += env_ids
+        e.done = e.terminated or e.truncated
+
+    def _env_ids(self, env: MultiTurnEnv, messages: Any, after_token: Optional[int]) -> List[int]:
+        if isinstance(messages, str):
+            return chat.text_turn_ids(self.tokenizer, messages)
+        if self.templated:
+            return chat.env_turn_ids(self.tokenizer, messages, after_token)
+        return chat.text_turn_ids(self.tokenizer, env.render_text(list(messages)))
+
+    @staticmethod
+    def _call(env: MultiTurnEnv, method: str, arg: Any, row: Mapping[str, Any]) -> Any:
+        try:
+            return getattr(env, method)(arg)
+        except MultiTurnEnvError:
+            raise
+        except Exception as e:
+            raise MultiTurnEnvError(f"{type(env).__name__}.{method} raised {type(e).__name__}: {e} "
+                                    f"(prompt {row.get('prompt')!r:.200})") from e
+
+
+def turn_metrics(episodes: Sequence[Any]) -> Dict[str, float]:
+    """Per-episode means of a sample's multi-turn episodes: turns, truncations and the environments' counters."""
+    infos = [ep.get_infos(-1) for ep in episodes]
+    if not infos:
+        return {}
+    keys = {k for i in infos for k, v in i.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    keys -= {Infos.TEMPERATURE, Infos.TOP_P}
+    out = {k: sum(float(i.get(k, 0.0)) for i in infos) / len(infos) for k in keys}
+    out[Infos.TRUNCATED] = sum(bool(i.get(Infos.TRUNCATED)) for i in infos) / len(infos)
+    return out
