@@ -187,3 +187,19 @@ def test_conversational_offline_rows_are_rendered_with_the_template(tmp_path, ch
     assert validate_trajectories(str(path), tokenizer=chat_tokenizer).ok
     rec = row_to_record(pq.read_table(path).to_pylist()[0], chat_tokenizer)
     assert list(rec[Record.PROMPT_IDS]) == chat.prompt_token_ids(chat_tokenizer, MESSAGES)
+
+
+def test_product_task_tool_and_corpus_keep_the_held_out_pairs_out():
+    from rllib_p3o.tasks.products import ProductTask, calc, tool_line
+
+    assert calc("47*86") == "4042" and calc(" 12 + 30 ") == "42"
+    with pytest.raises(ValueError, match="expected"):
+        calc("__import__('os')")
+    assert tool_line(47, "*", 86) == "47*86=<tool_call>calc(47*86)</tool_call><tool_response>4042</tool_response>4042"
+    task = ProductTask()
+    heldout = {r["prompt"] for r in task.heldout_rows()}
+    assert len(heldout) == 200 and not heldout & {r["prompt"] for r in task.train_rows()}
+    corpus = task.pretraining_corpus()
+    assert not any(line.startswith(p) for line in corpus if "*" in line for p in heldout)
+    with_tool = sum("*" in line and "<tool_call>" in line for line in corpus)
+    assert 0.02 < with_tool / len(task.train_rows()) < 0.08  # products mostly answered directly

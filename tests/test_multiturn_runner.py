@@ -124,7 +124,7 @@ def test_multi_turn_episodes_train_on_the_engine_s_own_ids(ray_session, tiny_cha
     assert m.lookup(runner_metrics, m.MULTI_TURN, "truncated") == 1.0
 
 
-def test_p3o_trains_on_multi_turn_episodes_and_conversational_prompts(ray_session, tiny_chat_model):
+def test_p3o_trains_on_multi_turn_episodes_and_conversational_prompts(ray_session, tiny_chat_model, tmp_path):
     def shorter_is_better(prompts, completions, completion_messages, **_):
         assert completion_messages[0][0]["role"] == "assistant"
         return [1.0 / (1 + len(c)) for c in completions]
@@ -149,8 +149,18 @@ def test_p3o_trains_on_multi_turn_episodes_and_conversational_prompts(ray_sessio
         # Trained tokens are the model's: fewer than all completion tokens once there are environment turns.
         assert 0 < p3o[m.TRAINED_TOKENS] == p3o[m.GENERATED_TOKENS]
         assert 0 < m.lookup(result, *m.LEARNER, m.ESS) <= 1.0
+        checkpoint = algo.save_to_path(str(tmp_path / "checkpoint"))
     finally:
         algo.stop()
+    # A checkpoint of a multi-turn run restores and trains on.
+    from rllib_p3o import P3O
+
+    restored = P3O.from_checkpoint(checkpoint)
+    try:
+        result = restored.train()
+        assert result["training_iteration"] == 2 and result[m.P3O][m.TRAINED_TOKENS] > 0
+    finally:
+        restored.stop()
 
 
 def test_conversational_prompts_need_a_chat_template(ray_session, tiny_model):

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
+from rllib_p3o.tasks.splits import HeldOutSplit
+
 _LEADING_INT = re.compile(r"^\s*(-?\d+)")
 
 
@@ -25,7 +27,7 @@ def arithmetic_reward(prompts: Sequence[str], completions: Sequence[str], answer
 
 
 @dataclass(frozen=True)
-class ArithmeticTask:
+class ArithmeticTask(HeldOutSplit):
     """``(a+b) % modulus`` for ``a, b`` in ``[0, max_operand]``, zero-padded to two digits."""
 
     max_operand: int = 99
@@ -42,18 +44,6 @@ class ArithmeticTask:
             for a in range(self.max_operand + 1)
             for b in range(self.max_operand + 1)
         ]
-
-    def splits(self) -> Dict[str, List[Dict[str, str]]]:
-        """``{"train": rows, "heldout": rows}``: disjoint by prompt; each row has ``prompt`` and ``answer``."""
-        rows = self._rows()
-        random.Random(self.seed).shuffle(rows)
-        return {"heldout": rows[: self.num_heldout], "train": rows[self.num_heldout:]}
-
-    def train_rows(self) -> List[Dict[str, str]]:
-        return self.splits()["train"]
-
-    def heldout_rows(self) -> List[Dict[str, str]]:
-        return self.splits()["heldout"]
 
     def carry_slip(self, a: int, b: int) -> str:
         """The classic slip of carrying a spurious 1: ``(a + b + 1) % modulus``, never the right answer."""
