@@ -62,6 +62,7 @@ def main() -> int:
     args = parser.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
+    base_dir = os.path.abspath(args.base_model or os.path.join(out, "base_model"))
     t_start = time.time()
 
     import logging
@@ -73,9 +74,9 @@ def main() -> int:
     from rllib_p3o.tasks.products import build_tool_model, calc
 
     print(f"rllib-p3o tool use: a tiny model learns to call a calculator for two-digit products, 2 CPU cores\n"
-          f"[1/3] base model (seed {args.base_seed}) -> {os.path.relpath(out)}/base_model", flush=True)
+          f"[1/3] base model (seed {args.base_seed}) -> {os.path.relpath(base_dir)}", flush=True)
     env = quiet_library_output()
-    model = build_tool_model(args.base_model or os.path.join(out, "base_model"), seed=args.base_seed, pretrain_steps=args.pretrain_steps,
+    model = build_tool_model(base_dir, seed=args.base_seed, pretrain_steps=args.pretrain_steps,
                              progress=lambda step, loss: print(f"      pretraining step {step:4d}  loss {loss:.3f}",
                                                                flush=True) if step % 500 == 0 else None)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,

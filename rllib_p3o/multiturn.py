@@ -178,7 +178,8 @@ def check_turn_result(result: Any, env: MultiTurnEnv) -> TurnResult:
     except (TypeError, ValueError):
         raise MultiTurnEnvError(f"{name}.step returned a non-numeric reward {result.reward!r}") from None
     if reward != reward or reward in (float("inf"), float("-inf")):
-        raise MultiTurnEnvError(f"{name}.step returned reward {reward} (prompt {getattr(env, 'row', {}).get('prompt')!r:.200})")
+        prompt = getattr(env, "row", {}).get("prompt")
+        raise MultiTurnEnvError(f"{name}.step returned reward {reward} (prompt {prompt!r:.200})")
     return result._replace(reward=reward, info=dict(result.info or {}))
 
 

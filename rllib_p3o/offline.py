@@ -1,5 +1,6 @@
 """Former home of the trajectory schema, validator and recorder: they live in `rllib_p3o.trajectories` (the file
-format), `rllib_p3o.recorder` (writing it) and `rllib_p3o.sources` (source names and ids). This module keeps the old imports working."""
+format), `rllib_p3o.recorder` (writing it) and `rllib_p3o.sources` (source names and ids). This module keeps the old
+imports working."""
 
 from rllib_p3o.recorder import TrajectoryRecorder, records_to_table
 from rllib_p3o.sources import offline_source_name, source_id

@@ -4,8 +4,9 @@ Single turn (`single_turn_episodes`): each engine (the policy's, each behavior m
 prompt group in one vLLM call; the reward function scores all completions in one call; one 1-step episode each.
 
 Multi-turn (`MultiTurnRollouts`): every episode of a sample() call is played at once, one vLLM call per turn and
-engine. Turn k of all active episodes of an engine is one ``llm.generate`` call (a `TokensPrompt` of each episode's ids so
-far; vLLM's prefix cache keeps the shared history cheap), so an iteration costs about turns × one single-turn call.
+engine. Turn k of all active episodes of an engine is one ``llm.generate`` call (a `TokensPrompt` of each episode's
+ids so far; vLLM's prefix cache keeps the shared history cheap), so an iteration costs about turns × one single-turn
+call.
 Episodes that end leave the batch. Each episode keeps its token sequence itself (`rllib_p3o.chat` for why):
 
     prompt ids | model turn 1 (engine ids) | env turn 1 (template ids) | model turn 2 | ... | model turn K
@@ -98,7 +99,6 @@ class _Live:
     env: MultiTurnEnv
     group: int  # index of its prompt group in this sample() call
     row: Mapping[str, Any]
-    sample: int  # its index within the group's share of its engine
     prompt: Any  # what reset() returned
     prompt_ids: List[int]
     ids: List[int]  # the whole sequence so far
@@ -127,7 +127,6 @@ class MultiTurnRollouts:
         self.stop_ids = list(stop_ids)
         self.sampling_params = sampling_params
         self.templated = chat.has_chat_template(tokenizer)
-        self.generate_calls = 0  # for tests and metrics: one per (turn, engine) with active episodes
 
     def play_groups(self, rows: Sequence[Mapping[str, Any]], groups: Sequence[Group], engines: Sequence[Engine], *,
                     weights_seq_no: int, logprobs_mode: str) -> Tuple[List, float]:
@@ -152,7 +151,7 @@ class MultiTurnRollouts:
                 if chat.is_conversational(prompt) and not self.templated:
                     chat.check_chat_template(self.tokenizer, "the policy")
                 ids = chat.prompt_token_ids(self.tokenizer, prompt)
-                live.append(_Live(env=env, group=g, row=row, sample=j, prompt=prompt, prompt_ids=list(ids), ids=list(ids),
+                live.append(_Live(env=env, group=g, row=row, prompt=prompt, prompt_ids=list(ids), ids=list(ids),
                                   seed=(int(seeds[g]) * 1_000_003 + j * 7919) % (2**31)))
         from vllm.inputs import TokensPrompt
 
@@ -176,7 +175,6 @@ class MultiTurnRollouts:
                 break
             outputs = engine.llm.generate([r for _, r in requests], params, use_tqdm=False,
                                           lora_request=engine.lora_request)
-            self.generate_calls += 1
             params_used = params[0]
             for (e, _), out in zip(requests, outputs):
                 self._advance(e, out.outputs[0], last_turn=turn == self.max_turns - 1)

@@ -24,13 +24,14 @@ Schema: one row per completion.
                                                                              0 on environment tokens, one per
                                                                              completion token (absent: all 1)
 
-Text-only rows are tokenized with the policy's tokenizer; rows that carry ids are checked against it (every id
-below its vocabulary size). When a row has both, the ids are authoritative: sampled ids need not be the
-tokenizer's canonical encoding of their decoded text, and they are what the behavior log-probs refer to. ``behavior_logprobs`` must have one
-entry per completion token. A multi-turn row's completion holds every token after the prompt, model and environment
-turns as played; its ``loss_mask`` says which are the model's (only those are trained on and enter the ESS; the
-behavior log-probs of environment tokens are placeholders, 0 as recorded). Rows without behavior log-probs are an error unless ``offline_rescore_model`` names
-a model that scores them once; they are never silently treated as on-policy.
+Text-only rows are tokenized with the policy's tokenizer; rows that carry ids are checked against it (every id below
+its vocabulary size). When a row has both, the ids are authoritative: sampled ids need not be the tokenizer's
+canonical encoding of their decoded text, and they are what the behavior log-probs refer to. ``behavior_logprobs``
+must have one entry per completion token. A multi-turn row's completion holds every token after the prompt, model
+and environment turns as played; its ``loss_mask`` says which are the model's (only those are trained on and enter
+the ESS; the behavior log-probs of environment tokens are placeholders, 0 as recorded). Rows without behavior
+log-probs are an error unless ``offline_rescore_model`` names a model that scores them once; they are never silently
+treated as on-policy.
 
 Online runs with ``record_rollouts=DIR`` write this same schema (`rllib_p3o.recorder`), one file per iteration,
 written to a temporary name and renamed: a file is complete or absent, whatever happens to the run. Read back, a
