@@ -16,27 +16,20 @@ import argparse
 import itertools
 import json
 import os
-import subprocess
 import sys
-import time
+
+from _report import run_example
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
 def run_demo(out: str, base_seed: int, rl_seed: int, threads: int, target: float, time_limit: float) -> dict:
-    cmd = [sys.executable, os.path.join(ROOT, "examples", "demo.py"), "--out", out, "--base-seed", str(base_seed),
-           "--seed", str(rl_seed), "--threads", str(threads), "--target", str(target),
-           "--time-limit", str(time_limit)]
-    t0 = time.time()
-    with open(os.path.join(out, "demo.log"), "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
-    summary_path = os.path.join(out, "summary.json")
-    if not os.path.exists(summary_path):
-        return {"returncode": rc, "error": f"no summary; see {out}/demo.log", "target_reached": False}
-    with open(summary_path) as f:
-        summary = json.load(f)
-    summary.update(returncode=rc, wall_time_s=time.time() - t0)
+    summary = run_example("demo.py", out, ["--base-seed", str(base_seed), "--seed", str(rl_seed), "--threads",
+                                           str(threads), "--target", str(target), "--time-limit", str(time_limit)],
+                          "demo.log")
+    if "error" in summary:
+        return {**summary, "target_reached": False}
     # The curve rides in the report, so that the plot can be redrawn (and the table resumed) without OUT.
     summary["heldout_curve"] = heldout_curve(os.path.join(out, "metrics.csv"))
     return summary

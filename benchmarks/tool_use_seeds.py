@@ -15,29 +15,18 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
+
+from _report import run_example
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 
-def run_example(out: str, base_model: str, base_seed: int, rl_seed: int, target: float, time_limit: float) -> dict:
-    os.makedirs(out, exist_ok=True)
-    cmd = [sys.executable, os.path.join(ROOT, "examples", "tool_use.py"), "--out", out, "--base-model", base_model,
-           "--base-seed", str(base_seed), "--seed", str(rl_seed), "--target", str(target),
-           "--time-limit", str(time_limit)]
-    t0 = time.time()
-    with open(os.path.join(out, "tool_use.log"), "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
-    path = os.path.join(out, "summary.json")
-    if not os.path.exists(path):
-        return {"returncode": rc, "error": f"no summary; see {out}/tool_use.log", "success": False}
-    with open(path) as f:
-        summary = json.load(f)
-    summary.update(returncode=rc, wall_time_s=time.time() - t0)
-    return summary
+def run_tool_use(out: str, base_model: str, base_seed: int, rl_seed: int, target: float, time_limit: float) -> dict:
+    summary = run_example("tool_use.py", out, ["--base-model", base_model, "--base-seed", str(base_seed), "--seed",
+                                               str(rl_seed), "--target", str(target), "--time-limit", str(time_limit)],
+                          "tool_use.log")
+    return {**summary, "success": False} if "error" in summary else summary
 
 
 def main() -> int:
@@ -62,7 +51,7 @@ def main() -> int:
     runs = []
     for base_seed, rl_seed in itertools.product(args.base_seeds, args.rl_seeds):
         base_model = build_tool_model(os.path.join(out, f"base_{base_seed}"), seed=base_seed)
-        run = run_example(os.path.join(out, f"b{base_seed}_s{rl_seed}"), base_model, base_seed, rl_seed,
+        run = run_tool_use(os.path.join(out, f"b{base_seed}_s{rl_seed}"), base_model, base_seed, rl_seed,
                           args.target, args.time_limit)
         run.update(base_seed=base_seed, rl_seed=rl_seed)
         runs.append(run)

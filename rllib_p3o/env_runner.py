@@ -94,8 +94,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             self._rollouts = MultiTurnRollouts(
                 tokenizer=self.tokenizer, make_env=lambda: multi_turn_cls(env_config),
                 max_turns=multiturn.max_turns(env_config), max_tokens=config.max_tokens,
-                max_total_tokens=self._max_total_tokens(), stop_ids=self._stop_ids,
-                sampling_params=self._sampling_params)
+                max_total_tokens=self._max_total_tokens(), sampling_params=self._sampling_params)
         # Frozen behavior models (never synced) generate their share of every prompt group beside the policy:
         # (spec, engine) pairs.
         self._behavior: List[tuple] = []

@@ -114,17 +114,16 @@ class MultiTurnRollouts:
     """Plays multi-turn episodes on a runner's engines (module docstring). One instance per runner.
 
     ``make_env`` builds one environment per episode; ``sampling_params(seed, **overrides)`` gives vLLM sampling
-    parameters (the runner's). ``stop_ids`` end a model turn besides EOS.
+    parameters (the runner's, with its stop tokens: a model turn ends at EOS or at one of them).
     """
 
     def __init__(self, *, tokenizer: Any, make_env: Callable[[], MultiTurnEnv], max_turns: int, max_tokens: int,
-                 max_total_tokens: int, stop_ids: Sequence[int], sampling_params: Callable[..., Any]):
+                 max_total_tokens: int, sampling_params: Callable[..., Any]):
         self.tokenizer = tokenizer
         self.make_env = make_env
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.max_total_tokens = max_total_tokens
-        self.stop_ids = list(stop_ids)
         self.sampling_params = sampling_params
         self.templated = chat.has_chat_template(tokenizer)
 
@@ -169,8 +168,7 @@ class MultiTurnRollouts:
                     e.truncated = e.done = True
                     continue
                 requests.append((e, TokensPrompt(prompt_token_ids=list(e.ids))))
-                params.append(self.sampling_params((e.seed + turn) % (2**31), n=1, max_tokens=budget,
-                                                   stop_token_ids=self.stop_ids, **overrides))
+                params.append(self.sampling_params((e.seed + turn) % (2**31), n=1, max_tokens=budget, **overrides))
             if not requests:
                 break
             outputs = engine.llm.generate([r for _, r in requests], params, use_tqdm=False,
