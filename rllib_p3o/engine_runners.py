@@ -17,7 +17,7 @@ forever):
 from __future__ import annotations
 
 import traceback
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from ray.exceptions import RayError
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
@@ -95,13 +95,15 @@ class EngineRunners:
                 "config.fault_tolerance(restart_failed_env_runners=True) to restart failed runners and go on.") from e
         return {o.runner_id: _unwrap(o) for o in outcomes}
 
-    def call_first(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``runner.method(*args, **kwargs)`` on the first healthy engine runner."""
+    def call_first(self, method: Union[str, Callable[[Any], Any]], *args: Any, **kwargs: Any) -> Any:
+        """``runner.method(*args, **kwargs)`` (or ``method(runner)``, for a callable) on the first healthy engine
+        runner."""
+        fn = method if callable(method) else (lambda r: getattr(r, method)(*args, **kwargs))
         for i in self.healthy_ids():
-            result = self.call({i: lambda r: getattr(r, method)(*args, **kwargs)})
+            result = self.call({i: fn})
             if i in result:
                 return result[i]
-        raise EnvRunnerFailedError(f"no healthy EnvRunner to call {method}() on.")
+        raise EnvRunnerFailedError(f"no healthy EnvRunner to call {getattr(method, '__name__', method)} on.")
 
     def start(self, fns: Mapping[int, Callable[[Any], Any]], tag: str) -> None:
         """Start ``fns[i](runner i)`` on remote runners without waiting; results come from `fetch_ready`.

@@ -16,8 +16,9 @@ with every sample.
 
 Weight sync (`rllib_p3o.weight_sync`): `load_policy_weights` reloads the engine's weights in place (no restart)
 through vLLM's layerwise reload (`rllib_p3o.vllm_engine`), re-processes a tied LM head, resets the prefix cache
-(cached KV was computed with the old weights) and, when the payload has a probe, checks that the engine's log-probs
-of a probe sequence match the learner's. Under LoRA (``config.lora``) the engine serves the frozen base and a sync
+(cached KV was computed with the old weights) and, when the payload has a probe, scores a probe sequence: at once,
+checked against the learner's log-probs it carries, or with the policy's next generate call (`rllib_p3o.probe`),
+returned to the driver by `take_probe_result`. Under LoRA (``config.lora``) the engine serves the frozen base and a sync
 swaps in the new adapter alone (`vllm_engine.load_adapter`), under a `LoRARequest` per weights version that every
 policy generation and probe then names.
 
@@ -49,6 +50,7 @@ from ray.rllib.utils.metrics import (
 
 from rllib_p3o import chat, lora, metrics, multiturn, vllm_engine, weight_sync
 from rllib_p3o.env import TextEnv, has_conversational_prompts, resolve_callable
+from rllib_p3o.probe import ProbeResult, ProbeRider
 from rllib_p3o.prompt_schedule import Group, PromptSchedule
 from rllib_p3o.rollouts import Engine, MultiTurnRollouts, single_turn_episodes, turn_metrics
 from rllib_p3o.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
@@ -78,6 +80,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self._own_schedule: Optional[PromptSchedule] = None
         self._env_steps_lifetime = 0
         self._llm = None
+        self._policy: Optional[ProbeRider] = None  # the policy's engine, as its generate calls carry the probe
         self._lora_request = None  # under LoRA: the adapter of the weights version the engine holds
         # An offline-only run without remote runners needs no engine (nor prompts) at all.
         offline_only = config.resolved_offline_fraction >= 1.0
@@ -103,6 +106,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         if self.is_sampler:
             vllm_engine.set_engine_threads(config.env_runner_threads)
             self._llm = self._make_engine(config.policy_model, lora=config.lora)
+            self._policy = ProbeRider(self._llm, self.worker_index)
             self._tied_embeddings = bool(getattr(self._llm.llm_engine.model_config.hf_config,
                                                  "tie_word_embeddings", False))
             self._behavior = [(spec, self._make_engine(spec["model"])) for spec in config.behavior_models]
@@ -177,7 +181,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     def _engines(self) -> List[Engine]:
         """The policy's engine and each behavior model's, with their share of a prompt group (if any)."""
         counts = behavior_sample_counts(self.config.behavior_models, self.config.group_size)
-        engines = [Engine(POLICY, self._llm, self.config.group_size - sum(counts), {}, self._lora_request)]
+        engines = [Engine(POLICY, self._policy, self.config.group_size - sum(counts), {}, self._lora_request)]
         for (spec, llm), n in zip(self._behavior, counts):
             overrides = {k: spec[k] for k in ("temperature", "top_p", "top_k", "max_tokens") if k in spec}
             engines.append(Engine(behavior_source_name(spec), llm, n, overrides))
@@ -243,7 +247,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
         rows = self.env.eval_rows[:max_prompts]
         if self._rollouts is not None:  # greedy episodes, scored by their return
-            greedy = Engine(POLICY, self._llm, 1, {"temperature": 0.0}, self._lora_request)
+            greedy = Engine(POLICY, self._policy, 1, {"temperature": 0.0}, self._lora_request)
             episodes = self._rollouts.play(rows, [0] * len(rows), greedy, weights_seq_no=self._weights_seq_no,
                                            group_ids=list(range(len(rows))), source_id=source_id(POLICY),
                                            logprobs_mode=self.config.logprobs_mode)
@@ -251,7 +255,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                     metrics.NUM_PROMPTS: float(len(rows)), **turn_metrics(episodes)}
         params = SamplingParams(n=1, temperature=0.0, max_tokens=self.config.max_tokens,
                                 stop_token_ids=self._stop_ids or None)
-        outs = self._llm.generate([TokensPrompt(prompt_token_ids=self._encode(r["prompt"])) for r in rows],
+        outs = self._policy.generate([TokensPrompt(prompt_token_ids=self._encode(r["prompt"])) for r in rows],
                                   params, use_tqdm=False, lora_request=self._lora_request)
         completions = [self.tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outs]
         rewards = self.env.score([r["prompt"] for r in rows], completions, rows)
@@ -267,10 +271,11 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return ids + extra
 
     def load_policy_weights(self, payload: Dict[str, Any]) -> Dict[str, float]:
-        """Load new policy weights (`rllib_p3o.weight_sync` payload) into the engine in place, then verify them.
+        """Load new policy weights (`rllib_p3o.weight_sync` payload) into the engine in place; check the probe now
+        (the payload has the learner's log-probs) or with the next generate call (`take_probe_result`).
 
-        Returns the load's time split (`rllib_p3o.metrics`: transfer, engine reload, verify) and the probe's max
-        |learner - engine| log-prob difference."""
+        Returns the load's time split (`rllib_p3o.metrics`: transfer, engine reload, verify) and, when checked now,
+        the probe's max |learner - engine| log-prob difference."""
         seq = int(payload[weight_sync.VERSION])
         if self._llm is None:
             self._weights_seq_no = seq
@@ -290,7 +295,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         t2 = time.perf_counter()
         stats = {metrics.TRANSFER_S: t1 - t0, metrics.ENGINE_RELOAD_S: engine_stats["engine_reload_s"]}
         probe = payload.get(weight_sync.PROBE)
-        if probe is not None:
+        if probe is not None and weight_sync.PROBE_LOGPROBS not in probe:
+            self._policy.arm(seq, probe[weight_sync.PROBE_TOKEN_IDS])
+        elif probe is not None:
             stats[metrics.PROBE_MAX_ABS_DIFF] = weight_sync.check_probe(
                 self.engine_logprobs(probe[weight_sync.PROBE_TOKEN_IDS]), probe[weight_sync.PROBE_LOGPROBS],
                 payload.get(weight_sync.TOLERANCE, weight_sync.DEFAULT_TOLERANCE),
@@ -298,6 +305,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         stats[metrics.VERIFY_S] = time.perf_counter() - t2
         stats[metrics.LOAD_S] = time.perf_counter() - t0
         return stats
+
+    def take_probe_result(self) -> Optional[ProbeResult]:
+        """The engine's probe log-probs scored with a generate call since the last call, if any."""
+        return self._policy.take_result() if self._policy is not None else None
 
     def engine_logprobs(self, token_ids: List[int]) -> np.ndarray:
         """The engine's log-prob of each token of ``token_ids`` given its prefix (length ``len - 1``)."""
@@ -328,4 +339,4 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                     llm.llm_engine.engine_core.shutdown()
                 except Exception as e:  # shutting down anyway
                     logger.debug("engine shutdown: %s", e)
-        self._llm, self._behavior = None, []
+        self._llm, self._policy, self._behavior = None, None, []

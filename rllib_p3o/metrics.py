@@ -81,8 +81,9 @@ TIME_OTHER_S = "time_other_s"
 TIME_EVAL_S = "time_eval_s"  # the held-out evaluation at the start of an iteration (when there is one)
 # Weight sync: "sync_" + the runners' load statistics (max over runners).
 SYNC_PREFIX = "sync_"
-# The split of one sync: the driver gathers the learner's weights (and scores the probe with the learner); each
-# runner fetches them from the object store (transfer), reloads its engine, and scores the probe (verify).
+# The split of one sync: the driver gathers the learner's weights; each runner fetches them from the object store
+# (transfer) and reloads its engine. The probe check (`rllib_p3o.probe`): the learner's side, in the background
+# (PROBE_LEARNER_S), and, for checks at load, the engine's (VERIFY_S; riding along, it is part of generation).
 GATHER_S = "gather_s"
 PROBE_LEARNER_S = "probe_learner_s"
 TRANSFER_S = "transfer_s"

@@ -99,18 +99,19 @@ class P3O(Algorithm):
         runners = self._runners
         self._rng = np.random.default_rng(config.seed)
         self._rows_trained = 0
+        self._weight_sync = WeightSync(self.learner_group, runners, probe_token_ids=self._probe_ids,
+                                       tolerance=config.weight_sync_tolerance,
+                                       push_async=config.async_sampling and runners.remote,
+                                       timeout_s=config.weight_sync_timeout_s, max_staleness=config.max_staleness)
         self._sampler = (Sampler(config, runners, self.metrics,
-                                 PromptSchedule(runners.call_first("num_prompts"), seed=config.seed or 0))
+                                 PromptSchedule(runners.call_first("num_prompts"), seed=config.seed or 0),
+                                 verify=self._weight_sync.verify)
                          if config.online_rows_per_step > 0 else None)
         self._skipped_nonfinite = 0  # lifetime
         self._source_names = SourceNames([*map(behavior_source_name, config.behavior_models),
                                           *getattr(self.offline_data, "source_names", ())])
         self._recorder = TrajectoryRecorder(config.record_rollouts) if config.record_rollouts else None
-        self._weight_sync = WeightSync(self.learner_group, runners, probe_token_ids=self._probe_ids,
-                                       tolerance=config.weight_sync_tolerance,
-                                       push_async=config.async_sampling and runners.remote,
-                                       timeout_s=config.weight_sync_timeout_s)
-        self._weight_sync.push(blocking=True)
+        self._weight_sync.push_verified()
         # Reported with the first result: what this trial's start cost, and whether Tune reused the actor for it.
         self._log({metrics.SETUP_S: time.perf_counter() - t0, metrics.ACTOR_REUSED: float(actor_reused)})
 
@@ -133,6 +134,7 @@ class P3O(Algorithm):
         new.freeze()
         if self._sampler is not None:
             self._sampler.drain()
+        self._weight_sync.close()
         self.learner_group.shutdown()
         self.config = new
         update_global_seed_if_necessary(new.framework_str, new.seed)
@@ -191,6 +193,7 @@ class P3O(Algorithm):
     def _update(self, batch: batching.Batch) -> List[float]:
         """One ``learner_group.update`` on the batch; returns each learner's ESS (they must agree)."""
         cfg = self.config
+        self._weight_sync.settle()  # the learner's probe of the weights last pushed is scored before they change
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
             update_kwargs = dict(num_epochs=cfg.num_epochs, shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch)
             if cfg.minibatch_size:  # passing None explicitly breaks multi-learner sharding in RLlib 2.60
@@ -238,7 +241,11 @@ class P3O(Algorithm):
         """Greedy completions of the current policy on ``env_config["eval_dataset"]``, scored by the reward function."""
         if not self._has_engine:
             return None
-        return self._runners.call_first("evaluate_heldout", self.config.eval_max_prompts)
+        n = self.config.eval_max_prompts
+        result, probe = self._runners.call_first(lambda runner: (runner.evaluate_heldout(n),
+                                                                 runner.take_probe_result()))
+        self._weight_sync.check(probe)  # the evaluation may be the first use of the weights last pushed
+        return result
 
     def _log_heldout(self) -> None:
         res = self.evaluate_heldout()
@@ -248,6 +255,8 @@ class P3O(Algorithm):
     # -- lifecycle, checkpoints, export ----------------------------------------------------------------------------
 
     def stop(self) -> None:
+        if getattr(self, "_weight_sync", None) is not None:
+            self._weight_sync.close()
         if self.offline_data is not None:
             self.offline_data.batch_iterators = None  # release the Ray Data iterator before Ray goes away
         super().stop()
@@ -269,6 +278,8 @@ class P3O(Algorithm):
     # -- checkpoint state: the data position besides RLlib's own (weights, optimizer, iteration, metrics) ----------
 
     def get_state(self, *args, **kwargs) -> Dict[str, Any]:
+        if getattr(self, "_weight_sync", None) is not None:  # the learner's state is read next
+            self._weight_sync.settle()
         state = super().get_state(*args, **kwargs)
         state[P3O_STATE] = {
             SAMPLER_STATE: self._sampler.get_state() if self._sampler is not None else None,
@@ -303,6 +314,7 @@ class P3O(Algorithm):
         """Write the current policy as a Hugging Face model directory (weights + config + tokenizer). Under LoRA: the
         adapter in peft format (load it with ``peft.PeftModel.from_pretrained(base, path)``), or with ``merged`` a
         full model with the adapter merged in."""
+        self._weight_sync.settle()
         results = self.learner_group.foreach_learner(
             lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().save_pretrained(path, merged=merged))
         return [r.get() for r in results][0]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import math
 import time
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
@@ -101,12 +101,16 @@ class Sampler:
 
     Uses the config's ``async_sampling``, ``max_staleness``, ``sample_timeout_s``, ``online_prompts_per_step`` and
     ``group_size``. Runner metrics are aggregated into ``metrics_logger`` under ``env_runners``; the learner's wait
-    for data, stale records dropped and samples lost with dead runners are logged under ``p3o``.
+    for data, stale records dropped and samples lost with dead runners are logged under ``p3o``. ``verify(runner id,
+    probe result, policy weights versions)`` sees every runner's result before its records are used
+    (`rllib_p3o.weight_sync.WeightSync.verify`: it raises for samples of weights that failed, or missed, their probe
+    check).
     """
 
     def __init__(self, config: P3OConfig, runners: EngineRunners, metrics_logger: MetricsLogger,
-                 schedule: PromptSchedule):
+                 schedule: PromptSchedule, verify: Optional[Callable[[int, Any, Set[int]], None]] = None):
         self.config = config
+        self.verify = verify
         self.runners = runners
         self.metrics = metrics_logger
         self.schedule = schedule
@@ -146,9 +150,7 @@ class Sampler:
             healthy = set(self.runners.healthy_ids())
             for i, gs in plan.items():
                 if i in results:
-                    episodes, runner_metrics = results[i]
-                    self.metrics.aggregate([runner_metrics], key=ENV_RUNNER_RESULTS)
-                    records += episodes_to_records(episodes)
+                    records += self._take_result(i, results[i])
                 elif i in healthy:
                     raise RuntimeError(f"EnvRunner {i} did not return its {len(gs)} prompt groups within "
                                        f"sample_timeout_s={self.config.sample_timeout_s}.")
@@ -182,10 +184,9 @@ class Sampler:
             if len(taken) >= need:
                 break
             self._arm()
-            for i, (episodes, runner_metrics) in self.runners.fetch_ready(SAMPLE_TAG, timeout_s=_POLL_S):
+            for i, result in self.runners.fetch_ready(SAMPLE_TAG, timeout_s=_POLL_S):
                 self._in_flight.pop(i, None)
-                self.metrics.aggregate([runner_metrics], key=ENV_RUNNER_RESULTS)
-                self.queue.put(episodes_to_records(episodes))
+                self.queue.put(self._take_result(i, result))
             if time.perf_counter() - t0 > self.config.sample_timeout_s:
                 raise RuntimeError(f"async sampling produced no usable samples within sample_timeout_s="
                                    f"{self.config.sample_timeout_s} (dropped as stale: {dropped}).")
@@ -195,6 +196,16 @@ class Sampler:
         self._log(metrics.DROPPED_STALE_SAMPLES, dropped)
         self._log(metrics.DROPPED_STALE_SAMPLES_LIFETIME, self.dropped_stale_lifetime)
         return taken
+
+    def _take_result(self, runner_id: int, result: tuple) -> List[CompletionRecord]:
+        """The records of one runner's sample() result, after its metrics are aggregated and it is verified."""
+        episodes, runner_metrics, probe_result = result
+        self.metrics.aggregate([runner_metrics], key=ENV_RUNNER_RESULTS)
+        records = episodes_to_records(episodes)
+        if self.verify is not None:
+            self.verify(runner_id, probe_result,
+                        {r[Record.WEIGHTS_SEQ_NO] for r in records if is_policy(r[Record.SOURCE_ID])})
+        return records
 
     def drain(self, timeout_s: float = 60.0) -> int:
         """Wait for the runners' in-flight async samples and discard them with the queue (before the weights are
@@ -241,6 +252,7 @@ def split_groups(groups: List[Group], runner_ids: List[int]) -> Dict[int, List[G
 
 
 def _sample_call(groups: List[Group]):
-    """The runner call for one sample() of these groups (with the runner's metrics since its last one)."""
+    """The runner call for one sample() of these groups (with the runner's metrics since its last one, and the
+    weight-sync probe its engine scored on the way, if any)."""
     groups = [tuple(g) for g in groups]
-    return lambda runner: (runner.sample(groups=groups), runner.get_metrics())
+    return lambda runner: (runner.sample(groups=groups), runner.get_metrics(), runner.take_probe_result())

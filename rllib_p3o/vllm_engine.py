@@ -112,13 +112,23 @@ def load_adapter(llm: Any, version: int, adapter: Mapping[str, Any], spec: Mappi
     return stats
 
 
-def prompt_logprobs(llm: Any, token_ids: List[int], lora_request: Any = None) -> np.ndarray:
-    """The engine's log-prob of each token of ``token_ids`` given its prefix (length ``len - 1``), with the adapter
-    of ``lora_request`` when given."""
+def probe_request(token_ids: List[int]) -> tuple:
+    """The request that scores ``token_ids`` (a `TokensPrompt` and its `SamplingParams`): the log-prob of each token
+    given its prefix, with one generated token (vLLM generates at least one)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    out = llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))],
-                       SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False,
-                       lora_request=lora_request)[0]
-    return np.asarray([lp[t].logprob for t, lp in zip(token_ids[1:], out.prompt_logprobs[1:])], dtype=np.float64)
+    return (TokensPrompt(prompt_token_ids=list(token_ids)),
+            SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0))
+
+
+def probe_logprobs(token_ids: List[int], output: Any) -> np.ndarray:
+    """The log-prob of each token of ``token_ids`` but the first, from the output of its `probe_request`."""
+    return np.asarray([lp[t].logprob for t, lp in zip(token_ids[1:], output.prompt_logprobs[1:])], dtype=np.float64)
+
+
+def prompt_logprobs(llm: Any, token_ids: List[int], lora_request: Any = None) -> np.ndarray:
+    """The engine's log-prob of each token of ``token_ids`` given its prefix (length ``len - 1``), with the adapter
+    of ``lora_request`` when given."""
+    prompt, params = probe_request(token_ids)
+    return probe_logprobs(token_ids, llm.generate([prompt], params, use_tqdm=False, lora_request=lora_request)[0])

@@ -69,7 +69,10 @@ def test_tuner_runs_p3o_and_checkpoint_restores(ray_session, tiny_model, tmp_pat
         assert float((restored["lm.model.embed_tokens.weight"] - fresh_lm_weight).abs().max()) > 1e-5
         res = algo.train()
         assert res["training_iteration"] == 4
-        assert res[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] < 1e-3  # the engine got the restored+updated weights
+        assert res[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] < 1e-3  # the engine got the restored weights
+        algo.evaluate_heldout()  # the updated weights' probe rides along with the evaluation, and is checked
+        assert algo._weight_sync.probes.verified[1] == algo._weight_sync.weights_seq_no
+        assert algo._weight_sync.probes.last_stats[m.PROBE_MAX_ABS_DIFF] < 1e-3
     finally:
         algo.stop()
 

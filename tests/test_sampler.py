@@ -100,7 +100,7 @@ class _FakeRunners:
         if not (self.in_flight and self.pending):
             return []
         self.in_flight = False
-        return [(1, (self.pending.pop(0), {}))]
+        return [(1, (self.pending.pop(0), {}, None))]
 
 
 def _sampler(runners, max_staleness=1, timeout=5.0):
@@ -149,7 +149,7 @@ class _DyingRunners:
             if i == 2 and 2 in self.healthy:
                 self.healthy.remove(2)
                 continue
-            out[i] = fn(SimpleNamespace(sample=self._sample, get_metrics=lambda: {}))
+            out[i] = fn(SimpleNamespace(sample=self._sample, get_metrics=lambda: {}, take_probe_result=lambda: None))
         return out
 
     @staticmethod
@@ -170,6 +170,25 @@ def test_sync_sampler_gives_a_dead_runners_groups_to_the_others_and_counts_them(
     logged = sampler.metrics.reduce()[m.P3O]
     assert logged[m.SAMPLES_LOST].peek() == 2 * 4
     assert sampler.schedule.pending == []  # all trained: nothing to sample again after a restore
+
+
+def test_every_runner_result_is_verified_before_its_records_are_used():
+    """The weight-sync check (`WeightSync.verify`, faked here: the test is about the sampler) sees each runner's
+    result with the policy weights versions in it, and what it raises stops the step."""
+    seen = []
+    config = SimpleNamespace(async_sampling=False, max_staleness=1, sample_timeout_s=5.0, online_prompts_per_step=6,
+                             group_size=4)
+    sampler = Sampler(config, _DyingRunners(), MetricsLogger(), PromptSchedule(num_rows=10, seed=3),
+                      verify=lambda i, probe, versions: seen.append((i, probe, versions)))
+    assert len(sampler.sample(weights_seq_no=1)) == 6  # the fake runners return one episode per group
+    assert sorted(i for i, _, _ in seen) == [1, 1, 3, 3] and all(v == {1} for _, _, v in seen)
+
+    def refuse(i, probe, versions):
+        raise RuntimeError(f"runner {i} unverified")
+
+    sampler = Sampler(config, _DyingRunners(), MetricsLogger(), PromptSchedule(num_rows=10, seed=3), verify=refuse)
+    with pytest.raises(RuntimeError, match="runner 1 unverified"):
+        sampler.sample(weights_seq_no=1)
 
 
 def test_split_groups_is_contiguous_and_near_equal():

@@ -44,6 +44,13 @@ def _max_diff(lm, records, temperature=1.0):
     return max(np.max(np.abs(_hf_logprobs(lm, r, temperature) - r["behavior_logprobs"])) for r in records)
 
 
+def _probe_logprobs(lm, probe):
+    with torch.no_grad():
+        ids = torch.as_tensor(probe)[None]
+        return torch.log_softmax(lm(input_ids=ids).logits[0, :-1].double(), -1).gather(
+            -1, ids[0, 1:, None])[:, 0].numpy()
+
+
 def _perturbed_state(path, seed):
     lm = AutoModelForCausalLM.from_pretrained(path)
     g = torch.Generator().manual_seed(seed)
@@ -68,10 +75,7 @@ def test_behavior_logprobs_and_in_place_weight_sync(ray_session, request, model_
         # In-place reload: the engine now samples from, and scores with, the new weights (tied head included).
         new_lm, state = _perturbed_state(path, seed=1)
         probe = ray.get(runner.probe_token_ids.remote())
-        with torch.no_grad():
-            ids = torch.as_tensor(probe)[None]
-            expected = torch.log_softmax(new_lm(input_ids=ids).logits[0, :-1].double(), -1).gather(
-                -1, ids[0, 1:, None])[:, 0].tolist()
+        expected = _probe_logprobs(new_lm, probe).tolist()
         # As the driver sends it: packed into the object store (`WeightSync`).
         stats = ray.get(runner.load_policy_weights.remote(
             {"rl_module": ray.put(PackedTensors(state)), "weights_seq_no": 5,
@@ -83,6 +87,24 @@ def test_behavior_logprobs_and_in_place_weight_sync(ray_session, request, model_
         assert all(r["weights_seq_no"] == 5 for r in after)
         assert _max_diff(new_lm, after) < 1e-4
         assert _max_diff(base, after) > 1e-2  # really different weights
+
+        # Riding along: a load without the learner's log-probs arms the probe; it joins the next generate call, comes
+        # back once, and the samples are those the same weights give without it.
+        lm3, state3 = _perturbed_state(path, seed=3)
+        groups = [(100 + k, k, 1234 + k) for k in range(4)]
+        ray.get(runner.load_policy_weights.remote({"rl_module": {"default_policy": state3}, "weights_seq_no": 7,
+                                                   "probe": {"token_ids": probe}}))
+        with_probe = episodes_to_records(ray.get(runner.sample.remote(groups=groups)))
+        result = ray.get(runner.take_probe_result.remote())
+        assert (result.runner_id, result.weights_seq_no) == (1, 7)
+        assert np.max(np.abs(np.asarray(result.logprobs) - _probe_logprobs(lm3, probe))) < 1e-4
+        assert ray.get(runner.take_probe_result.remote()) is None
+        ray.get(runner.load_policy_weights.remote({"rl_module": {"default_policy": state3}, "weights_seq_no": 8}))
+        without = episodes_to_records(ray.get(runner.sample.remote(groups=groups)))
+        assert [list(r["completion_ids"]) for r in with_probe] == [list(r["completion_ids"]) for r in without]
+        assert max(np.max(np.abs(a["behavior_logprobs"] - b["behavior_logprobs"]))
+                   for a, b in zip(with_probe, without)) < 1e-5
+        assert _max_diff(lm3, with_probe) < 1e-4
 
         # A sync whose result does not match the learner is an error, not silent staleness.
         _, other = _perturbed_state(path, seed=2)

@@ -69,3 +69,30 @@ def test_packed_tensors_come_back_bit_exact_in_every_dtype_and_shape():
         assert back[k].dtype == t.dtype and back[k].shape == t.shape and torch.equal(back[k], t), k
     hf = hf_weights(PackedTensors(state), tied_embeddings=True)
     assert set(hf) == {"a.weight", "b.weight", "c.bias", "d.scale"}  # HF names; the tied head is vLLM's to re-tie
+
+
+def test_learner_probes_check_what_runners_return_against_the_same_version():
+    """The driver's side of riding-along checks (`rllib_p3o.probe.LearnerProbes`); the learner is a function here."""
+    from rllib_p3o.probe import LearnerProbes, ProbeResult
+
+    weights = {"v": 0.0}
+    probes = LearnerProbes(lambda: [-1.0 - weights["v"], -2.0], tolerance=1e-3, keep=2)
+    for version in (1, 2):
+        probes.start(version)
+        probes.settle()  # scored before the learner's weights change
+        weights["v"] += 0.5
+    assert probes.check(ProbeResult(3, 2, [-1.5, -2.0])) == 0.0
+    probes.require_verified(3, 2)
+    with pytest.raises(WeightSyncError, match=r"EnvRunner 4 returned samples of weights v2 without a probe check"):
+        probes.require_verified(4, 2)
+    with pytest.raises(WeightSyncError, match=r"EnvRunner 4: with weights v1 the engine's log-probs differ .* 0\.5"):
+        probes.check(ProbeResult(4, 1, [-1.5, -2.0]))  # v2's log-probs reported as v1's
+    probes.start(3)  # keep=2: v1 is dropped; its samples are too stale to be used
+    assert probes.check(ProbeResult(4, 1, [0.0, 0.0])) is None
+    probes.require_verified(4, 1)
+
+    failing = LearnerProbes(lambda: 1 / 0, tolerance=1e-3, keep=2)
+    failing.start(1)
+    with pytest.raises(ZeroDivisionError):
+        failing.settle()
+    probes.close()
