@@ -4,6 +4,7 @@
     python benchmarks/_tune_job.py MODEL STORAGE RECORD_DIR ITERATIONS [--restore]
 """
 
+import os
 import sys
 
 import ray
@@ -18,6 +19,11 @@ NAME = "faults"
 
 def main() -> None:
     model, storage, record_dir, iterations = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    # Tune saves its experiment state (which checkpoint is a trial's latest) at most every 10 s by default. A driver
+    # killed in between leaves a state that names an older checkpoint: the restore trains its later iterations again
+    # (counted twice in result.json), or, once `num_to_keep` has deleted that checkpoint, fails. Saved after every
+    # result, the state names the newest checkpoint, or the one before it (still kept) while a save is registered.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     if "--restore" in sys.argv:
         tuner = tune.Tuner.restore(f"{storage}/{NAME}", trainable="P3O", resume_errored=True)
@@ -34,6 +40,8 @@ def main() -> None:
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=2)))
     result = tuner.fit()[0]
     print("DONE", result.metrics["training_iteration"], flush=True)
+    if result.error is not None:
+        sys.exit(f"the trial failed: {result.error!r}")
 
 
 if __name__ == "__main__":
