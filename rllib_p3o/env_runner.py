@@ -155,7 +155,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
         cfg = self.config
         kw = dict(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                  max_tokens=cfg.max_tokens, logprobs=0, seed=seed)
+                  max_tokens=cfg.max_tokens, logprobs=0, seed=seed, detokenize=vllm_engine.DETOKENIZE)
         if self._stop_ids:
             kw["stop_token_ids"] = self._stop_ids
         kw.update(overrides)
@@ -254,7 +254,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             return {metrics.REWARD_MEAN: float(np.mean([ep.get_return() for ep in episodes])),
                     metrics.NUM_PROMPTS: float(len(rows)), **turn_metrics(episodes)}
         params = SamplingParams(n=1, temperature=0.0, max_tokens=self.config.max_tokens,
-                                stop_token_ids=self._stop_ids or None)
+                                stop_token_ids=self._stop_ids or None, detokenize=vllm_engine.DETOKENIZE)
         outs = self._policy.generate([TokensPrompt(prompt_token_ids=self._encode(r["prompt"])) for r in rows],
                                   params, use_tqdm=False, lora_request=self._lora_request)
         completions = [self.tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outs]

@@ -20,6 +20,10 @@ logger = logging.getLogger(__name__)
 
 # A CPU engine's default KV cache claims ~90% of host RAM; this is plenty for small models and short sequences.
 CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
+# Every request leaves detokenization to us: we decode whole completions from their token ids, while vLLM would
+# decode each sampled (and each log-prob) token as it goes, 15% of generation time at 0.33M parameters on CPU.
+# Stop conditions are token ids, which need no text.
+DETOKENIZE = False
 # The worker extension that reloads weights in place (`rllib_p3o.vllm_ext`).
 WORKER_EXTENSION = "rllib_p3o.vllm_ext.WeightSyncExtension"
 
@@ -119,7 +123,7 @@ def probe_request(token_ids: List[int]) -> tuple:
     from vllm.inputs import TokensPrompt
 
     return (TokensPrompt(prompt_token_ids=list(token_ids)),
-            SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0))
+            SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=DETOKENIZE))
 
 
 def probe_logprobs(token_ids: List[int], output: Any) -> np.ndarray:
