@@ -96,3 +96,22 @@ def test_learner_probes_check_what_runners_return_against_the_same_version():
     with pytest.raises(ZeroDivisionError):
         failing.settle()
     probes.close()
+
+
+def test_the_learner_probe_thread_leaves_the_learners_openmp_threads_alone():
+    """The background probe scores on one OpenMP thread of its own, and the learner's (main) thread keeps its count:
+    a default-sized team on the probe thread makes libgomp stop spin-waiting, which slowed the learner's update."""
+    from rllib_p3o.probe import LearnerProbes
+
+    before = torch.get_num_threads()
+    seen = []
+
+    def score():
+        seen.append(torch.get_num_threads())
+        return [float(torch.ones(64, 64).matmul(torch.ones(64, 64)).sum())]
+
+    probes = LearnerProbes(score, tolerance=1e-3, keep=2)
+    probes.start(1)
+    probes.settle()
+    probes.close()
+    assert seen == [1] and torch.get_num_threads() == before
