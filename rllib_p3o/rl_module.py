@@ -124,7 +124,6 @@ class HFCausalLMRLModule(TorchRLModule):
             return self.token_logprobs(input_ids, attention_mask)[TOKEN_LOGP]
 
     @torch.no_grad()
-    @torch.no_grad()
     def sequence_logprobs(self, token_ids) -> list:
         """Log-prob of each token of one sequence given its prefix, in eval mode (for weight-sync probes)."""
         was_training = self.training
