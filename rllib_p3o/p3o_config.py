@@ -93,6 +93,9 @@ class P3OConfig(AlgorithmConfig):
         self.lr = 1e-5
         self.grad_clip = 1.0
         self.grad_clip_by = "global_norm"
+        # The P3O learner skips a non-finite step itself, with one fused check over all gradients, before RLlib's
+        # `apply_gradients` runs; True keeps RLlib from checking each tensor again (~10 ms a step at 2.44M on CPU).
+        self.torch_skip_nan_gradients = True
         self.num_epochs = 1
         self.minibatch_size = None
         self.shuffle_batch_per_epoch = True

@@ -8,7 +8,9 @@ Output: ``token_logp`` [B, T-1], where ``token_logp[:, t] = log π(input_ids[:, 
 
 Memory: the full-vocabulary logits are the largest activation of LM training (B·T·V floats). The LM head,
 log-softmax and gather run per chunk of sequences under activation checkpointing, so at most one chunk of
-full-vocabulary logits is alive at a time, in the forward pass and in the backward pass alike.
+full-vocabulary logits is alive at a time, in the forward pass and in the backward pass alike. When the whole batch's
+logits are small (under ``HEAD_CHUNKING_MIN_BYTES``, e.g. a small vocabulary) the head runs once, unchunked: the
+recomputation would cost time and save no memory that matters.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 TOKEN_LOGP = "token_logp"
 TOKEN_ENTROPY = "token_entropy"
+
+# Full-batch float32 logits below this size are computed in one piece, without chunks or recomputation.
+HEAD_CHUNKING_MIN_BYTES = 64 * 2**20
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -75,6 +80,7 @@ class HFCausalLMRLModule(TorchRLModule):
         self.compute_entropy = bool(cfg.get("compute_entropy", False))
         self._softcap = getattr(self.lm.config, "final_logit_softcapping", None)
         self._chunked_head_ok = self._check_chunked_head()
+        self.head_chunking_min_bytes = HEAD_CHUNKING_MIN_BYTES
 
     # -- forward -------------------------------------------------------------------------------------------------
 
@@ -94,13 +100,17 @@ class HFCausalLMRLModule(TorchRLModule):
             hidden = self._causal_lm().base_model(input_ids=input_ids, attention_mask=attention_mask,
                                         use_cache=False).last_hidden_state[:, :-1]
             head = self._head_from_hidden
+            vocab = self._causal_lm().get_output_embeddings().weight.shape[0]
         else:
             hidden = self.lm(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
             head = self._head_from_logits
+            vocab = hidden.shape[-1]
+        logits_bytes = 4 * hidden.shape[0] * hidden.shape[1] * vocab
+        chunk = self.chunk_size if logits_bytes >= self.head_chunking_min_bytes else hidden.shape[0]
         logps, ents = [], []
-        for s in range(0, hidden.shape[0], self.chunk_size):
-            h, y = hidden[s:s + self.chunk_size], targets[s:s + self.chunk_size]
-            if torch.is_grad_enabled() and h.requires_grad:
+        for s in range(0, hidden.shape[0], chunk):
+            h, y = hidden[s:s + chunk], targets[s:s + chunk]
+            if chunk < hidden.shape[0] and torch.is_grad_enabled() and h.requires_grad:
                 lp, ent = checkpoint(head, h, y, with_entropy, use_reentrant=False)
             else:
                 lp, ent = head(h, y, with_entropy)

@@ -1,12 +1,13 @@
 """The HF causal-LM RLModule: token log-probs (chunked head) against the model's own forward, export."""
 
 import numpy as np
+import pytest
 import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from transformers import AutoModelForCausalLM
 
 from rllib_p3o.env import TextEnv
-from rllib_p3o.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, HFCausalLMRLModule
+from rllib_p3o.rl_module import HEAD_CHUNKING_MIN_BYTES, TOKEN_ENTROPY, TOKEN_LOGP, HFCausalLMRLModule
 
 
 def _module(path, **extra):
@@ -31,9 +32,12 @@ def _reference(lm, ids, mask):
     return logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
 
 
-def test_token_logprobs_match_full_forward_and_gradients(tiny_model):
+@pytest.mark.parametrize("chunked", [True, False], ids=["checkpointed-chunks", "small-logits-one-piece"])
+def test_token_logprobs_match_full_forward_and_gradients(tiny_model, chunked):
     module = _module(tiny_model, compute_entropy=True)
     assert module._chunked_head_ok
+    # The tiny model's logits are far below the chunking threshold: force chunks (of 2 sequences) for that case.
+    module.head_chunking_min_bytes = 0 if chunked else HEAD_CHUNKING_MIN_BYTES
     ids, mask = _padded_batch(module.lm.config.vocab_size)
     out = module.forward_train({"input_ids": ids, "attention_mask": mask})
     ref_lp, ref_ent = _reference(module.lm, ids, mask)
@@ -41,7 +45,7 @@ def test_token_logprobs_match_full_forward_and_gradients(tiny_model):
     torch.testing.assert_close(out[TOKEN_LOGP][valid], ref_lp[valid], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[TOKEN_ENTROPY][valid], ref_ent[valid], atol=1e-5, rtol=1e-5)
 
-    # Gradients through the checkpointed chunks equal those of the plain full-logits computation.
+    # Gradients through the (checkpointed) chunks equal those of the plain full-logits computation.
     w = torch.randn(out[TOKEN_LOGP].shape, generator=torch.Generator().manual_seed(1)) * valid
     (out[TOKEN_LOGP] * w).sum().backward()
     g_chunked = {n: p.grad.clone() for n, p in module.lm.named_parameters()}

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 _GROUPINGS = ((Columns.SOURCE_ID, metrics.BY_SOURCE), (Columns.STALENESS, metrics.BY_STALENESS))
 
 
+# Where torch has a fused Adam kernel (its default elsewhere is the per-tensor loop on CPU, foreach on CUDA).
+_FUSED_ADAM_DEVICES = ("cpu", "cuda")
+
 # Torch's own thread count in this process, before any learner set one (the learner default in sync mode).
 _TORCH_DEFAULT_THREADS = torch.get_num_threads()
 
@@ -71,6 +74,15 @@ class P3OTorchLearner(TorchLearner):
         """The parameters that train: all of them, or under LoRA the adapter's (the frozen base gets no gradient,
         no optimizer state and no DDP all-reduce)."""
         return [p for p in module.parameters() if p.requires_grad]
+
+    def configure_optimizers_for_module(self, module_id: ModuleID, config: "AlgorithmConfig" = None) -> None:
+        """RLlib's default optimizer (Adam on the trainable parameters, at ``config.lr`` or its schedule) with torch's
+        fused kernel: one pass over all tensors instead of about ten small ops per tensor (2.5 instead of 9.4 ms a
+        step at 2.44M parameters on one CPU thread). Devices or dtypes without a fused kernel get the default."""
+        params = self.get_parameters(self._module[module_id])
+        fused = all(p.is_floating_point() and p.device.type in _FUSED_ADAM_DEVICES for p in params) or None
+        self.register_optimizer(module_id=module_id, optimizer=torch.optim.Adam(params, fused=fused), params=params,
+                                lr_or_lr_schedule=config.lr)
 
     def apply_gradients(self, gradients_dict: ParamDict) -> None:
         """RLlib's optimizer step, unless the gradient is not finite (module docstring)."""
