@@ -171,7 +171,8 @@ class P3OConfig(AlgorithmConfig):
                 source of that minibatch (the policy's own rollouts, each behavior model, each offline source), each
                 token capped and pulled by its own source's ESS; for mixtures whose parts are off-policy to very
                 different degrees, such as a second model's rollouts beside fresh ones.
-            logprob_chunk_size: Sequences per LM-head chunk in the learner (bounds full-vocabulary logits memory).
+            logprob_chunk_size: Sequences per LM-head chunk in the learner (bounds full-vocabulary logits memory;
+                a batch whose float32 logits are under 64 MiB runs the head in one piece).
             lora: Train a LoRA adapter instead of all weights: ``{"r": 16, "alpha": 32, "target_modules": [...],
                 "dropout": 0.0}`` (defaults as shown; target_modules: every linear layer vLLM serves adapters on).
                 Runners serve the frozen base with vLLM's LoRA support and swap in each synced adapter (verified
