@@ -22,8 +22,9 @@ returned to the driver by `take_probe_result`. Under LoRA (``config.lora``) the 
 swaps in the new adapter alone (`vllm_engine.load_adapter`), under a `LoRARequest` per weights version that every
 policy generation and probe then names.
 
-Threads: each engine gets `P3OConfig.env_runner_threads` torch/OpenMP threads (its Ray CPUs by default), so that
-in async mode generation and training run side by side instead of spin-waiting on each other's cores.
+Threads: each engine gets `P3OConfig.env_runner_threads` torch/OpenMP threads (its Ray CPUs by default, plus in
+sync mode a share of the idle local learner's), so that in async mode generation and training run side by side
+instead of spin-waiting on each other's cores.
 """
 
 from __future__ import annotations

@@ -280,8 +280,15 @@ class P3OConfig(AlgorithmConfig):
 
     @property
     def env_runner_threads(self) -> int:
-        """Torch/OpenMP threads of each runner's engine (``num_threads_per_env_runner`` or its Ray CPUs)."""
-        return int(self.num_threads_per_env_runner or max(1, int(self.num_cpus_per_env_runner)))
+        """Torch/OpenMP threads of each runner's engine: ``num_threads_per_env_runner``, else its Ray CPUs; in sync
+        mode with a local learner, remote runners also borrow the driver's CPUs (``num_cpus_for_main_process``, split
+        between them), which sit idle while they generate (the mirror of `learner_threads` taking every core)."""
+        if self.num_threads_per_env_runner:
+            return int(self.num_threads_per_env_runner)
+        threads = max(1, int(self.num_cpus_per_env_runner))
+        if not self.async_sampling and self.num_learners == 0 and self.num_env_runners > 0:
+            threads += int(self.num_cpus_for_main_process) // self.num_env_runners
+        return threads
 
     def validate(self) -> None:
         super().validate()
