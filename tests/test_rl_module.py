@@ -56,6 +56,22 @@ def test_token_logprobs_match_full_forward_and_gradients(tiny_model, chunked):
         torch.testing.assert_close(g_chunked[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
 
 
+def test_a_batch_that_is_not_right_padded_keeps_its_attention_mask(tiny_model):
+    """Right-padded batches run without a mask (causal attention never reaches the padding after the real tokens);
+    any other padding must still be masked, or real tokens would attend to pad tokens."""
+    module = _module(tiny_model)
+    ids, right = _padded_batch(module.lm.config.vocab_size)
+    left = right.flip(-1)  # rows 1 and 3 padded on the left
+    with torch.no_grad():
+        for mask in (right, left):
+            out = module.forward_train({"input_ids": ids, "attention_mask": mask})[TOKEN_LOGP]
+            ref_lp, _ = _reference(module.lm, ids, mask)
+            valid = (mask[:, 1:] * mask[:, :-1]).bool()
+            torch.testing.assert_close(out[valid], ref_lp[valid], atol=1e-5, rtol=1e-5)
+        unmasked = module.forward_train({"input_ids": ids, "attention_mask": torch.ones_like(left)})[TOKEN_LOGP]
+        assert not torch.allclose(unmasked[1][valid[1]], out[1][valid[1]], atol=1e-4)  # the mask mattered here
+
+
 def test_state_is_torch_and_export_roundtrips(tiny_model, tmp_path):
     module = _module(tiny_model)
     state = module.get_state()
