@@ -63,8 +63,9 @@ def plot(runs: list, path: str) -> str:
         if run.get("heldout_curve"):
             iterations, heldout = zip(*run["heldout_curve"])
             ax.plot(iterations, heldout, alpha=0.7, lw=1, color="tab:blue" if run["threads"] == 1 else "tab:orange")
-    ax.plot([], [], color="tab:blue", label="pretrained with 1 thread")
-    ax.plot([], [], color="tab:orange", label="pretrained with 2 threads")
+    for threads, color in ((1, "tab:blue"), (2, "tab:orange")):  # a legend entry only for thread counts run
+        if any(run["threads"] == threads for run in runs):
+            ax.plot([], [], color=color, label=f"pretrained with {threads} thread{'s' if threads > 1 else ''}")
     ax.axhline(runs[0]["target"], color="gray", ls="--", lw=1)
     ax.set_xlabel("iteration (512 completions each)")
     ax.set_ylabel("held-out accuracy (greedy)")
