@@ -10,7 +10,7 @@ fresh process (imports are part of a start). Reported, as the median over repeat
   deterministic torch mode imports torch's compiler stack), the EnvRunnerGroup (the remote runner actor: its
   imports, then ``runner_init_s`` of `VLLMEnvRunner.__init__`, of which ``runner_engine_s`` starts the vLLM
   engine; and the driver's local runner), the learner group, and P3O's first weight sync (verified by the probe;
-  it includes waiting for the runner actor to finish starting, as RLlib creates the actor without waiting);
+  the runner has started by then: P3O's setup asks it for its tokenizer's pad id first);
 - ``first_train_s``: the first `train()` call.
 """
 
