@@ -93,8 +93,7 @@ class P3OConfig(AlgorithmConfig):
         self.lr = 1e-5
         self.grad_clip = 1.0
         self.grad_clip_by = "global_norm"
-        # The P3O learner skips a non-finite step itself, with one fused check over all gradients, before RLlib's
-        # `apply_gradients` runs; True keeps RLlib from checking each tensor again (~10 ms a step at 2.44M on CPU).
+        # Our learner skips non-finite steps itself (one fused check): RLlib need not check each tensor again.
         self.torch_skip_nan_gradients = True
         self.num_epochs = 1
         self.minibatch_size = None
@@ -171,8 +170,7 @@ class P3OConfig(AlgorithmConfig):
                 source of that minibatch (the policy's own rollouts, each behavior model, each offline source), each
                 token capped and pulled by its own source's ESS; for mixtures whose parts are off-policy to very
                 different degrees, such as a second model's rollouts beside fresh ones.
-            logprob_chunk_size: Sequences per LM-head chunk in the learner (bounds full-vocabulary logits memory;
-                a batch whose float32 logits are under 64 MiB runs the head in one piece).
+            logprob_chunk_size: Sequences per LM-head chunk in the learner once a batch's logits pass 64 MiB.
             lora: Train a LoRA adapter instead of all weights: ``{"r": 16, "alpha": 32, "target_modules": [...],
                 "dropout": 0.0}`` (defaults as shown; target_modules: every linear layer vLLM serves adapters on).
                 Runners serve the frozen base with vLLM's LoRA support and swap in each synced adapter (verified
@@ -280,15 +278,12 @@ class P3OConfig(AlgorithmConfig):
 
     @property
     def env_runner_threads(self) -> int:
-        """Torch/OpenMP threads of each runner's engine: ``num_threads_per_env_runner``, else its Ray CPUs; in sync
-        mode with a local learner, remote runners also borrow the driver's CPUs (``num_cpus_for_main_process``, split
-        between them), which sit idle while they generate (the mirror of `learner_threads` taking every core)."""
-        if self.num_threads_per_env_runner:
-            return int(self.num_threads_per_env_runner)
-        threads = max(1, int(self.num_cpus_per_env_runner))
-        if not self.async_sampling and self.num_learners == 0 and self.num_env_runners > 0:
-            threads += int(self.num_cpus_for_main_process) // self.num_env_runners
-        return threads
+        """Torch/OpenMP threads of each runner's engine: ``num_threads_per_env_runner``, else its Ray CPUs plus, in
+        sync mode with a local learner, a share of the driver's CPUs (``num_cpus_for_main_process``), idle while the
+        runners generate (the mirror of `learner_threads` taking every core)."""
+        borrowed = (int(self.num_cpus_for_main_process) // self.num_env_runners
+                    if not self.async_sampling and self.num_learners == 0 and self.num_env_runners > 0 else 0)
+        return int(self.num_threads_per_env_runner or max(1, int(self.num_cpus_per_env_runner)) + borrowed)
 
     def validate(self) -> None:
         super().validate()
@@ -340,14 +335,9 @@ class P3OConfig(AlgorithmConfig):
 
     def lm_model_config(self) -> Dict[str, Any]:
         """The RLModule's ``model_config`` (see `HFCausalLMRLModule`)."""
-        return {
-            "model": self.policy_model,
-            "dtype": self.model_dtype,
-            "trust_remote_code": self.trust_remote_code,
-            "logprob_chunk_size": self.logprob_chunk_size,
-            "compute_entropy": self.entropy_coeff > 0,
-            "lora": self.lora,
-        }
+        return {"model": self.policy_model, "dtype": self.model_dtype, "trust_remote_code": self.trust_remote_code,
+                "logprob_chunk_size": self.logprob_chunk_size, "compute_entropy": self.entropy_coeff > 0,
+                "lora": self.lora}
 
     def get_default_learner_class(self) -> Union[Type[Learner], str]:
         return P3OTorchLearner
