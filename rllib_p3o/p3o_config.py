@@ -283,7 +283,7 @@ class P3OConfig(AlgorithmConfig):
         runners generate (the mirror of `learner_threads` taking every core)."""
         borrowed = (int(self.num_cpus_for_main_process) // self.num_env_runners
                     if not self.async_sampling and self.num_learners == 0 and self.num_env_runners > 0 else 0)
-        return int(self.num_threads_per_env_runner or max(1, int(self.num_cpus_per_env_runner)) + borrowed)
+        return int(self.num_threads_per_env_runner or (max(1, int(self.num_cpus_per_env_runner)) + borrowed))
 
     def validate(self) -> None:
         super().validate()

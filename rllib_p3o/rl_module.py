@@ -88,8 +88,8 @@ class HFCausalLMRLModule(TorchRLModule):
         self.chunk_size = int(cfg.get("logprob_chunk_size", 8))
         self.compute_entropy = bool(cfg.get("compute_entropy", False))
         self._softcap = getattr(self.lm.config, "final_logit_softcapping", None)
-        self._chunked_head_ok = self._check_chunked_head()
         self.head_chunking_min_bytes = HEAD_CHUNKING_MIN_BYTES
+        self._chunked_head_ok = self._check_chunked_head()
 
     # -- forward -------------------------------------------------------------------------------------------------
 
