@@ -27,7 +27,7 @@ from _report import write_report
 
 
 def run(mode: str, model: str, seed: int, target: float, max_iterations: int) -> Dict:
-    from rllib_p3o import metrics
+    from rllib_p3o.core import metrics
     from rllib_p3o.tasks.demo_config import demo_config
 
     extra = {"async_sampling": True, "max_staleness": 2} if mode == "async" else {}

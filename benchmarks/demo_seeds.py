@@ -39,7 +39,7 @@ def heldout_curve(metrics_csv: str) -> list:
     """[[iteration, held-out accuracy], ...] from a demo run's metrics.csv."""
     import pandas as pd
 
-    from rllib_p3o import metrics
+    from rllib_p3o.core import metrics
 
     columns = ["training_iteration", metrics.column(metrics.P3O, metrics.HELDOUT_REWARD_MEAN)]
     return pd.read_csv(metrics_csv)[columns].dropna().values.tolist()

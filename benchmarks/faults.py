@@ -66,7 +66,7 @@ def _prompt_accounting(record_dir: str, group_size: int = 4) -> dict:
 def runner_kill(model: str, work: str) -> dict:
     import ray
 
-    from rllib_p3o import metrics as m
+    from rllib_p3o.core import metrics as m
 
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
     rec = os.path.join(work, "runner_kill")
@@ -138,8 +138,8 @@ def nan_injection(model: str, work: str) -> dict:
     import ray
     import torch
 
-    from rllib_p3o import metrics as m
-    from rllib_p3o.columns import Columns
+    from rllib_p3o.core import metrics as m
+    from rllib_p3o.core.columns import Columns
 
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
     rec = os.path.join(work, "nan")

@@ -88,7 +88,7 @@ def main() -> None:
 
     import ray
 
-    from rllib_p3o import metrics
+    from rllib_p3o.core import metrics
     from rllib_p3o.tasks import ArithmeticTask, build_demo_model
     from rllib_p3o.tasks.demo_config import demo_config
 

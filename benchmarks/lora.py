@@ -10,7 +10,7 @@ N iterations; reported are medians over the iterations after the first of the we
 iteration's path, bytes, and its split: gather on the driver, transfer, engine load), the iteration and the learner
 update, plus the learner's tensor memory (parameters, gradients, optimizer state) and the driver process's peak RSS
 (the local learner lives there). Alternating modes, ``--repeats`` times. Every sync is probe-checked (riding along,
-`rllib_p3o.probe`); what that costs is measured by `probe_cost.py`.
+`rllib_p3o.sync.probe`); what that costs is measured by `probe_cost.py`.
 Part 2 runs ``examples/demo.py`` (through tune.Tuner, to held-out accuracy 0.9) with full weights and with
 ``--lora RANK`` for each ``--learning-seeds`` seed, and reports what each reached and when.
 """
@@ -46,7 +46,7 @@ def run_mode(model: str, mode: str, iterations: int, rank: int) -> Dict:
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_p3o import P3OConfig
-    from rllib_p3o import metrics as m
+    from rllib_p3o.core import metrics as m
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     lora = {"r": rank, "alpha": 2 * rank} if mode == "lora" else None

@@ -27,9 +27,10 @@ def main() -> None:
 
     import ray
 
-    from rllib_p3o import P3OConfig, metrics
+    from rllib_p3o import P3OConfig
+    from rllib_p3o.core import metrics
     from rllib_p3o.tasks import build_demo_model
-    from rllib_p3o.trajectories import validate_trajectories
+    from rllib_p3o.data.trajectories import validate_trajectories
 
     model = build_demo_model(args.model_dir)
     t0 = time.perf_counter()

@@ -65,7 +65,8 @@ def build_model(size: str, models_dir: str) -> str:
 def run_project(model: str, mode: str, steps: int) -> Dict:
     import ray
 
-    from rllib_p3o import P3OConfig, metrics
+    from rllib_p3o import P3OConfig
+    from rllib_p3o.core import metrics
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     config = (

@@ -8,7 +8,7 @@ Setting: the "A+B=" task of `peer_trl` (8 prompts x 8 completions, 16 new tokens
 r=16); in it, after 2 warm-up iterations, blocks of ``--per-block`` iterations alternate between the variants (the
 order reversed every other block), so the machine's drift hits all of them alike:
 
-- ``riding_along``: the default (`rllib_p3o.probe`): the engine scores the probe with its next generate call and the
+- ``riding_along``: the default (`rllib_p3o.sync.probe`): the engine scores the probe with its next generate call and the
   learner's probe runs in a background thread beside it;
 - ``at_load``: every sync checked at load, as `WeightSync.push_verified` does (the learner's probe before the push,
   the engine's in a call of its own after the reload); this was every iteration's check before riding along;
@@ -42,7 +42,7 @@ def run(model: str, mode: str, blocks: int, per_block: int) -> Dict[str, Dict[st
     import ray
 
     from rllib_p3o import P3OConfig
-    from rllib_p3o import metrics as m
+    from rllib_p3o.core import metrics as m
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     lora = {"r": RANK, "alpha": 2 * RANK} if mode == "lora" else None

@@ -31,7 +31,7 @@ PHASES = {
     "seed_s": ("deterministic.py", "update_global_seed_if_necessary"),
     "env_runner_group_s": ("env_runner_group.py", "__init__"),
     "learner_group_s": ("learner_group.py", "__init__"),
-    "first_sync_s": ("weight_sync.py", "push_verified"),
+    "first_sync_s": ("push.py", "push_verified"),
 }
 
 

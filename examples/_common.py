@@ -46,7 +46,7 @@ def start(out: str, *, base_seed: int = 0, threads: Optional[int] = None, pretra
 
 
 def stop_at(target: float, time_limit: float, iterations: int):
-    from rllib_p3o import metrics
+    from rllib_p3o.core import metrics
 
     def stop(trial_id: str, result: dict) -> bool:
         heldout = result.get(metrics.P3O, {}).get(metrics.HELDOUT_REWARD_MEAN, float("nan"))
@@ -82,7 +82,7 @@ def run_tuner(config, name: str, storage: str, stop, *, target: float = DEFAULT_
 
 def summarize(df: "pandas.DataFrame", target: float = DEFAULT_TARGET) -> Dict:
     """Held-out accuracy before/after/best, whether and when it reached ``target``, iterations and training time."""
-    from rllib_p3o import metrics
+    from rllib_p3o.core import metrics
 
     heldout = df[metrics.column(metrics.P3O, metrics.HELDOUT_REWARD_MEAN)].dropna()
     reached = heldout[heldout >= target]

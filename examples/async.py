@@ -25,7 +25,8 @@ def main() -> None:
     args = parser.parse_args()
     out = os.path.abspath(args.out)
 
-    from rllib_p3o import P3OConfig, metrics
+    from rllib_p3o import P3OConfig
+    from rllib_p3o.core import metrics
     from rllib_p3o.progress import plot_training_curves
     from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 

@@ -19,7 +19,7 @@ import sys
 import time
 
 from _common import add_run_args, run_tuner, start, stop_at, write_summary
-from rllib_p3o.losses import LOSSES
+from rllib_p3o.core.losses import LOSSES
 
 PRINT_EVERY = 5  # iterations; also the held-out evaluation interval of the demo config
 
@@ -53,7 +53,7 @@ def main() -> int:
     print(f"      ready after {_clock(time.time() - t_start)}", flush=True)
 
     from rllib_p3o.progress import plot_training_curves
-    from rllib_p3o.rl_module import HFCausalLMRLModule
+    from rllib_p3o.learner.rl_module import HFCausalLMRLModule
     from rllib_p3o.tasks.demo_config import demo_config
 
     print(f"[2/3] {args.loss.upper()} training via tune.Tuner: stops at held-out accuracy >= {args.target}, at the "

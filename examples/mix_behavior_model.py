@@ -25,7 +25,7 @@ import argparse
 import os
 
 from _common import add_run_args, run_tuner, start, stop_at, write_summary
-from rllib_p3o.losses import LOSSES
+from rllib_p3o.core.losses import LOSSES
 
 
 def briefly_trained(model: str, path: str, heldout_target: float, max_iterations: int = 400) -> str:
@@ -35,7 +35,7 @@ def briefly_trained(model: str, path: str, heldout_target: float, max_iterations
     import json
     import math
 
-    from rllib_p3o import metrics
+    from rllib_p3o.core import metrics
     from rllib_p3o.tasks.demo_config import demo_config
 
     stamp = os.path.join(path, "behavior_training.json")
@@ -71,9 +71,9 @@ def main() -> None:
     args = parser.parse_args()
     out = os.path.abspath(args.out)
 
-    from rllib_p3o import metrics
+    from rllib_p3o.core import metrics
     from rllib_p3o.progress import plot_training_curves
-    from rllib_p3o.sources import POLICY, behavior_source_name
+    from rllib_p3o.core.sources import POLICY, behavior_source_name
     from rllib_p3o.tasks import build_demo_model
     from rllib_p3o.tasks.demo_config import demo_config
 

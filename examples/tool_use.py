@@ -2,7 +2,7 @@
 
 A tiny model cannot multiply two-digit numbers. Its base model (`rllib_p3o.tasks.products`) has seen the tool
 format only in its pretraining text: additions written as calculator calls, and products answered directly (95%)
-or with the calculator (5%). Multi-turn episodes (`rllib_p3o.multiturn.ToolEnv`): the model may call
+or with the calculator (5%). Multi-turn episodes (`rllib_p3o.runner.multiturn.ToolEnv`): the model may call
 ``<tool_call>calc(47*86)</tool_call>``, the environment answers ``<tool_response>4042</tool_response>``, the model
 answers; the reward checks the final answer.
 
@@ -32,7 +32,7 @@ PRINT_EVERY = 2  # iterations; also the held-out evaluation interval
 
 def tool_use_config(model: str, tools: dict, seed: int):
     from rllib_p3o import P3OConfig
-    from rllib_p3o.multiturn import ToolEnv
+    from rllib_p3o.runner.multiturn import ToolEnv
     from rllib_p3o.tasks.products import STOP_TOKENS, ProductTask, product_reward
 
     task = ProductTask()
@@ -69,7 +69,7 @@ def main() -> int:
 
     import ray
 
-    from rllib_p3o import metrics
+    from rllib_p3o.core import metrics
     from rllib_p3o.progress import CURVES, plot_training_curves, quiet_library_output
     from rllib_p3o.tasks.products import build_tool_model, calc
 

@@ -3,13 +3,8 @@
 ``import rllib_p3o`` registers the algorithm with Tune under the name ``"P3O"``.
 """
 
-from rllib_p3o.objectives import (
-    effective_sample_size,
-    group_advantages,
-    grpo_loss,
-    kl_k3,
-    p3o_loss,
-)
+from rllib_p3o import _moved
+from rllib_p3o.core.objectives import effective_sample_size, group_advantages, grpo_loss, kl_k3, p3o_loss
 from rllib_p3o.p3o import P3O, P3OConfig
 
 __all__ = [
@@ -22,6 +17,9 @@ __all__ = [
     "p3o_loss",
 ]
 __version__ = "0.1.0"
+
+
+_moved.install()
 
 
 def _register_with_tune() -> None:

@@ -3,7 +3,7 @@
     rllib-p3o validate PATH [--model DIR] [--max-seq-len N] [--allow-missing-behavior]
     rllib-p3o sweep [--quick | --full] [--out DIR] ...        (`rllib_p3o.sweep.run`: its own --help)
 
-``validate`` checks a trajectory Parquet file or directory against the schema (`rllib_p3o.trajectories`) and prints
+``validate`` checks a trajectory Parquet file or directory against the schema (`rllib_p3o.data.trajectories`) and prints
 every bad row with file, row and column. Exit status 0 when the data is valid, 1 when any row is bad, 2 on usage
 errors. ``sweep`` runs the paper's comparisons on the built-in task as resumable Ray Tune experiments.
 """
@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from rllib_p3o.trajectories import OfflineDataError, validate_trajectories
+from rllib_p3o.data.trajectories import OfflineDataError, validate_trajectories
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 from ray import tune
 
-from rllib_p3o import metrics
+from rllib_p3o.core import metrics
 
 if TYPE_CHECKING:
     import pandas

@@ -1,7 +1,7 @@
 """Online sampling for one training step, synchronous or asynchronous: which runner samples which prompt groups,
 what happens when a runner dies, and the staleness of what is sampled.
 
-Prompt groups come from the driver's `PromptSchedule` (`rllib_p3o.prompt_schedule`): the sampler hands each runner
+Prompt groups come from the driver's `PromptSchedule` (`rllib_p3o.data.prompt_schedule`): the sampler hands each runner
 its groups, so the data position is the driver's and goes into the checkpoint (`get_state`).
 
 Staleness of a record = weights versions between the policy that sampled it and the learner's current weights
@@ -28,16 +28,16 @@ import math
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_p3o import metrics
-from rllib_p3o.columns import Record
+from rllib_p3o.core import metrics
+from rllib_p3o.core.columns import Record
 from rllib_p3o.engine_runners import EngineRunners, EnvRunnerFailedError
-from rllib_p3o.episodes import episodes_to_records
-from rllib_p3o.p3o_config import P3OConfig
-from rllib_p3o.prompt_schedule import Group, PromptSchedule
-from rllib_p3o.sources import is_policy
+from rllib_p3o.runner.episodes import episodes_to_records
+from rllib_p3o.data.prompt_schedule import Group, PromptSchedule
+from rllib_p3o.core.sources import is_policy
 
 CompletionRecord = Dict[str, Any]
 # RLlib's tag of the runners' in-flight sample() calls.
@@ -103,11 +103,11 @@ class Sampler:
     ``group_size``. Runner metrics are aggregated into ``metrics_logger`` under ``env_runners``; the learner's wait
     for data, stale records dropped and samples lost with dead runners are logged under ``p3o``. ``verify(runner id,
     probe result, policy weights versions)`` sees every runner's result before its records are used
-    (`rllib_p3o.weight_sync.WeightSync.verify`: it raises for samples of weights that failed, or missed, their probe
+    (`rllib_p3o.sync.push.WeightSync.verify`: it raises for samples of weights that failed, or missed, their probe
     check).
     """
 
-    def __init__(self, config: P3OConfig, runners: EngineRunners, metrics_logger: MetricsLogger,
+    def __init__(self, config: AlgorithmConfig, runners: EngineRunners, metrics_logger: MetricsLogger,
                  schedule: PromptSchedule, verify: Optional[Callable[[int, Any, Set[int]], None]] = None):
         self.config = config
         self.verify = verify

@@ -7,7 +7,7 @@ from ray import tune
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_p3o import P3O, P3OConfig
-from rllib_p3o import metrics as m
+from rllib_p3o.core import metrics as m
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
 REPORTED = [m.REWARD_MEAN, m.TIME_GENERATE_S, m.TIME_TRAIN_S, m.TIME_SYNC_S, m.TIME_OTHER_S,

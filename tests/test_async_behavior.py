@@ -7,10 +7,10 @@ import ray
 import torch
 
 from rllib_p3o import P3OConfig
-from rllib_p3o import metrics as m
-from rllib_p3o.env_runner import VLLMEnvRunner
-from rllib_p3o.episodes import episodes_to_records
-from rllib_p3o.sources import POLICY, source_id
+from rllib_p3o.core import metrics as m
+from rllib_p3o.runner.env_runner import VLLMEnvRunner
+from rllib_p3o.runner.episodes import episodes_to_records
+from rllib_p3o.core.sources import POLICY, source_id
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward, build_tiny_model
 
 

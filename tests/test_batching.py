@@ -1,4 +1,4 @@
-"""The learner batch format (`rllib_p3o.columns`), built from completion records by `rllib_p3o.batching`, without
+"""The learner batch format (`rllib_p3o.core.columns`), built from completion records by `rllib_p3o.data.batching`, without
 Ray: alignment of completion tokens and behavior log-probs, padding, and online + offline parts concatenated."""
 
 from types import SimpleNamespace
@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rllib_p3o import batching
-from rllib_p3o.columns import BATCH_COLUMNS, DTYPES, Columns, Record
-from rllib_p3o.episodes import completion_episode, episodes_to_records
-from rllib_p3o.offline_data import P3OOfflinePreLearner
-from rllib_p3o.sources import source_id
+from rllib_p3o.data import batching
+from rllib_p3o.core.columns import BATCH_COLUMNS, DTYPES, Columns, Record
+from rllib_p3o.runner.episodes import completion_episode, episodes_to_records
+from rllib_p3o.data.offline_data import P3OOfflinePreLearner
+from rllib_p3o.core.sources import source_id
 
 PAD = 0
 

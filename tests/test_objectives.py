@@ -5,15 +5,7 @@ import math
 import pytest
 import torch
 
-from rllib_p3o.objectives import (
-    effective_sample_size,
-    effective_sample_size_from_log_ratios,
-    group_advantages,
-    groups_without_signal,
-    grpo_loss,
-    kl_k3,
-    p3o_loss,
-)
+from rllib_p3o.core.objectives import effective_sample_size, effective_sample_size_from_log_ratios, group_advantages, groups_without_signal, grpo_loss, kl_k3, p3o_loss
 
 
 def _batch(seed=0, b=4, t=6, noise=0.3):
@@ -253,7 +245,7 @@ def _hand_gradient(logp, behavior, adv, cap: bool, kl: bool) -> torch.Tensor:
 @pytest.mark.parametrize("name,cap,kl", [("p3o", True, True), ("p3o_no_cap", False, True),
                                          ("p3o_no_kl", True, False)])
 def test_registered_p3o_family_matches_hand_computed_gradient(name, cap, kl):
-    from rllib_p3o.losses import get_loss
+    from rllib_p3o.core.losses import get_loss
 
     logp, behavior, adv, mask = _ablation_case()
     loss, stats = get_loss(name).fn(logp, behavior, adv, mask)
@@ -264,7 +256,7 @@ def test_registered_p3o_family_matches_hand_computed_gradient(name, cap, kl):
 
 def test_unknown_loss_lists_the_registered_names():
     from rllib_p3o import P3OConfig
-    from rllib_p3o.losses import LOSSES, get_loss
+    from rllib_p3o.core.losses import LOSSES, get_loss
 
     assert {"p3o", "grpo", "p3o_no_cap", "p3o_no_kl"} <= set(LOSSES)
     with pytest.raises(ValueError, match="Unknown loss 'ppo'; registered losses: grpo, p3o, p3o_no_cap, p3o_no_kl"):

@@ -12,11 +12,11 @@ import pytest
 import ray.cloudpickle
 
 from rllib_p3o import P3O, P3OConfig
-from rllib_p3o import metrics as m
-from rllib_p3o.sources import POLICY, offline_source_name
+from rllib_p3o.core import metrics as m
+from rllib_p3o.core.sources import POLICY, offline_source_name
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
-from rllib_p3o.recorder import TrajectoryRecorder
-from rllib_p3o.trajectories import OfflineDataError, validate_trajectories
+from rllib_p3o.data.recorder import TrajectoryRecorder
+from rllib_p3o.data.trajectories import OfflineDataError, validate_trajectories
 
 GOOD = {"prompt_ids": [3, 9, 13], "completion_ids": [8, 1], "reward": 1.0, "behavior_logprobs": [-0.5, -0.1],
         "group_id": "g0"}

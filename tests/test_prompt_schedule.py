@@ -1,7 +1,7 @@
 """The driver's prompt schedule (pure Python): epochs are permutations, the position is independent of how groups
 are split, given-back groups come first, and a restored schedule continues exactly where the saved one stood."""
 
-from rllib_p3o.prompt_schedule import PromptSchedule, group_seed
+from rllib_p3o.data.prompt_schedule import PromptSchedule, group_seed
 
 
 def test_each_epoch_visits_every_row_once_in_a_seeded_order():

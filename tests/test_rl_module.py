@@ -6,8 +6,8 @@ import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from transformers import AutoModelForCausalLM
 
-from rllib_p3o.env import TextEnv
-from rllib_p3o.rl_module import HEAD_CHUNKING_MIN_BYTES, TOKEN_ENTROPY, TOKEN_LOGP, HFCausalLMRLModule
+from rllib_p3o.runner.env import TextEnv
+from rllib_p3o.learner.rl_module import HEAD_CHUNKING_MIN_BYTES, TOKEN_ENTROPY, TOKEN_LOGP, HFCausalLMRLModule
 
 
 def _module(path, **extra):

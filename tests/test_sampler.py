@@ -6,12 +6,12 @@ from types import SimpleNamespace
 import pytest
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_p3o import metrics as m
-from rllib_p3o.columns import Record
-from rllib_p3o.episodes import completion_episode
-from rllib_p3o.prompt_schedule import PromptSchedule
+from rllib_p3o.core import metrics as m
+from rllib_p3o.core.columns import Record
+from rllib_p3o.runner.episodes import completion_episode
+from rllib_p3o.data.prompt_schedule import PromptSchedule
 from rllib_p3o.sampler import Sampler, StaleChunkQueue, chunk_staleness, set_staleness, split_groups
-from rllib_p3o.sources import POLICY, source_id
+from rllib_p3o.core.sources import POLICY, source_id
 
 BEHAVIOR = source_id("behavior/frozen")
 

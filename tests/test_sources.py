@@ -1,20 +1,12 @@
-"""Data sources and their names (`rllib_p3o.sources`) and the metric keys (`rllib_p3o.metrics`), without Ray."""
+"""Data sources and their names (`rllib_p3o.core.sources`) and the metric keys (`rllib_p3o.core.metrics`), without Ray."""
 
 import numpy as np
 import torch
 
-from rllib_p3o import metrics as m
-from rllib_p3o.columns import Record
-from rllib_p3o.objectives import grpo_loss, p3o_loss
-from rllib_p3o.sources import (
-    POLICY,
-    SourceNames,
-    behavior_sample_counts,
-    behavior_source_name,
-    is_policy,
-    offline_source_name,
-    source_id,
-)
+from rllib_p3o.core import metrics as m
+from rllib_p3o.core.columns import Record
+from rllib_p3o.core.objectives import grpo_loss, p3o_loss
+from rllib_p3o.core.sources import POLICY, SourceNames, behavior_sample_counts, behavior_source_name, is_policy, offline_source_name, source_id
 
 
 def test_policy_is_source_zero_and_other_names_get_stable_distinct_ids():

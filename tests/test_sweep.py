@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from rllib_p3o import P3OConfig
-from rllib_p3o import metrics as m
+from rllib_p3o.core import metrics as m
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import METHODS, lr_schedule
 from rllib_p3o.tasks import ArithmeticTask

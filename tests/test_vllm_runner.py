@@ -11,10 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rllib_p3o import P3OConfig
-from rllib_p3o.env_runner import VLLMEnvRunner, WeightSyncError
-from rllib_p3o.episodes import episodes_to_records
+from rllib_p3o.runner.env_runner import VLLMEnvRunner, WeightSyncError
+from rllib_p3o.runner.episodes import episodes_to_records
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
-from rllib_p3o.weight_sync import PackedTensors
+from rllib_p3o.sync.payload import PackedTensors
 
 
 def _config(model, **training):

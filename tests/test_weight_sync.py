@@ -6,7 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rllib_p3o.weight_sync import PackedTensors, WeightSync, WeightSyncError, hf_weights
+from rllib_p3o.sync.payload import PackedTensors, hf_weights
+from rllib_p3o.sync.push import WeightSync
+from rllib_p3o.sync.probe import WeightSyncError
 
 
 class _Learners:
@@ -37,7 +39,7 @@ class _Runners:
 
 @pytest.fixture(autouse=True)
 def _no_object_store(monkeypatch):
-    monkeypatch.setattr("rllib_p3o.weight_sync.ray.put", lambda x: x)
+    monkeypatch.setattr("rllib_p3o.sync.push.ray.put", lambda x: x)
 
 
 def test_a_hung_runner_is_named_never_waited_for_forever():
@@ -72,8 +74,9 @@ def test_packed_tensors_come_back_bit_exact_in_every_dtype_and_shape():
 
 
 def test_learner_probes_check_what_runners_return_against_the_same_version():
-    """The driver's side of riding-along checks (`rllib_p3o.probe.LearnerProbes`); the learner is a function here."""
-    from rllib_p3o.probe import LearnerProbes, ProbeResult
+    """The driver's side of riding-along checks (`rllib_p3o.sync.push.LearnerProbes`); the learner is a function here."""
+    from rllib_p3o.sync.push import LearnerProbes
+    from rllib_p3o.sync.probe import ProbeResult
 
     weights = {"v": 0.0}
     probes = LearnerProbes(lambda: [-1.0 - weights["v"], -2.0], tolerance=1e-3, keep=2)
@@ -101,7 +104,7 @@ def test_learner_probes_check_what_runners_return_against_the_same_version():
 def test_the_learner_probe_thread_leaves_the_learners_openmp_threads_alone():
     """The background probe scores on one OpenMP thread of its own, and the learner's (main) thread keeps its count:
     a default-sized team on the probe thread makes libgomp stop spin-waiting, which slowed the learner's update."""
-    from rllib_p3o.probe import LearnerProbes
+    from rllib_p3o.sync.push import LearnerProbes
 
     before = torch.get_num_threads()
     seen = []

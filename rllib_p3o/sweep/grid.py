@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from rllib_p3o.p3o_config import P3OConfig
+from rllib_p3o.p3o import P3OConfig
 from rllib_p3o.tasks.demo_config import demo_config
 
 # Methods: name -> config overrides (all keys in `rllib_p3o.trial_reuse.RESETTABLE_KEYS`).

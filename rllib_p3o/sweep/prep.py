@@ -18,7 +18,7 @@ import math
 import os
 from typing import Callable, Optional
 
-from rllib_p3o import metrics
+from rllib_p3o.core import metrics
 from rllib_p3o.sweep.grid import Grid, Prepared, lr_schedule
 from rllib_p3o.tasks import ArithmeticTask, build_demo_model
 from rllib_p3o.tasks.demo_config import demo_config

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from rllib_p3o import metrics
+from rllib_p3o.core import metrics
 
 CURVES_CSV = "curves.csv"
 SUMMARY_MD = "summary.md"

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 
 from ray import tune
 
-from rllib_p3o import metrics
+from rllib_p3o.core import metrics
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import FULL, METHOD, METHOD_KEYS, METHODS, QUICK, REGIMES, Grid, Prepared, lr_schedule
 from rllib_p3o.sweep.grid import method_value, regime_config

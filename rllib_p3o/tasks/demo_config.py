@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rllib_p3o.p3o_config import P3OConfig
+from rllib_p3o.p3o import P3OConfig
 from rllib_p3o.tasks.arithmetic import ArithmeticTask, arithmetic_reward
 
 

@@ -1,7 +1,7 @@
 """Tool-use task: two-digit products, ``"47*86="`` → ``"4042"``, with a calculator tool the model may call.
 
 A tiny model cannot multiply two-digit numbers; with the tool it only has to call it and copy the result. One
-episode, in the text format (no chat template; `rllib_p3o.multiturn.ToolEnv`):
+episode, in the text format (no chat template; `rllib_p3o.runner.multiturn.ToolEnv`):
 
     47*86=<tool_call>calc(47*86)</tool_call>      model turn 1 (stops at the </tool_call> token)
     <tool_response>4042</tool_response>           environment turn (the tool's result)

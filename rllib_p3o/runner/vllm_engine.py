@@ -25,8 +25,8 @@ CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
 # decode each sampled (and each log-prob) token as it goes, 15% of generation time at 0.33M parameters on CPU.
 # Stop conditions are token ids, which need no text.
 DETOKENIZE = False
-# The worker extension that reloads weights in place (`rllib_p3o.vllm_ext`).
-WORKER_EXTENSION = "rllib_p3o.vllm_ext.WeightSyncExtension"
+# The worker extension that reloads weights in place (`rllib_p3o.runner.vllm_ext`).
+WORKER_EXTENSION = "rllib_p3o.runner.vllm_ext.WeightSyncExtension"
 
 
 def set_engine_threads(n: int) -> None:
@@ -40,9 +40,9 @@ def set_engine_threads(n: int) -> None:
 
 def make_engine(cfg: Any, model: str, max_model_len: int, worker_index: int,
                 lora: Optional[Mapping[str, Any]] = None) -> Any:
-    """A ``vllm.LLM`` for ``model`` with the config's dtype, seed and logprobs mode (`rllib_p3o.p3o_config`); sampling
+    """A ``vllm.LLM`` for ``model`` with the config's dtype, seed and logprobs mode (`rllib_p3o.p3o`); sampling
     comes only from our SamplingParams, never from the model's generation_config defaults. With ``lora`` (a
-    validated `rllib_p3o.lora` spec) the engine serves one adapter of that rank on the frozen ``model``."""
+    validated `rllib_p3o.core.lora` spec) the engine serves one adapter of that rank on the frozen ``model``."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
     from vllm.platforms import current_platform
@@ -73,7 +73,7 @@ def make_engine(cfg: Any, model: str, max_model_len: int, worker_index: int,
 
             torch.compiler.set_stance("force_eager")
     if lora is not None:
-        from rllib_p3o.lora import vllm_max_lora_rank
+        from rllib_p3o.core.lora import vllm_max_lora_rank
 
         kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(lora["r"]), max_loras=1, max_cpu_loras=1)
     kwargs.update(cfg.vllm_kwargs or {})
@@ -97,7 +97,7 @@ def is_in_process(llm: Any) -> bool:
 
 def _rpc_tensors(llm: Any, tensors: Mapping[str, Any]) -> Any:
     """``tensors`` as a worker-extension argument: the tensors themselves for the in-process engine (no copy), else
-    safetensors bytes (tensors do not survive the multiprocess engine's RPC; `rllib_p3o.vllm_ext` reads both)."""
+    safetensors bytes (tensors do not survive the multiprocess engine's RPC; `rllib_p3o.runner.vllm_ext` reads both)."""
     if is_in_process(llm):
         return dict(tensors)
     import safetensors.torch
@@ -106,7 +106,7 @@ def _rpc_tensors(llm: Any, tensors: Mapping[str, Any]) -> Any:
 
 
 def reload_weights(llm: Any, hf_tensors: Mapping[str, Any]) -> Dict[str, float]:
-    """Load ``{HF name: tensor}`` into the engine in place (`rllib_p3o.vllm_ext`) and drop the prefix cache, whose
+    """Load ``{HF name: tensor}`` into the engine in place (`rllib_p3o.runner.vllm_ext`) and drop the prefix cache, whose
     KV was computed with the old weights. Returns the extension's statistics."""
     stats = llm.collective_rpc("p3o_reload_weights", args=(_rpc_tensors(llm, hf_tensors),))[0]
     llm.reset_prefix_cache()
@@ -122,8 +122,8 @@ def lora_request(version: int) -> Any:
 
 
 def load_adapter(llm: Any, version: int, adapter: Mapping[str, Any], spec: Mapping[str, Any]) -> Dict[str, float]:
-    """Make ``adapter`` (`rllib_p3o.lora.adapter_state`) the engine's policy adapter for ``lora_request(version)``,
-    replacing the previous one (`rllib_p3o.vllm_ext`). Returns the extension's statistics."""
+    """Make ``adapter`` (`rllib_p3o.core.lora.adapter_state`) the engine's policy adapter for ``lora_request(version)``,
+    replacing the previous one (`rllib_p3o.runner.vllm_ext`). Returns the extension's statistics."""
     stats = llm.collective_rpc("p3o_load_lora", args=(version, _rpc_tensors(llm, adapter), spec["r"], spec["alpha"],
                                                       list(spec["target_modules"])))[0]
     llm.reset_prefix_cache()

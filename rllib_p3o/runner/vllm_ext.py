@@ -1,7 +1,7 @@
 """vLLM worker extension: in-place weight reload that is correct on CPU and GPU.
 
-Mixed into vLLM's worker class via ``LLM(worker_extension_cls="rllib_p3o.vllm_ext.WeightSyncExtension")`` and
-called through ``llm.collective_rpc("p3o_reload_weights", args=(weights,))`` (`rllib_p3o.vllm_engine`). ``weights``
+Mixed into vLLM's worker class via ``LLM(worker_extension_cls="rllib_p3o.runner.vllm_ext.WeightSyncExtension")`` and
+called through ``llm.collective_rpc("p3o_reload_weights", args=(weights,))`` (`rllib_p3o.runner.vllm_engine`). ``weights``
 is ``{HF name: tensor}`` with the in-process engine (no copy on the way), or safetensors bytes with vLLM's
 multiprocess engine (raw tensors only survive in-process).
 
@@ -31,7 +31,7 @@ class WeightSyncExtension:
 
     def p3o_load_lora(self, lora_id: int, weights: Union[bytes, Mapping[str, Any]], r: int, alpha: float,
                       target_modules: List[str]) -> Dict[str, float]:
-        """Make ``weights`` (peft names, `rllib_p3o.lora.adapter_state`) the adapter with id ``lora_id``."""
+        """Make ``weights`` (peft names, `rllib_p3o.core.lora.adapter_state`) the adapter with id ``lora_id``."""
         import time
 
         from vllm.lora.lora_model import LoRAModel

@@ -2,7 +2,7 @@
 
 Where the keys live in ``algo.train()``'s result (Tune flattens them with "/", see `column`):
     p3o/<key>                               the driver's figures of the iteration (this module)
-    p3o/by_source/<source name>/<key>       per data source (`rllib_p3o.sources`): reward and length of the
+    p3o/by_source/<source name>/<key>       per data source (`rllib_p3o.core.sources`): reward and length of the
                                             sampled completions, and the learners' ESS, cap fraction, KL...
     learners/default_policy/<key>           the objective's figures (keys of `objectives.p3o_loss`/`grpo_loss`),
                                             per staleness under by_staleness/<versions behind>/
@@ -23,9 +23,9 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics import LEARNER_RESULTS
 
-from rllib_p3o.columns import Columns, Record
-from rllib_p3o.objectives import groups_without_signal
-from rllib_p3o.sources import SourceNames
+from rllib_p3o.core.columns import Columns, Record
+from rllib_p3o.core.objectives import groups_without_signal
+from rllib_p3o.core.sources import SourceNames
 
 # Top-level key of the driver's figures.
 P3O = "p3o"
@@ -82,7 +82,7 @@ TIME_EVAL_S = "time_eval_s"  # the held-out evaluation at the start of an iterat
 # Weight sync: "sync_" + the runners' load statistics (max over runners).
 SYNC_PREFIX = "sync_"
 # The split of one sync: the driver gathers the learner's weights; each runner fetches them from the object store
-# (transfer) and reloads its engine. The probe check (`rllib_p3o.probe`): the learner's side, in the background
+# (transfer) and reloads its engine. The probe check (`rllib_p3o.sync.probe`): the learner's side, in the background
 # (PROBE_LEARNER_S), and, for checks at load, the engine's (VERIFY_S; riding along, it is part of generation).
 GATHER_S = "gather_s"
 PROBE_LEARNER_S = "probe_learner_s"
@@ -94,7 +94,7 @@ SYNC_BYTES = "bytes"
 PROBE_MAX_ABS_DIFF = "probe_max_abs_diff"
 SYNC_PROBE_MAX_ABS_DIFF = SYNC_PREFIX + PROBE_MAX_ABS_DIFF
 
-# Group of the runners' multi-turn figures (keys: `rllib_p3o.columns.Infos.TURNS`, `.TRUNCATED`, env counters).
+# Group of the runners' multi-turn figures (keys: `rllib_p3o.core.columns.Infos.TURNS`, `.TRUNCATED`, env counters).
 MULTI_TURN = "multi_turn"
 
 # -- groups: p3o/by_source/<name>/<key>, learners/default_policy/by_staleness/<k>/<key> -----------------------------
@@ -102,7 +102,7 @@ BY_SOURCE = "by_source"
 BY_STALENESS = "by_staleness"
 NUM_TOKENS = "num_tokens"
 
-# -- learners/default_policy/<key>: the objective's own keys (`rllib_p3o.objectives`) -------------------------------
+# -- learners/default_policy/<key>: the objective's own keys (`rllib_p3o.core.objectives`) -------------------------------
 ESS = "ess"
 CAP_FRACTION = "cap_fraction"
 KL_BEHAVIOR = "kl_behavior"

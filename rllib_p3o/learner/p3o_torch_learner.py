@@ -1,6 +1,6 @@
 """P3O TorchLearner: padded token batch → `p3o_loss` / `grpo_loss`, with RLlib's optimizer, grad-clip and metrics.
 
-Batch columns (numpy or torch, right-padded; `rllib_p3o.columns.Columns`):
+Batch columns (numpy or torch, right-padded; `rllib_p3o.core.columns.Columns`):
     ``input_ids`` [B, T], ``attention_mask`` [B, T], ``completion_mask`` [B, T-1] (1 on completion targets),
     ``behavior_logprobs`` [B, T-1], ``advantages`` [B]; optional ``ref_logprobs`` [B, T-1], ``source_id`` [B],
     ``staleness`` [B], ``weights_seq_no`` [B] (RLlib then logs how many updates behind the sampler each batch was).
@@ -30,10 +30,12 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
-from rllib_p3o import losses, metrics, objectives
-from rllib_p3o.columns import Columns
-from rllib_p3o.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
-from rllib_p3o.sources import POLICY_SOURCE_ID
+from rllib_p3o.core import losses
+from rllib_p3o.core import metrics
+from rllib_p3o.core import objectives
+from rllib_p3o.core.columns import Columns
+from rllib_p3o.learner.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
+from rllib_p3o.core.sources import POLICY_SOURCE_ID
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -54,7 +56,7 @@ class NonFiniteStepError(FloatingPointError):
 
 
 class P3OTorchLearner(TorchLearner):
-    """Applies the configured objective (``config.loss``, a name in `rllib_p3o.losses`) to a padded token batch."""
+    """Applies the configured objective (``config.loss``, a name in `rllib_p3o.core.losses`) to a padded token batch."""
 
     def build(self) -> None:
         # The learner's own thread budget (`P3OConfig.learner_threads`): in async mode it shares the machine with

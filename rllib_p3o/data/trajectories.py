@@ -1,6 +1,6 @@
 """Trajectory files (Parquet): the schema, its validator, and rows → completion records.
 
-The RLlib side of reading them (Ray Data, prelearner) is `rllib_p3o.offline_data`.
+The RLlib side of reading them (Ray Data, prelearner) is `rllib_p3o.data.offline_data`.
 
 Schema: one row per completion.
 
@@ -33,10 +33,10 @@ the ESS; the behavior log-probs of environment tokens are placeholders, 0 as rec
 log-probs are an error unless ``offline_rescore_model`` names a model that scores them once; they are never silently
 treated as on-policy.
 
-Online runs with ``record_rollouts=DIR`` write this same schema (`rllib_p3o.recorder`), one file per iteration,
+Online runs with ``record_rollouts=DIR`` write this same schema (`rllib_p3o.data.recorder`), one file per iteration,
 written to a temporary name and renamed: a file is complete or absent, whatever happens to the run. Read back, a
 row's source becomes ``offline/<source>``; files recorded when the policy source was called "online" read as
-``offline/policy`` too (`rllib_p3o.sources.offline_source_name`).
+``offline/policy`` too (`rllib_p3o.core.sources.offline_source_name`).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from rllib_p3o.chat import has_chat_template, is_conversational, message_problem, prompt_token_ids
-from rllib_p3o.columns import Record
-from rllib_p3o.sources import offline_source_name, source_id
+from rllib_p3o.data.chat import has_chat_template, is_conversational, message_problem, prompt_token_ids
+from rllib_p3o.core.columns import Record
+from rllib_p3o.core.sources import offline_source_name, source_id
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -282,9 +282,9 @@ def validate_trajectories(paths: PathSpec, *, tokenizer=None, vocab_size: Option
 
 
 def row_to_record(row: Mapping[str, Any], tokenizer) -> Dict[str, Any]:
-    """A validated row as a completion record (`rllib_p3o.columns.Record`), tokenizing text-only columns.
+    """A validated row as a completion record (`rllib_p3o.core.columns.Record`), tokenizing text-only columns.
 
-    The row's source becomes ``offline/<source>`` (`rllib_p3o.sources.offline_source_name`).
+    The row's source becomes ``offline/<source>`` (`rllib_p3o.core.sources.offline_source_name`).
     """
     prompt_ids = row.get("prompt_ids")
     if prompt_ids is None:

@@ -1,94 +1,141 @@
-"""Weight sync: the learner's weights into the runners' vLLM engines, in place, checked on a probe sequence.
+"""Weight sync, the driver's side: the learner's weights into the runners' vLLM engines, in place, checked on a probe.
 
-One push (driver side, `WeightSync`) carries the next weights version (``weights_seq_no``) and the learner's module
-state (put into Ray's object store once, shared by all runners). Each runner (`VLLMEnvRunner.load_policy_weights`)
-reloads its engine with `hf_weights` of that state. With ``verify_weight_sync`` the engine's log-probs of a fixed
-probe sequence are compared with the learner's (`rllib_p3o.probe`): at load, where the weights must be verified
-before anything else runs (`push_verified`, `push_to`), or riding along with the runner's next generate call (`push`,
-every iteration; the driver checks the result with `check` before it uses the samples). A failed check raises
-`WeightSyncError`: a silent sync failure would otherwise look like staleness.
+One push (`WeightSync`) carries the next weights version (``weights_seq_no``) and the learner's module state (put
+into Ray's object store once, shared by all runners), in the format of `rllib_p3o.sync.payload`. Each runner
+(`VLLMEnvRunner.load_policy_weights`) reloads its engine with it. With ``verify_weight_sync`` the engine's log-probs
+of a fixed probe sequence are compared with the learner's (`rllib_p3o.sync.probe`): at load, where the weights must
+be verified before anything else runs (`WeightSync.push_verified`, `WeightSync.push_to`), or riding along with the
+runner's next generate call (`WeightSync.push`, every iteration; the driver checks the result with
+`WeightSync.check` before it uses the samples). A failed check raises `WeightSyncError`: a silent sync failure would
+otherwise look like staleness.
 
-The payload, a dict:
-    rl_module       the learner's module state, ``{"default_policy": {"lm.<HF name>": tensor}}`` or its inner dict
-                    (or a `PackedTensors` of it), or an ObjectRef to any of these
-    weights_seq_no  the weights version being loaded
-    probe           optional: ``{"token_ids": [int, ...], "logprobs": [float, ...]}``, the probe and the learner's
-                    log-prob of each token after the first: the runner checks at load; or ``{"token_ids": [...]}``
-                    alone: the runner scores the probe with its next generate call and returns it (`ProbeResult`)
-    tolerance       largest allowed |learner - engine| log-prob on the probe (checks at load)
+The rule for callers: the learner's probe of the weights last pushed is scored in a background thread, so call
+`WeightSync.settle` before anything changes or reads the learner's weights (an update, a checkpoint, an export).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
-
+import collections
 import time
-import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 import ray
-import torch
 
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.learner_group import LearnerGroup
-from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
-from rllib_p3o import metrics
+from rllib_p3o.core import metrics
 from rllib_p3o.engine_runners import EngineRunners
-from rllib_p3o.probe import LearnerProbes, ProbeResult, WeightSyncError, check_probe  # noqa: F401 (public here)
+from rllib_p3o.sync.payload import (
+    DEFAULT_TOLERANCE,
+    PROBE,
+    PROBE_LOGPROBS,
+    PROBE_TOKEN_IDS,
+    RL_MODULE,
+    TOLERANCE,
+    VERSION,
+    PackedTensors,
+)
+from rllib_p3o.sync.probe import ProbeResult, WeightSyncError, check_probe
 
-# Payload keys (see the module docstring); the first two are RLlib's own names for a runner's state.
-RL_MODULE = COMPONENT_RL_MODULE
-VERSION = WEIGHTS_SEQ_NO
-PROBE = "probe"
-PROBE_TOKEN_IDS = "token_ids"
-PROBE_LOGPROBS = "logprobs"
-TOLERANCE = "tolerance"
-DEFAULT_TOLERANCE = 1e-3
-
-# `HFCausalLMRLModule` holds the Hugging Face model as ``self.lm``: its state names are "lm." + the HF names.
-LM_PREFIX = "lm."
 # RLlib's tag of the non-blocking pushes (async mode).
 SYNC_TAG = "sync"
 
 
-class PackedTensors:
-    """A module state's tensors as flat byte arrays, for the object store.
+def _torch_single_threaded() -> None:
+    """Run this (background) thread's torch ops on one OpenMP thread: ``torch.set_num_threads`` called here sets the
+    calling thread's OpenMP thread count only.
 
-    Ray pickles torch tensors through ``torch.save`` (about 4 ms per MB here), but ships numpy arrays out of band: one
-    copy into the object store, zero-copy reads in every runner. Any dtype (bfloat16 included, which numpy lacks)
-    travels as its raw bytes and is viewed back as the same dtype and shape; the receiving engine copies the values
-    into its own parameters, so the read-only views are never written.
+    Why: with libgomp, torch ops on a second thread get an OpenMP team of their own, of the default size. Once a
+    process holds more OpenMP threads than cores, libgomp stops spin-waiting between parallel regions (its throttled
+    spin count) and each region of the learner's update pays a sleep and a wake-up: with the probe thread's default
+    team, a 2-thread forward+backward at 2.44M parameters took 0.164 s instead of 0.123 s.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class LearnerProbes:
+    """The driver's side of riding-along checks: the learner's probe log-probs for each weights version, scored in a
+    background thread, and the comparison with what the runners return.
+
+    ``score()`` returns the learner's probe log-probs with its current weights; `start` must be called right after a
+    version's weights are gathered, and `settle` before the learner's weights change again (the next update) or the
+    learner is used otherwise (checkpoints, export). The newest ``keep`` versions are kept: async samples may come
+    back with older weights than the learner's, up to ``max_staleness`` versions.
     """
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor]):
-        self.specs = {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
-        self.arrays = {k: t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-                       for k, t in tensors.items()}
+    def __init__(self, score: Callable[[], List[float]], tolerance: float, keep: int):
+        self._score = score
+        self.tolerance = tolerance
+        self.keep = max(2, int(keep))
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p3o-learner-probe",
+                                        initializer=_torch_single_threaded)
+        self._versions: "collections.OrderedDict[int, Future]" = collections.OrderedDict()
+        # The newest version each runner has been verified with (at load, or by a returned probe).
+        self.verified: Dict[int, int] = {}
+        self.last_stats: Dict[str, float] = {}
 
-    def unpack(self) -> Dict[str, torch.Tensor]:
-        with warnings.catch_warnings():  # torch warns that the object store's buffers are read-only
-            warnings.simplefilter("ignore", UserWarning)
-            return {k: torch.from_numpy(a).view(self.specs[k][0]).reshape(self.specs[k][1])
-                    for k, a in self.arrays.items()}
+    def start(self, weights_seq_no: int) -> None:
+        """Score the probe with the learner's current weights as ``weights_seq_no``, in the background."""
+        self._versions[weights_seq_no] = self._pool.submit(self._timed_score)
+        while len(self._versions) > self.keep:
+            self._versions.popitem(last=False)
 
+    def logprobs(self, weights_seq_no: int) -> Optional[List[float]]:
+        """The learner's probe log-probs of that version (waits for them), or None if it is no longer kept."""
+        future = self._versions.get(weights_seq_no)
+        return future.result()[0] if future is not None else None
 
-def module_tensors(module_state: Union[Mapping[str, Any], PackedTensors]) -> Mapping[str, Any]:
-    """``{module state name: tensor}`` of a payload's module state (packed or not, nested under the module id or
-    not)."""
-    state = module_state.unpack() if isinstance(module_state, PackedTensors) else module_state
-    return state.get(DEFAULT_MODULE_ID, state)
+    def settle(self) -> None:
+        """Wait for the scoring in flight (raises what it raised)."""
+        for future in self._versions.values():
+            future.result()
 
+    def close(self) -> None:
+        """Wait for the scoring in flight, then stop the thread."""
+        self._pool.shutdown(wait=True)
 
-def hf_weights(module_state: Union[Mapping[str, Any], PackedTensors], tied_embeddings: bool) -> Dict[str, Any]:
-    """The learner module's weights under Hugging Face checkpoint names (what vLLM's reload expects)."""
-    state = module_tensors(module_state)
-    hf = {k[len(LM_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(LM_PREFIX)}
-    if not hf:
-        raise WeightSyncError(f"weight payload has no '{LM_PREFIX}*' tensors (keys: {list(state)[:5]})")
-    if tied_embeddings:
-        hf.pop("lm_head.weight", None)  # shares storage with the embedding; vLLM re-ties it
-    return hf
+    def check(self, result: ProbeResult) -> Optional[float]:
+        """Compare a runner's probe result with the learner's log-probs of the same version; raises
+        `WeightSyncError` on a mismatch. Returns the max |difference|, or None for a version no longer kept (its
+        samples are too stale to be used)."""
+        future = self._versions.get(result.weights_seq_no)
+        if future is None:
+            return None
+        learner_logprobs, learner_s = future.result()
+        diff = check_probe(result.logprobs, learner_logprobs, self.tolerance,
+                           where=f"EnvRunner {result.runner_id}: with weights v{result.weights_seq_no}")
+        self.mark_verified(result.runner_id, result.weights_seq_no)
+        self.last_stats = {metrics.PROBE_MAX_ABS_DIFF: diff, metrics.PROBE_LEARNER_S: learner_s}
+        return diff
+
+    def checked_at_load(self, runner_ids: List[int], weights_seq_no: int, max_abs_diff: Optional[float],
+                        learner_s: float) -> None:
+        """Record checks the runners did at load (they raise on a mismatch): they are verified with that version,
+        and their worst difference is the latest check's until one rides along."""
+        for runner_id in runner_ids:
+            self.mark_verified(runner_id, weights_seq_no)
+        if max_abs_diff is not None:
+            self.last_stats = {metrics.PROBE_MAX_ABS_DIFF: max_abs_diff, metrics.PROBE_LEARNER_S: learner_s}
+
+    def mark_verified(self, runner_id: int, weights_seq_no: int) -> None:
+        self.verified[runner_id] = max(self.verified.get(runner_id, 0), weights_seq_no)
+
+    def require_verified(self, runner_id: int, weights_seq_no: int) -> None:
+        """Raise unless ``runner_id`` has been verified with weights ``weights_seq_no`` (or newer)."""
+        if self._versions and weights_seq_no < next(iter(self._versions)):
+            return  # older than any kept version: too stale to be used (the sampler drops it)
+        if self.verified.get(runner_id, 0) < weights_seq_no:
+            raise WeightSyncError(f"EnvRunner {runner_id} returned samples of weights v{weights_seq_no} without a "
+                                  f"probe check of them (verified up to v{self.verified.get(runner_id, 0)}).")
+
+    def _timed_score(self) -> tuple:
+        t0 = time.perf_counter()
+        return self._score(), time.perf_counter() - t0
 
 
 class WeightSync:
@@ -101,7 +148,7 @@ class WeightSync:
     current sample() (Ray actors are serial); the statistics returned are those of the latest push that has come
     back, and errors of earlier pushes are raised when their results come back.
 
-    Probe checks (with ``probe_token_ids``; `rllib_p3o.probe`): `push` has the runners score the probe with their next
+    Probe checks (with ``probe_token_ids``; `rllib_p3o.sync.probe`): `push` has the runners score the probe with their next
     generate call, and the driver checks what they return (`check`, `require_verified`) while the learner's side is
     scored in the background; `push_verified` and `push_to` check at load. Call `settle` before the learner's
     weights change or the learner is used otherwise.
@@ -119,7 +166,7 @@ class WeightSync:
         # The version of the weights the runners hold (or are loading); 0 before the first push.
         self.weights_seq_no = 0
         self._last_stats: Dict[str, float] = {}
-        # The driver's part of the latest push (`rllib_p3o.metrics`: gather, learner probe, bytes).
+        # The driver's part of the latest push (`rllib_p3o.core.metrics`: gather, learner probe, bytes).
         self.driver_stats: Dict[str, float] = {}
         self.probes = (LearnerProbes(self._learner_probe, tolerance, keep=max_staleness + 2)
                        if probe_token_ids is not None else None)

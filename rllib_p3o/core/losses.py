@@ -1,7 +1,7 @@
 """Losses by name: the registry the learner, the config's validation and the examples' ``--loss`` choices read.
 
 Each entry is one pure-torch function of ``(logprobs, behavior_logprobs, advantages, mask, **kwargs)`` returning
-``(loss, metrics)`` (the objectives' contract, `rllib_p3o.objectives`), and the config keys it takes. Registered:
+``(loss, metrics)`` (the objectives' contract, `rllib_p3o.core.objectives`), and the config keys it takes. Registered:
 
     p3o          -sg(min(r, ESS))·logπθ·A + (1 - ESS)·K(logπθ - logπ_b)          (the paper's objective)
     p3o_no_cap   -sg(r)·logπθ·A           + (1 - ESS)·K(logπθ - logπ_b)          (ablation: no ESS cap)
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, NamedTuple, Tuple
 
-from rllib_p3o.objectives import grpo_loss, p3o_loss
+from rllib_p3o.core.objectives import grpo_loss, p3o_loss
 
 LossFn = Callable[..., Tuple]
 

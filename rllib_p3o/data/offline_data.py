@@ -3,7 +3,7 @@ the driver) and `P3OOfflinePreLearner` (rows → padded token batch, in Ray Data
 
 Wired in by P3OConfig: ``config.offline_data(input_=PATH)`` makes RLlib build `P3OOfflineData`, which reads the
 files with Ray Data (``read_parquet``) and maps batches through `P3OOfflinePreLearner` in Ray Data actors. The file
-format itself (schema, validation, rows → records) is `rllib_p3o.trajectories`.
+format itself (schema, validation, rows → records) is `rllib_p3o.data.trajectories`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
-from rllib_p3o.batching import Batch, empty_batch, pad_records
-from rllib_p3o.columns import BATCH_COLUMNS, Record
-from rllib_p3o.objectives import group_advantages
-from rllib_p3o.sources import OFFLINE, offline_source_name
-from rllib_p3o.trajectories import OfflineDataError, check_row, row_to_record, validate_trajectories
+from rllib_p3o.data.batching import Batch, empty_batch, pad_records
+from rllib_p3o.core.columns import BATCH_COLUMNS, Record
+from rllib_p3o.core.objectives import group_advantages
+from rllib_p3o.core.sources import OFFLINE, offline_source_name
+from rllib_p3o.data.trajectories import OfflineDataError, check_row, row_to_record, validate_trajectories
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class BehaviorRescorer:
 class P3OOfflineData(OfflineData):
     """RLlib `OfflineData` that validates trajectory files before anything runs and prepares advantages.
 
-    - Every file and row is checked against the schema first (`rllib_p3o.trajectories`); a bad row stops the run before
+    - Every file and row is checked against the schema first (`rllib_p3o.data.trajectories`); a bad row stops the run before
       it starts, with file/row/column in the error, unless ``offline_skip_bad_rows`` (then bad rows are dropped
       and counted in ``offline_rows_skipped``).
     - Rows without ``advantage`` get the group-normalized reward of their ``group_id`` group, computed over the
@@ -125,7 +125,7 @@ class P3OOfflineData(OfflineData):
         logger.info("offline data: %s", report.summary(limit=5))
 
     def sample_batch(self, num_rows: int) -> Batch:
-        """``num_rows`` rows as a learner batch, padded to ``offline_max_seq_len`` tokens (see `rllib_p3o.batching`)."""
+        """``num_rows`` rows as a learner batch, padded to ``offline_max_seq_len`` tokens (see `rllib_p3o.data.batching`)."""
         # A truthy module_state: the P3O prelearner needs no weights (RLlib would otherwise fetch them).
         mab = self.sample(num_samples=num_rows, num_shards=0, module_state={"unused": True})
         sb = mab.policy_batches[DEFAULT_MODULE_ID]

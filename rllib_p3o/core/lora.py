@@ -2,7 +2,7 @@
 
 ``config.training(lora={"r": 16, "alpha": 32, "target_modules": [...], "dropout": 0.0})`` makes the learner wrap
 the policy with ``peft`` (only the adapter trains; the frozen base doubles as the reference model) and the runners
-serve the same frozen base with vLLM's LoRA support, swapping in each synced adapter (`rllib_p3o.vllm_ext`).
+serve the same frozen base with vLLM's LoRA support, swapping in each synced adapter (`rllib_p3o.runner.vllm_ext`).
 
 Names of one adapter tensor on the way:
     learner module state  ``lm.base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight``
@@ -20,7 +20,7 @@ VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULTS: Dict[str, Any] = {"r": 16, "alpha": 32, "target_modules": None, "dropout": 0.0}
 # Linear layers vLLM cannot put an adapter on (they are not LoRA layers in its models).
 _NOT_SERVABLE = ("lm_head",)
-# The learner module holds the peft model as ``self.lm`` (`rllib_p3o.rl_module`), under peft's default adapter name.
+# The learner module holds the peft model as ``self.lm`` (`rllib_p3o.learner.rl_module`), under peft's default adapter name.
 _MODULE_PREFIX = "lm."
 _ADAPTER_NAME = "default"
 

@@ -9,9 +9,9 @@ An episode alternates model turns and environment turns (gymnasium-style, one in
         # result.messages: the next messages (a user turn, tool results), result.reward: this turn's reward,
         # result.terminated / result.truncated: the episode ends
 
-The runner (`rllib_p3o.rollouts`) plays every episode of a sample() call at once: turn k of all active episodes is
+The runner (`rllib_p3o.runner.rollouts`) plays every episode of a sample() call at once: turn k of all active episodes is
 one vLLM call. It keeps the token sequence itself (engine ids for model turns, the template's encoding of
-environment turns; `rllib_p3o.chat`), so `step` sees text but never decides tokens. Episode return = the sum of the
+environment turns; `rllib_p3o.data.chat`), so `step` sees text but never decides tokens. Episode return = the sum of the
 turn rewards (outcome rewards: 0 until the last turn); advantages are normalized over a prompt group's episodes and
 apply to every model token of the episode.
 
@@ -31,8 +31,8 @@ import json
 import re
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
-from rllib_p3o.chat import Message, Messages, Prompt
-from rllib_p3o.env import RewardFunction, Row
+from rllib_p3o.data.chat import Message, Messages, Prompt
+from rllib_p3o.runner.env import RewardFunction, Row
 
 DEFAULT_MAX_TURNS = 4
 

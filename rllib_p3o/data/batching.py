@@ -1,7 +1,7 @@
 """Completion records (from episodes or trajectory rows) → the learner's right-padded token batch.
 
-Online episodes and offline rows both become completion records first (`rllib_p3o.columns.Record`), so the learner
-sees one format whatever the data came from; `rllib_p3o.columns` gives the batch layout. One training batch:
+Online episodes and offline rows both become completion records first (`rllib_p3o.core.columns.Record`), so the learner
+sees one format whatever the data came from; `rllib_p3o.core.columns` gives the batch layout. One training batch:
 
 1. online records → `pad_records` (to the longest row); offline rows → `pad_records` in the prelearner, to a fixed
    width (Ray Data needs fixed shapes);
@@ -19,8 +19,8 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-from rllib_p3o.columns import BATCH_COLUMNS, DTYPES, ROW_COLUMNS, TARGET_COLUMNS, TOKEN_COLUMNS, Columns, Record
-from rllib_p3o.objectives import group_advantages
+from rllib_p3o.core.columns import BATCH_COLUMNS, DTYPES, ROW_COLUMNS, TARGET_COLUMNS, TOKEN_COLUMNS, Columns, Record
+from rllib_p3o.core.objectives import group_advantages
 
 Batch = Dict[str, np.ndarray]
 

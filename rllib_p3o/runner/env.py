@@ -9,11 +9,11 @@ schedule picks the rows) and scores with `TextEnv.score`, so the reward function
 
 ``env_config``:
     ``dataset``: a ``.parquet``/``.jsonl``/``.json`` path or a list of dicts, each with at least ``prompt``: a
-        string, or a list of chat messages rendered with the policy tokenizer's chat template (`rllib_p3o.chat`);
+        string, or a list of chat messages rendered with the policy tokenizer's chat template (`rllib_p3o.data.chat`);
         other columns (e.g. ``answer``) are passed to the reward function as keyword lists.
     ``reward_fn``: ``reward_fn(prompts: list[str], completions: list[str], **columns) -> list[float]`` (TRL's
         signature), or ``"module:function"``. For conversational prompts it also gets ``completion_messages``.
-    ``multi_turn_env``: optional, a `rllib_p3o.multiturn.MultiTurnEnv` class: episodes of several turns (see there
+    ``multi_turn_env``: optional, a `rllib_p3o.runner.multiturn.MultiTurnEnv` class: episodes of several turns (see there
         for ``max_turns``, ``max_total_tokens``); ``reward_fn`` is then optional.
     ``stop_tokens``: optional token strings that end a completion (or a model turn) besides EOS.
     ``eval_dataset``: optional held-out rows (same formats) for greedy evaluation.
@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 import gymnasium as gym
 import numpy as np
 
-from rllib_p3o.chat import check_chat_template, is_conversational, message_problem
+from rllib_p3o.data.chat import check_chat_template, is_conversational, message_problem
 
 Row = Dict[str, Any]
 DatasetSpec = Union[str, os.PathLike, Sequence[Mapping[str, Any]]]
@@ -120,7 +120,7 @@ def dataset_is_conversational(spec: DatasetSpec) -> bool:
 
 
 def check_chat_dataset(env_config: Mapping[str, Any], model: str, trust_remote_code: bool = False) -> None:
-    """`rllib_p3o.chat.ChatTemplateError` naming ``model`` when the prompt dataset is conversational and the model's
+    """`rllib_p3o.data.chat.ChatTemplateError` naming ``model`` when the prompt dataset is conversational and the model's
     tokenizer has no chat template (at config validation, before any actor starts)."""
     dataset = env_config.get("dataset")
     if dataset is None or not dataset_is_conversational(dataset):
@@ -197,9 +197,9 @@ class TextEnv(gym.Env):
         self.rows = load_prompt_dataset(config["dataset"])
         self.eval_rows = (load_prompt_dataset(config["eval_dataset"], "eval_dataset")
                           if config.get("eval_dataset") is not None else [])
-        # A multi-turn environment may give its own rewards (`rllib_p3o.multiturn`).
+        # A multi-turn environment may give its own rewards (`rllib_p3o.runner.multiturn`).
         self.reward = RewardFunction(config["reward_fn"]) if "reward_fn" in config else None
-        # Every runner holds all rows: which prompt a group samples is the driver's choice (`rllib_p3o.prompt_schedule`).
+        # Every runner holds all rows: which prompt a group samples is the driver's choice (`rllib_p3o.data.prompt_schedule`).
         # The gym API below (reset/step, used outside this package's runners) draws its own order.
         self._rng = np.random.default_rng([int(config.get("seed", 0)), int(config.get("worker_index", 0))])
         self._order: List[int] = []

@@ -1,12 +1,12 @@
 """RLlib episodes that carry one completion each, and the completion records the learner batch is built from.
 
 One `SingleAgentEpisode` per sampled completion. Single-turn, it is one env step long: observation = prompt token
-ids, action = completion token ids, reward = the verifier's reward. Multi-turn (`rllib_p3o.multiturn`), it has one
+ids, action = completion token ids, reward = the verifier's reward. Multi-turn (`rllib_p3o.runner.multiturn`), it has one
 step per model turn: the reset observation is the prompt's ids, each action a model turn's engine ids, each later
 observation the environment turn's ids that follow it (empty after the last turn), each reward that turn's reward.
 Every step's ``extra_model_outputs`` hold the behavior log-probs of its action tokens, the weights version
 (``weights_seq_no``) that produced them, the prompt group and the data source. Texts and sampling parameters ride
-in the last step's infos (`rllib_p3o.columns.Infos`), for recording and debugging.
+in the last step's infos (`rllib_p3o.core.columns.Infos`), for recording and debugging.
 
 As a record, an episode's completion is every token after the prompt, model and environment turns interleaved as
 they were played; ``loss_mask`` is 1 on model tokens and 0 on environment tokens (whose behavior log-probs are 0
@@ -21,7 +21,7 @@ import numpy as np
 
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from rllib_p3o.columns import Record
+from rllib_p3o.core.columns import Record
 
 # The record fields an episode keeps in its extra_model_outputs.
 _EXTRA = (Record.BEHAVIOR_LOGPROBS, Record.WEIGHTS_SEQ_NO, Record.GROUP_ID, Record.SOURCE_ID)
@@ -102,7 +102,7 @@ def multi_turn_episode(
 
 
 def episodes_to_records(episodes: Sequence[SingleAgentEpisode]) -> List[Dict[str, Any]]:
-    """Completion records (`rllib_p3o.columns.Record`) of completion episodes, without advantage and staleness."""
+    """Completion records (`rllib_p3o.core.columns.Record`) of completion episodes, without advantage and staleness."""
     records = []
     for ep in episodes:
         extra = {k: ep.get_extra_model_outputs(k, 0) for k in _EXTRA}

@@ -1,4 +1,4 @@
-"""The recorder: online completion records → trajectory Parquet files (the schema of `rllib_p3o.trajectories`).
+"""The recorder: online completion records → trajectory Parquet files (the schema of `rllib_p3o.data.trajectories`).
 
 ``record_rollouts=DIR`` writes one file per iteration, under a temporary name and renamed: a file is complete or
 absent, whatever happens to the run. The prompt column holds the prompt as the engine saw it (a conversational
@@ -11,9 +11,9 @@ import os
 import re
 from typing import Any, Iterable, List, Mapping, Sequence
 
-from rllib_p3o.columns import Infos, Record
-from rllib_p3o.sources import POLICY
-from rllib_p3o.trajectories import LOSS_MASK, POLICY_VERSION
+from rllib_p3o.core.columns import Infos, Record
+from rllib_p3o.core.sources import POLICY
+from rllib_p3o.data.trajectories import LOSS_MASK, POLICY_VERSION
 
 
 def records_to_table(records: Iterable[Mapping[str, Any]]):

@@ -1,7 +1,7 @@
 """An RLlib EnvRunner that generates with vLLM: one 1-step episode per completion, or multi-turn episodes.
 
-Prompts are strings or chat messages (`rllib_p3o.chat`); with ``env_config["multi_turn_env"]`` each episode plays
-several model and environment turns (`rllib_p3o.multiturn`, played by `rllib_p3o.rollouts`).
+Prompts are strings or chat messages (`rllib_p3o.data.chat`); with ``env_config["multi_turn_env"]`` each episode plays
+several model and environment turns (`rllib_p3o.runner.multiturn`, played by `rllib_p3o.runner.rollouts`).
 
 Plugged in with ``config.env_runners(env_runner_cls=VLLMEnvRunner)`` (P3OConfig's default). Each *sampling* runner
 (every remote runner, or the local one when ``num_env_runners=0``) holds a ``vllm.LLM``; the local runner of a run
@@ -14,10 +14,10 @@ learner, as in the paper. ``"raw"`` reports the unprocessed model log-probs inst
 measure weight staleness/numerics, not the sampling distortion). The mode and sampling parameters are recorded
 with every sample.
 
-Weight sync (`rllib_p3o.weight_sync`): `load_policy_weights` reloads the engine's weights in place (no restart)
-through vLLM's layerwise reload (`rllib_p3o.vllm_engine`), re-processes a tied LM head, resets the prefix cache
+Weight sync (`rllib_p3o.sync`): `load_policy_weights` reloads the engine's weights in place (no restart)
+through vLLM's layerwise reload (`rllib_p3o.runner.vllm_engine`), re-processes a tied LM head, resets the prefix cache
 (cached KV was computed with the old weights) and, when the payload has a probe, scores a probe sequence: at once,
-checked against the learner's log-probs it carries, or with the policy's next generate call (`rllib_p3o.probe`),
+checked against the learner's log-probs it carries, or with the policy's next generate call (`rllib_p3o.runner.probe_rider`),
 returned to the driver by `take_probe_result`. Under LoRA (``config.lora``) the engine serves the frozen base and a sync
 swaps in the new adapter alone (`vllm_engine.load_adapter`), under a `LoRARequest` per weights version that every
 policy generation and probe then names.
@@ -49,13 +49,20 @@ from ray.rllib.utils.metrics import (
     NUM_EPISODES_LIFETIME,
 )
 
-from rllib_p3o import chat, lora, metrics, multiturn, vllm_engine, weight_sync
-from rllib_p3o.env import TextEnv, has_conversational_prompts, resolve_callable
-from rllib_p3o.probe import ProbeResult, ProbeRider
-from rllib_p3o.prompt_schedule import Group, PromptSchedule
-from rllib_p3o.rollouts import Engine, MultiTurnRollouts, single_turn_episodes, turn_metrics
-from rllib_p3o.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
-from rllib_p3o.weight_sync import WeightSyncError  # noqa: F401  (public here: raised by load_policy_weights)
+from rllib_p3o.sync import payload as sync_payload
+from rllib_p3o.sync.probe import check_probe
+from rllib_p3o.data import chat
+from rllib_p3o.core import lora
+from rllib_p3o.core import metrics
+from rllib_p3o.runner import multiturn
+from rllib_p3o.runner import vllm_engine
+from rllib_p3o.runner.env import TextEnv, has_conversational_prompts, resolve_callable
+from rllib_p3o.sync.probe import ProbeResult
+from rllib_p3o.runner.probe_rider import ProbeRider
+from rllib_p3o.data.prompt_schedule import Group, PromptSchedule
+from rllib_p3o.runner.rollouts import Engine, MultiTurnRollouts, single_turn_episodes, turn_metrics
+from rllib_p3o.core.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
+from rllib_p3o.sync.probe import WeightSyncError  # noqa: F401  (public here: raised by load_policy_weights)
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +98,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         if self.env is not None and has_conversational_prompts(self.env.rows + self.env.eval_rows):
             chat.check_chat_template(self.tokenizer, config.policy_model)
         self._stop_ids = multiturn.stop_token_ids(self.tokenizer, env_config.get("stop_tokens") or ())
-        # Multi-turn episodes (`rllib_p3o.multiturn`) when env_config names an environment class.
+        # Multi-turn episodes (`rllib_p3o.runner.multiturn`) when env_config names an environment class.
         self._rollouts: Optional[MultiTurnRollouts] = None
         if self.env is not None and env_config.get("multi_turn_env"):
             multi_turn_cls = resolve_callable(env_config["multi_turn_env"])
@@ -191,7 +198,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     def sample(self, num_prompts: Optional[int] = None, groups: Optional[List[Group]] = None, **kwargs) -> List:
         """Sample ``group_size`` completions for each prompt group; one episode per completion.
 
-        ``groups`` (`rllib_p3o.prompt_schedule.Group`: group id, prompt row, sampling seed) come from the driver's
+        ``groups`` (`rllib_p3o.data.prompt_schedule.Group`: group id, prompt row, sampling seed) come from the driver's
         schedule, which derives each seed from the group id, so any runner samples the same completions for a group
         (with the same weights). Called without ``groups`` (plain RLlib use), the runner takes ``num_prompts`` from its own
         schedule. With behavior models, each prompt group holds ``group_size - Σ behavior samples`` policy
@@ -272,36 +279,36 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return ids + extra
 
     def load_policy_weights(self, payload: Dict[str, Any]) -> Dict[str, float]:
-        """Load new policy weights (`rllib_p3o.weight_sync` payload) into the engine in place; check the probe now
+        """Load new policy weights (`rllib_p3o.sync.payload`) into the engine in place; check the probe now
         (the payload has the learner's log-probs) or with the next generate call (`take_probe_result`).
 
-        Returns the load's time split (`rllib_p3o.metrics`: transfer, engine reload, verify) and, when checked now,
+        Returns the load's time split (`rllib_p3o.core.metrics`: transfer, engine reload, verify) and, when checked now,
         the probe's max |learner - engine| log-prob difference."""
-        seq = int(payload[weight_sync.VERSION])
+        seq = int(payload[sync_payload.VERSION])
         if self._llm is None:
             self._weights_seq_no = seq
             return {}
         t0 = time.perf_counter()
-        state = payload[weight_sync.RL_MODULE]
+        state = payload[sync_payload.RL_MODULE]
         if isinstance(state, ray.ObjectRef):
             state = ray.get(state)
-        state = weight_sync.module_tensors(state)
+        state = sync_payload.module_tensors(state)
         t1 = time.perf_counter()
         if self.config.lora:  # the adapter only, swapped in under this version's id; the base stays as loaded
             engine_stats = vllm_engine.load_adapter(self._llm, seq, lora.adapter_state(state), self.config.lora)
             self._lora_request = vllm_engine.lora_request(seq)
         else:
-            engine_stats = vllm_engine.reload_weights(self._llm, weight_sync.hf_weights(state, self._tied_embeddings))
+            engine_stats = vllm_engine.reload_weights(self._llm, sync_payload.hf_weights(state, self._tied_embeddings))
         self._weights_seq_no = seq
         t2 = time.perf_counter()
         stats = {metrics.TRANSFER_S: t1 - t0, metrics.ENGINE_RELOAD_S: engine_stats["engine_reload_s"]}
-        probe = payload.get(weight_sync.PROBE)
-        if probe is not None and weight_sync.PROBE_LOGPROBS not in probe:
-            self._policy.arm(seq, probe[weight_sync.PROBE_TOKEN_IDS])
+        probe = payload.get(sync_payload.PROBE)
+        if probe is not None and sync_payload.PROBE_LOGPROBS not in probe:
+            self._policy.arm(seq, probe[sync_payload.PROBE_TOKEN_IDS])
         elif probe is not None:
-            stats[metrics.PROBE_MAX_ABS_DIFF] = weight_sync.check_probe(
-                self.engine_logprobs(probe[weight_sync.PROBE_TOKEN_IDS]), probe[weight_sync.PROBE_LOGPROBS],
-                payload.get(weight_sync.TOLERANCE, weight_sync.DEFAULT_TOLERANCE),
+            stats[metrics.PROBE_MAX_ABS_DIFF] = check_probe(
+                self.engine_logprobs(probe[sync_payload.PROBE_TOKEN_IDS]), probe[sync_payload.PROBE_LOGPROBS],
+                payload.get(sync_payload.TOLERANCE, sync_payload.DEFAULT_TOLERANCE),
                 where=f"runner {self.worker_index}: after loading weights v{self._weights_seq_no}")
         stats[metrics.VERIFY_S] = time.perf_counter() - t2
         stats[metrics.LOAD_S] = time.perf_counter() - t0
@@ -318,13 +325,13 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     # -- state / checkpointing (RLlib's keys, shared with the weight-sync payload: rl_module, weights_seq_no) ------
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> Dict[str, Any]:
-        return {weight_sync.VERSION: self._weights_seq_no, NUM_ENV_STEPS_SAMPLED_LIFETIME: self._env_steps_lifetime}
+        return {sync_payload.VERSION: self._weights_seq_no, NUM_ENV_STEPS_SAMPLED_LIFETIME: self._env_steps_lifetime}
 
     def set_state(self, state: Dict[str, Any]) -> None:
-        if weight_sync.RL_MODULE in state and self._llm is not None:
-            self.load_policy_weights({weight_sync.RL_MODULE: state[weight_sync.RL_MODULE],
-                                      weight_sync.VERSION: state.get(weight_sync.VERSION, self._weights_seq_no)})
-        self._weights_seq_no = int(state.get(weight_sync.VERSION, self._weights_seq_no))
+        if sync_payload.RL_MODULE in state and self._llm is not None:
+            self.load_policy_weights({sync_payload.RL_MODULE: state[sync_payload.RL_MODULE],
+                                      sync_payload.VERSION: state.get(sync_payload.VERSION, self._weights_seq_no)})
+        self._weights_seq_no = int(state.get(sync_payload.VERSION, self._weights_seq_no))
         self._env_steps_lifetime = int(state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, self._env_steps_lifetime))
 
     def get_ctor_args_and_kwargs(self):

@@ -218,7 +218,7 @@ def p3o_loss(
     cap: bool = True,
     behavior_kl: bool = True,
 ) -> Tuple[torch.Tensor, Metrics]:
-    """The batch-adaptive P3O loss (``cap=False`` / ``behavior_kl=False``: its ablations, `rllib_p3o.losses`).
+    """The batch-adaptive P3O loss (``cap=False`` / ``behavior_kl=False``: its ablations, `rllib_p3o.core.losses`).
 
     With ``r_t = exp(logπθ_t - logπ_b_t)`` and ``ESS`` the normalized effective sample size of all valid ``r_t`` of
     the global batch (`effective_sample_size`), per valid token::

@@ -1,11 +1,11 @@
 """Names of the data one completion carries on its way to the learner, in one place (like RLlib's `Columns`).
 
 A completion travels in three shapes, each with its own names here:
-- a completion *episode* (`rllib_p3o.episodes`): one RLlib env step whose ``extra_model_outputs`` use `Record`'s
+- a completion *episode* (`rllib_p3o.runner.episodes`): one RLlib env step whose ``extra_model_outputs`` use `Record`'s
   names and whose infos use `Infos`' names (texts, sampling parameters);
 - a completion *record*, a dict with `Record`'s keys, built from an episode or from a trajectory row; the driver
   adds the advantage and the staleness;
-- a padded *learner batch*, a dict of numpy arrays with `Columns`' names, built by `rllib_p3o.batching`.
+- a padded *learner batch*, a dict of numpy arrays with `Columns`' names, built by `rllib_p3o.data.batching`.
 
 Layout of a learner batch of B rows right-padded to T tokens (targets are ``input_ids[:, 1:]``, so completion token
 ``j`` of a row with a prompt of ``P`` tokens sits at target position ``P - 1 + j``):
@@ -36,7 +36,7 @@ class Columns:
     # The policy weights version that sampled the row. RLlib's own name: its TorchLearner reads this column to log
     # how many updates behind the learner each batch was (diff_num_grad_updates_vs_sampler_policy).
     WEIGHTS_SEQ_NO = _RLLIB_WEIGHTS_SEQ_NO
-    # Which data source produced the row (`rllib_p3o.sources.source_id`).
+    # Which data source produced the row (`rllib_p3o.core.sources.source_id`).
     SOURCE_ID = "source_id"
     # Weights versions between sampler and learner; -1 where it does not apply (offline and behavior-model rows).
     STALENESS = "staleness"
@@ -84,11 +84,11 @@ class Infos:
     PROMPT = "prompt"
     COMPLETION = "completion"
     FINISH_REASON = "finish_reason"
-    SOURCE = "source"  # the source's name (`rllib_p3o.sources`)
+    SOURCE = "source"  # the source's name (`rllib_p3o.core.sources`)
     TEMPERATURE = "temperature"
     TOP_P = "top_p"
     LOGPROBS_MODE = "logprobs_mode"
-    # Multi-turn episodes (`rllib_p3o.multiturn`): model turns played, whether the episode was cut by a limit, and
+    # Multi-turn episodes (`rllib_p3o.runner.multiturn`): model turns played, whether the episode was cut by a limit, and
     # the environment's own counters (e.g. ToolEnv's tool_calls, tool_errors).
     TURNS = "turns"
     TRUNCATED = "truncated"

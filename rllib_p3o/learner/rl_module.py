@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
-from rllib_p3o import lora
+from rllib_p3o.core import lora
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class HFCausalLMRLModule(TorchRLModule):
     ``model_config`` keys: ``model`` (local directory or hub id; required), ``dtype`` ("float32" | "bfloat16" |
     "float16"), ``trust_remote_code`` (False), ``logprob_chunk_size`` (sequences per LM-head chunk, 8),
     ``compute_entropy`` (False; needed only for an entropy bonus), ``gradient_checkpointing`` (False), ``lora``
-    (None, or a validated `rllib_p3o.lora` spec: ``self.lm`` is then a peft model whose adapter alone trains; the
+    (None, or a validated `rllib_p3o.core.lora` spec: ``self.lm`` is then a peft model whose adapter alone trains; the
     module state, the weight sync and checkpoints hold the adapter only, and the frozen base doubles as the
     reference model).
     """

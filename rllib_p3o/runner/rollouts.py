@@ -7,11 +7,11 @@ Multi-turn (`MultiTurnRollouts`): every episode of a sample() call is played at 
 engine. Turn k of all active episodes of an engine is one ``llm.generate`` call (a `TokensPrompt` of each episode's
 ids so far; vLLM's prefix cache keeps the shared history cheap), so an iteration costs about turns × one single-turn
 call.
-Episodes that end leave the batch. Each episode keeps its token sequence itself (`rllib_p3o.chat` for why):
+Episodes that end leave the batch. Each episode keeps its token sequence itself (`rllib_p3o.data.chat` for why):
 
     prompt ids | model turn 1 (engine ids) | env turn 1 (template ids) | model turn 2 | ... | model turn K
 
-Limits (`rllib_p3o.multiturn`): ``max_turns`` model turns, the config's ``max_tokens`` per turn, and
+Limits (`rllib_p3o.runner.multiturn`): ``max_turns`` model turns, the config's ``max_tokens`` per turn, and
 ``max_total_tokens`` for the whole sequence; an episode cut by any of them is *truncated* (counted). An exception
 from the user's environment is raised as `MultiTurnEnvError` naming the class and the prompt.
 """
@@ -22,18 +22,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from rllib_p3o import chat
-from rllib_p3o.columns import Infos
-from rllib_p3o.episodes import Turn, completion_episode, multi_turn_episode
-from rllib_p3o.multiturn import MultiTurnEnv, MultiTurnEnvError, check_turn_result
-from rllib_p3o.prompt_schedule import Group
-from rllib_p3o.sources import source_id
+from rllib_p3o.data import chat
+from rllib_p3o.core.columns import Infos
+from rllib_p3o.runner.episodes import Turn, completion_episode, multi_turn_episode
+from rllib_p3o.runner.multiturn import MultiTurnEnv, MultiTurnEnvError, check_turn_result
+from rllib_p3o.data.prompt_schedule import Group
+from rllib_p3o.core.sources import source_id
 
 
 class Engine(NamedTuple):
     """One engine's part of every prompt group."""
 
-    source: str  # source name (`rllib_p3o.sources`)
+    source: str  # source name (`rllib_p3o.core.sources`)
     llm: Any  # vllm.LLM
     samples: int  # completions (episodes) per prompt
     overrides: Dict[str, Any]  # sampling parameters that differ from the config's

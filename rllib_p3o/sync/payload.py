@@ -1,0 +1,87 @@
+"""The weight-sync payload: what the driver sends and a runner loads (shared by both sides).
+
+The payload, a dict:
+    rl_module       the learner's module state, ``{"default_policy": {"lm.<HF name>": tensor}}`` or its inner dict
+                    (or a `PackedTensors` of it), or an ObjectRef to any of these
+    weights_seq_no  the weights version being loaded
+    probe           optional: ``{"token_ids": [int, ...], "logprobs": [float, ...]}``, the probe and the learner's
+                    log-prob of each token after the first: the runner checks at load; or ``{"token_ids": [...]}``
+                    alone: the runner scores the probe with its next generate call and returns it (`ProbeResult`)
+    tolerance       largest allowed |learner - engine| log-prob on the probe (checks at load)
+
+The driver builds and sends it (`rllib_p3o.sync.push`); a runner loads it (`VLLMEnvRunner.load_policy_weights`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, Mapping, Union
+
+import torch
+
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+
+from rllib_p3o.sync.probe import WeightSyncError
+
+# Payload keys (see the module docstring); the first two are RLlib's own names for a runner's state.
+RL_MODULE = COMPONENT_RL_MODULE
+VERSION = WEIGHTS_SEQ_NO
+PROBE = "probe"
+PROBE_TOKEN_IDS = "token_ids"
+PROBE_LOGPROBS = "logprobs"
+TOLERANCE = "tolerance"
+DEFAULT_TOLERANCE = 1e-3
+
+# `HFCausalLMRLModule` holds the Hugging Face model as ``self.lm``: its state names are "lm." + the HF names.
+LM_PREFIX = "lm."
+
+
+class PackedTensors:
+    """A module state's tensors as flat byte arrays, for the object store.
+
+    Ray pickles torch tensors through ``torch.save`` (about 4 ms per MB here), but ships numpy arrays out of band: one
+    copy into the object store, zero-copy reads in every runner. Any dtype (bfloat16 included, which numpy lacks)
+    travels as its raw bytes and is viewed back as the same dtype and shape; the receiving engine copies the values
+    into its own parameters, so the read-only views are never written.
+    """
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]):
+        self.specs = {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
+        self.arrays = {k: t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+                       for k, t in tensors.items()}
+
+    def unpack(self) -> Dict[str, torch.Tensor]:
+        with warnings.catch_warnings():  # torch warns that the object store's buffers are read-only
+            warnings.simplefilter("ignore", UserWarning)
+            return {k: torch.from_numpy(a).view(self.specs[k][0]).reshape(self.specs[k][1])
+                    for k, a in self.arrays.items()}
+
+
+def module_tensors(module_state: Union[Mapping[str, Any], PackedTensors]) -> Mapping[str, Any]:
+    """``{module state name: tensor}`` of a payload's module state (packed or not, nested under the module id or
+    not)."""
+    state = module_state.unpack() if isinstance(module_state, PackedTensors) else module_state
+    return state.get(DEFAULT_MODULE_ID, state)
+
+
+def hf_weights(module_state: Union[Mapping[str, Any], PackedTensors], tied_embeddings: bool) -> Dict[str, Any]:
+    """The learner module's weights under Hugging Face checkpoint names (what vLLM's reload expects)."""
+    state = module_tensors(module_state)
+    hf = {k[len(LM_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(LM_PREFIX)}
+    if not hf:
+        raise WeightSyncError(f"weight payload has no '{LM_PREFIX}*' tensors (keys: {list(state)[:5]})")
+    if tied_embeddings:
+        hf.pop("lm_head.weight", None)  # shares storage with the embedding; vLLM re-ties it
+    return hf
+
+
+def hf_weights(module_state: Union[Mapping[str, Any], PackedTensors], tied_embeddings: bool) -> Dict[str, Any]:
+    """The learner module's weights under Hugging Face checkpoint names (what vLLM's reload expects)."""
+    state = module_tensors(module_state)
+    hf = {k[len(LM_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(LM_PREFIX)}
+    if not hf:
+        raise WeightSyncError(f"weight payload has no '{LM_PREFIX}*' tensors (keys: {list(state)[:5]})")
+    if tied_embeddings:
+        hf.pop("lm_head.weight", None)  # shares storage with the embedding; vLLM re-ties it
+    return hf

@@ -1,0 +1,47 @@
+"""Weight-sync verification: the engine's log-probs of a fixed probe sequence must match the learner's.
+
+A sync (`rllib_p3o.sync.push`) is checked in one of two ways:
+- **at load**: the payload carries the learner's probe log-probs and the runner scores the probe in a call of its own
+  right after loading. Used where the weights must be verified before anything else runs: a trial's first sync, a
+  restored checkpoint, a restarted runner.
+- **riding along** (every training iteration): at load the runner arms its `ProbeRider` (`rllib_p3o.runner.probe_rider`), and the probe joins the next
+  batch the policy engine generates (a sample() or a held-out evaluation) as one more request. That costs the engine
+  a few prompt tokens in a batch it runs anyway, instead of a call of its own. The runner returns the engine's probe
+  log-probs (a `ProbeResult`) with those results, and the driver compares them (`rllib_p3o.sync.push.LearnerProbes.check`) before it
+  uses them: no sample generated with unverified weights reaches the learner, and a failed check raises
+  `WeightSyncError` naming the runner and the version. The learner's side is scored in a background thread
+  (`LearnerProbes.start`) while the runners load and generate.
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Sequence
+
+import numpy as np
+
+
+
+class WeightSyncError(RuntimeError):
+    """The engine does not hold the weights the learner sent (a silent sync failure would look like staleness)."""
+
+
+def check_probe(engine_logprobs: np.ndarray, learner_logprobs: Sequence[float], tolerance: float, where: str) -> float:
+    """``max |engine - learner|`` over the probe's log-probs; raises `WeightSyncError` above ``tolerance`` (or NaN).
+
+    ``where`` opens the error message (e.g. "runner 1: after loading weights v7").
+    """
+    diff = float(np.max(np.abs(np.asarray(engine_logprobs, dtype=np.float64)
+                                - np.asarray(learner_logprobs, dtype=np.float64))))
+    if not diff <= tolerance:
+        raise WeightSyncError(
+            f"{where} the engine's log-probs differ from the learner's by up to {diff:.3g} (tolerance {tolerance}); "
+            f"the engine does not hold the learner's weights.")
+    return diff
+
+
+class ProbeResult(NamedTuple):
+    """The engine's probe log-probs with one weights version, as a runner returns them."""
+
+    runner_id: int
+    weights_seq_no: int
+    logprobs: List[float]
