@@ -45,6 +45,7 @@ def measure() -> Dict[str, float]:
 
     import peer_trl
     from rllib_p3o import P3OConfig
+    from rllib_p3o.runner.env_runner import VLLMEnvRunner
 
     t1 = time.perf_counter()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
@@ -68,7 +69,7 @@ def measure() -> Dict[str, float]:
     t4 = time.perf_counter()
     algo.train()
     t5 = time.perf_counter()
-    runner = algo._runners.call_first("startup_times")
+    runner = algo._runners.call_first(VLLMEnvRunner.startup_times)
     algo.stop()
     ray.shutdown()
     stats = pstats.Stats(profile).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}

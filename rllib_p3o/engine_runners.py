@@ -17,10 +17,18 @@ forever):
 from __future__ import annotations
 
 import traceback
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, TypeVar
 
 from ray.exceptions import RayError
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
+
+if TYPE_CHECKING:
+    from rllib_p3o.runner.env_runner import VLLMEnvRunner
+
+T = TypeVar("T")
+# A call on one runner: a function of the runner, such as ``VLLMEnvRunner.pad_token_id`` or
+# ``lambda runner: runner.sample(groups=groups)`` (typed, so that jump-to-definition and type checkers follow it).
+RunnerCall = Callable[["VLLMEnvRunner"], T]
 
 LOCAL_ID = 0
 
@@ -73,7 +81,7 @@ class EngineRunners:
     def num_runners(self) -> int:
         return self.group.num_remote_env_runners() if self.remote else 1
 
-    def call(self, fns: Mapping[int, Callable[[Any], Any]], timeout_s: Optional[float] = None) -> Dict[int, Any]:
+    def call(self, fns: Mapping[int, RunnerCall[T]], timeout_s: Optional[float] = None) -> Dict[int, T]:
         """``fns[i](runner i)`` for each runner id, in parallel; ``{id: result}`` of those that answered.
 
         Raises what a call raised in its runner. A dead runner, or one that did not answer within ``timeout_s``, is
@@ -95,17 +103,15 @@ class EngineRunners:
                 "config.fault_tolerance(restart_failed_env_runners=True) to restart failed runners and go on.") from e
         return {o.runner_id: _unwrap(o) for o in outcomes}
 
-    def call_first(self, method: Union[str, Callable[[Any], Any]], *args: Any, **kwargs: Any) -> Any:
-        """``runner.method(*args, **kwargs)`` (or ``method(runner)``, for a callable) on the first healthy engine
-        runner."""
-        fn = method if callable(method) else (lambda r: getattr(r, method)(*args, **kwargs))
+    def call_first(self, fn: RunnerCall[T]) -> T:
+        """``fn(runner)`` on the first healthy engine runner, e.g. ``call_first(VLLMEnvRunner.pad_token_id)``."""
         for i in self.healthy_ids():
             result = self.call({i: fn})
             if i in result:
                 return result[i]
-        raise EnvRunnerFailedError(f"no healthy EnvRunner to call {getattr(method, '__name__', method)} on.")
+        raise EnvRunnerFailedError(f"no healthy EnvRunner to call {getattr(fn, '__qualname__', fn)} on.")
 
-    def start(self, fns: Mapping[int, Callable[[Any], Any]], tag: str) -> None:
+    def start(self, fns: Mapping[int, RunnerCall[Any]], tag: str) -> None:
         """Start ``fns[i](runner i)`` on remote runners without waiting; results come from `fetch_ready`.
 
         A runner that still has a ``tag`` call in flight gets no new one (RLlib's in-flight limit per runner and tag,

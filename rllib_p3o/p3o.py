@@ -413,9 +413,9 @@ class P3O(Algorithm):
         t0 = time.perf_counter()
         super().setup(config)
         self._runners = runners = EngineRunners(self.env_runner_group)
-        self._pad_id = runners.call_first("pad_token_id")
-        self._has_engine = bool(runners.call_first("has_engine"))
-        self._probe_ids = (runners.call_first("probe_token_ids")
+        self._pad_id = runners.call_first(VLLMEnvRunner.pad_token_id)
+        self._has_engine = bool(runners.call_first(VLLMEnvRunner.has_engine))
+        self._probe_ids = (runners.call_first(VLLMEnvRunner.probe_token_ids)
                            if config.verify_weight_sync and self._has_engine else None)
         self._runner_restarts = 0
         self._setup_training_state(actor_reused=False, t0=t0)
@@ -434,7 +434,7 @@ class P3O(Algorithm):
                                        push_async=config.async_sampling and runners.remote,
                                        timeout_s=config.weight_sync_timeout_s, max_staleness=config.max_staleness)
         self._sampler = (Sampler(config, runners, self.metrics,
-                                 PromptSchedule(runners.call_first("num_prompts"), seed=config.seed or 0),
+                                 PromptSchedule(runners.call_first(VLLMEnvRunner.num_prompts), seed=config.seed or 0),
                                  verify=self._weight_sync.verify)
                          if config.online_rows_per_step > 0 else None)
         self._skipped_nonfinite = 0  # lifetime

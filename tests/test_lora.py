@@ -9,6 +9,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from rllib_p3o import P3O, P3OConfig
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.lora import is_adapter_param
+from rllib_p3o.runner.env_runner import VLLMEnvRunner
 from rllib_p3o.tasks import ArithmeticTask
 
 LORA = {"r": 8, "alpha": 16}
@@ -40,7 +41,7 @@ def _learner_module(algo):
 
 
 def _engine_matches_learner(algo, token_ids):
-    engine = np.asarray(algo._runners.call_first("engine_logprobs", token_ids))
+    engine = np.asarray(algo._runners.call_first(lambda runner: runner.engine_logprobs(token_ids)))
     learner = np.asarray(_learner_module(algo).sequence_logprobs(token_ids))
     return float(np.max(np.abs(engine - learner)))
 
@@ -69,7 +70,7 @@ def test_lora_trains_the_adapter_only_syncs_it_verified_and_restores_it(ray_sess
             .state_dict().items()}
     algo = _config(tiny_model, kl_ref_coeff=0.1).build_algo()
     try:
-        sequence = algo._runners.call_first("probe_token_ids")[::-1]  # not the probe itself
+        sequence = algo._runners.call_first(VLLMEnvRunner.probe_token_ids)[::-1]  # not the probe itself
         results = [algo.train() for _ in range(2)]
         module = _learner_module(algo)
         # Only the adapter trains: the base weights are the model's, bit for bit; lora_B left its zero init.
