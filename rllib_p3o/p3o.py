@@ -11,22 +11,29 @@
     algo = config.build_algo()
     algo.train()
 
-One ``training_step``: sample (the vLLM EnvRunners generate ``group_size`` completions for each online prompt,
-`rllib_p3o.sampler`; offline rows come from `P3OOfflineData`) → group-normalized advantages over each prompt's
-completions (before sharding across learners) and one padded token batch (`rllib_p3o.data.batching`) →
-``learner_group.update`` (``num_epochs`` × minibatches of ``minibatch_size`` rows per learner) → the new weights
-are loaded into every runner's engine in place (`rllib_p3o.sync.push`) → metrics (`rllib_p3o.core.metrics`).
+This module holds the config (`P3OConfig`: every setting and its validation) and the algorithm (`P3O`), as RLlib's
+own algorithm packages do.
+
+One ``training_step``: sample → update → sync → metrics.
+- sample: each batch source (`P3O.batch_sources`, `rllib_p3o.data.batch_source`) gives its rows of the step: online
+  rollouts (the vLLM EnvRunners generate ``group_size`` completions per prompt, `rllib_p3o.sampler`, with
+  group-normalized advantages computed before the batch is sharded over learners) and offline trajectory Parquet
+  (`rllib_p3o.data.offline_data`); one padded, shuffled token batch (`rllib_p3o.data.batching`);
+- update: ``learner_group.update`` (``num_epochs`` × minibatches of ``minibatch_size`` rows per learner; the loss
+  is `rllib_p3o.learner.p3o_torch_learner`'s);
+- sync: the new weights are loaded into every runner's engine in place and checked (`rllib_p3o.sync.push`);
+- metrics (`rllib_p3o.core.metrics`).
 
 ESS scope: the objective's ESS is computed over one optimizer step's minibatch across all learners. With the
 default (no ``minibatch_size``, one epoch) that is the whole training batch of the iteration.
 
-Faults and resume: the data position (the driver's `PromptSchedule`, the batch RNG, the offline batches taken) is
-part of the checkpoint, so a restored run samples what the uninterrupted one would; runners RLlib restarts get the
-current, verified weights in `restore_env_runners` before they sample (README, "Fault tolerance and resume").
+Faults and resume: the data position (each batch source's, and the batch RNG) is part of the checkpoint, so a restored run samples what the uninterrupted one would; runners RLlib restarts get the
+current, verified weights in `restore_env_runners` before they sample (docs: "Fault tolerance and resume").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -43,7 +50,6 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.utils.debug.deterministic import update_global_seed_if_necessary
 from ray.rllib.utils.metrics import (
-    ENV_RUNNER_SAMPLING_TIMER,
     LEARNER_RESULTS,
     LEARNER_UPDATE_TIMER,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
@@ -55,10 +61,11 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from rllib_p3o.core import lora as lora_specs
 from rllib_p3o.core import metrics
 from rllib_p3o.core.columns import Columns
-from rllib_p3o.core.losses import LOSSES
+from rllib_p3o.core.losses import LOSSES, get_loss
 from rllib_p3o.core.sources import SourceNames, behavior_sample_counts, behavior_source_name, check_same_tokenizer
 from rllib_p3o.data import batching
 from rllib_p3o.data.chat import ChatTemplateError
+from rllib_p3o.data.batch_source import BatchSource, OfflineSource
 from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import PromptSchedule
@@ -68,7 +75,7 @@ from rllib_p3o.learner.p3o_torch_learner import P3OTorchLearner
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
 from rllib_p3o.runner.env import TextEnv, check_chat_dataset
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
-from rllib_p3o.sampler import Sampler
+from rllib_p3o.sampler import OnlineSource, Sampler
 from rllib_p3o.sync.payload import DEFAULT_TOLERANCE
 from rllib_p3o.sync.push import WeightSync
 from rllib_p3o.trial_reuse import RESETTABLE_KEYS, config_differences
@@ -78,6 +85,8 @@ __all__ = ["P3O", "P3OConfig"]
 logger = logging.getLogger(__name__)
 
 ESS_SCOPES = ("batch", "source")
+# Loss settings that were top-level config keys before `loss_config`.
+LEGACY_LOSS_KEYS = ("clip_low", "clip_high")
 LOGPROBS_MODES = ("processed", "raw")
 
 
@@ -91,6 +100,8 @@ class P3OConfig(AlgorithmConfig):
         self.model_dtype = "float32"
         self.trust_remote_code = False
         self.loss = "p3o"
+        self.loss_config: Dict[str, Any] = {}  # the loss's own settings (`rllib_p3o.core.losses`)
+        # GRPO's clip range as top-level keys (before `loss_config`): still read by losses that have these settings.
         self.clip_low = 0.2
         self.clip_high = 0.2
         self.kl_ref_coeff = 0.0
@@ -167,6 +178,7 @@ class P3OConfig(AlgorithmConfig):
         model_dtype: Optional[str] = NotProvided,
         trust_remote_code: Optional[bool] = NotProvided,
         loss: Optional[str] = NotProvided,
+        loss_config: Optional[Dict[str, Any]] = NotProvided,
         clip_low: Optional[float] = NotProvided,
         clip_high: Optional[float] = NotProvided,
         kl_ref_coeff: Optional[float] = NotProvided,
@@ -223,7 +235,10 @@ class P3OConfig(AlgorithmConfig):
                 by the probe); syncs and checkpoints carry the adapter only; the reference KL uses the base.
             group_size: Completions sampled per prompt; advantages are normalized within each group.
             prompts_per_step: Prompts per training step (train batch = prompts_per_step * group_size rows).
-            max_tokens, temperature, top_p, top_k: vLLM sampling parameters of the rollouts.
+            max_tokens: Most tokens per completion (per model turn in multi-turn episodes); vLLM's ``max_tokens``.
+            temperature: Sampling temperature of the rollouts.
+            top_p: Nucleus-sampling threshold of the rollouts (1.0: off).
+            top_k: Top-k sampling of the rollouts (-1: off).
             logprobs_mode: "processed" (default: log-probs of the sampling distribution, after temperature and
                 top-p/top-k, i.e. the true behavior policy) or "raw" (the model's unprocessed log-probs).
             vllm_kwargs: Extra ``vllm.LLM`` arguments (e.g. ``kv_cache_memory_bytes``, ``max_model_len``).
@@ -242,9 +257,11 @@ class P3OConfig(AlgorithmConfig):
                 pause (each runner loads them after its current sample).
             max_staleness: In async mode, policy samples more than this many weight versions behind the learner
                 are dropped (and counted).
-            num_threads_per_learner, num_threads_per_env_runner: Torch/OpenMP threads of each learner and each
-                runner's engine; default: their Ray CPUs (see `learner_threads`, `env_runner_threads`). Async mode
-                only overlaps generation and training when the budgets fit the cores (OpenMP threads spin-wait).
+            num_threads_per_learner: Torch/OpenMP threads of each learner; default: its Ray CPUs (see
+                `learner_threads`). Async mode only overlaps generation and training when the thread budgets fit the
+                cores (OpenMP threads spin-wait).
+            num_threads_per_env_runner: Torch/OpenMP threads of each runner's engine; default: its Ray CPUs (see
+                `env_runner_threads`).
             behavior_models: Frozen models whose engines generate a share of every prompt group, each a dict with
                 ``model`` (HF path), ``samples`` (completions per group) or ``share`` (of ``group_size``), and
                 optionally ``name`` and its own ``temperature``/``top_p``/``top_k``/``max_tokens``. Their
@@ -264,7 +281,7 @@ class P3OConfig(AlgorithmConfig):
             kwargs["model"] = model  # RLlib's own (old-stack) model dict
         super().training(**kwargs)
         for name, value in dict(
-            model_dtype=model_dtype, trust_remote_code=trust_remote_code, loss=loss,
+            model_dtype=model_dtype, trust_remote_code=trust_remote_code, loss=loss, loss_config=loss_config,
             clip_low=clip_low, clip_high=clip_high, kl_ref_coeff=kl_ref_coeff, entropy_coeff=entropy_coeff,
             ess_scope=ess_scope, logprob_chunk_size=logprob_chunk_size, lora=lora, group_size=group_size,
             prompts_per_step=prompts_per_step,
@@ -337,6 +354,10 @@ class P3OConfig(AlgorithmConfig):
             self._value_error("P3OConfig needs a policy model: .training(model='/path/to/hf-causal-lm').")
         if self.loss not in LOSSES:
             self._value_error(f"Unknown loss {self.loss!r}; registered losses: {', '.join(sorted(LOSSES))}.")
+        try:
+            self.loss_settings()
+        except ValueError as e:
+            self._value_error(f"loss_config: {e}")
         if self.ess_scope not in ESS_SCOPES:
             self._value_error(f"ess_scope must be one of {ESS_SCOPES}, got {self.ess_scope!r}.")
         if self.logprobs_mode not in LOGPROBS_MODES:
@@ -376,6 +397,14 @@ class P3OConfig(AlgorithmConfig):
             except ValueError as e:
                 self._value_error(f"lora: {e}")
 
+    def loss_settings(self) -> Any:
+        """The settings dataclass of ``loss``: ``loss_config`` over the loss's defaults, with the top-level
+        ``clip_low``/``clip_high`` applied first where the loss has such settings. ValueError on a bad setting."""
+        spec = get_loss(self.loss)
+        fields = {f.name for f in dataclasses.fields(spec.settings)}
+        legacy = {key: getattr(self, key) for key in LEGACY_LOSS_KEYS if key in fields}
+        return spec.make_settings({**legacy, **(self.loss_config or {})})
+
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         return RLModuleSpec(module_class=HFCausalLMRLModule, model_config=self.lm_model_config())
 
@@ -395,8 +424,6 @@ class P3OConfig(AlgorithmConfig):
 
 # Keys of P3O's own checkpoint state (in the algorithm's state, beside RLlib's components).
 P3O_STATE = "p3o"
-SAMPLER_STATE = "sampler"
-OFFLINE_STATE = "offline_position"
 BATCH_RNG_STATE = "batch_rng"
 ROWS_TRAINED = "rows_trained"
 SKIPPED_NONFINITE = metrics.SKIPPED_NONFINITE_STEPS
@@ -433,17 +460,28 @@ class P3O(Algorithm):
                                        tolerance=config.weight_sync_tolerance,
                                        push_async=config.async_sampling and runners.remote,
                                        timeout_s=config.weight_sync_timeout_s, max_staleness=config.max_staleness)
-        self._sampler = (Sampler(config, runners, self.metrics,
-                                 PromptSchedule(runners.call_first(VLLMEnvRunner.num_prompts), seed=config.seed or 0),
-                                 verify=self._weight_sync.verify)
-                         if config.online_rows_per_step > 0 else None)
         self._skipped_nonfinite = 0  # lifetime
-        self._source_names = SourceNames([*map(behavior_source_name, config.behavior_models),
-                                          *getattr(self.offline_data, "source_names", ())])
         self._recorder = TrajectoryRecorder(config.record_rollouts) if config.record_rollouts else None
+        self._sources = self.batch_sources()
+        self._source_names = SourceNames([*map(behavior_source_name, config.behavior_models),
+                                          *(name for source in self._sources for name in source.source_names)])
         self._weight_sync.push_verified()
         # Reported with the first result: what this trial's start cost, and whether Tune reused the actor for it.
         self._log({metrics.SETUP_S: time.perf_counter() - t0, metrics.ACTOR_REUSED: float(actor_reused)})
+
+    def batch_sources(self) -> List[BatchSource]:
+        """Where each training step's rows come from (`rllib_p3o.data.batch_source`): online rollouts from the vLLM
+        runners and offline trajectory Parquet, in the shares ``offline_fraction`` sets. Override to add a source."""
+        config: P3OConfig = self.config
+        sources: List[BatchSource] = []
+        if config.online_rows_per_step > 0:
+            schedule = PromptSchedule(self._runners.call_first(VLLMEnvRunner.num_prompts), seed=config.seed or 0)
+            sampler = Sampler(config, self._runners, self.metrics, schedule, verify=self._weight_sync.verify)
+            sources.append(OnlineSource(sampler, lambda: self._weight_sync.weights_seq_no, self._pad_id,
+                                        self._recorder))
+        if config.offline_rows_per_step > 0:
+            sources.append(OfflineSource(self.offline_data, config.offline_rows_per_step))
+        return sources
 
     def reset_config(self, new_config: Dict[str, Any]) -> bool:
         """Tune's actor reuse (``tune.TuneConfig(reuse_actors=True)``): start the next trial in this actor, keeping
@@ -462,8 +500,8 @@ class P3O(Algorithm):
                          "may change between reused trials.", ", ".join(different), ", ".join(RESETTABLE_KEYS))
             return False
         new.freeze()
-        if self._sampler is not None:
-            self._sampler.drain()
+        for source in self._sources:
+            source.close()
         self._weight_sync.close()
         self.learner_group.shutdown()
         self.config = new
@@ -500,23 +538,12 @@ class P3O(Algorithm):
         self._log_step(records, batch, timings, sync_stats, per_learner_ess)
 
     def _sample_batch(self, timings: Dict[str, float]) -> Tuple[List[Dict[str, Any]], batching.Batch]:
-        """The online completion records (with advantages) and the training batch of this iteration."""
+        """This iteration's training batch, from every batch source, shuffled (learner shards are contiguous slices);
+        and the completion records behind it, where the sources have them (for metrics)."""
         cfg = self.config
-        parts: List[batching.Batch] = []
-        records: List[Dict[str, Any]] = []
-        if cfg.online_rows_per_step > 0:
-            with (metrics.timed(timings, metrics.TIME_GENERATE_S),
-                  self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER))):
-                records = self._sampler.sample(self._weight_sync.weights_seq_no)
-            with metrics.timed(timings, metrics.TIME_BATCHING_S):
-                batching.add_group_advantages(records)  # over whole prompt groups, before sharding
-                if self._recorder is not None:
-                    self._recorder.write(records, iteration=int(self.iteration or 0))
-                parts.append(batching.pad_records(records, pad_id=self._pad_id))
-        if cfg.offline_rows_per_step > 0:
-            with metrics.timed(timings, metrics.TIME_OFFLINE_READ_S):
-                parts.append(self.offline_data.sample_batch(cfg.offline_rows_per_step))
-        batch = batching.concat_padded(parts, pad_id=self._pad_id)
+        parts = [source.sample(int(self.iteration or 0), timings) for source in self._sources]
+        records = [record for part in parts for record in part.records]
+        batch = batching.concat_padded([part.batch for part in parts], pad_id=self._pad_id)
         batch = batching.shuffle_rows(batch, self._rng)
         return records, batching.pad_rows_to_multiple(batch, max(1, cfg.num_learners) * (cfg.minibatch_size or 1))
 
@@ -612,8 +639,7 @@ class P3O(Algorithm):
             self._weight_sync.settle()
         state = super().get_state(*args, **kwargs)
         state[P3O_STATE] = {
-            SAMPLER_STATE: self._sampler.get_state() if self._sampler is not None else None,
-            OFFLINE_STATE: self.offline_data.get_position() if hasattr(self.offline_data, "get_position") else None,
+            **{source.state_key: source.get_state() for source in getattr(self, "_sources", ())},
             BATCH_RNG_STATE: self._rng.bit_generator.state,
             ROWS_TRAINED: self._rows_trained,
             SKIPPED_NONFINITE: self._skipped_nonfinite,
@@ -625,11 +651,9 @@ class P3O(Algorithm):
         own = state.get(P3O_STATE)
         if not own:
             return
-        if self._sampler is not None and own.get(SAMPLER_STATE):
-            resampled = self._sampler.set_state(own[SAMPLER_STATE])
-            self._log({metrics.GROUPS_RESAMPLED_AFTER_RESTORE: resampled})
-        if own.get(OFFLINE_STATE) is not None and hasattr(self.offline_data, "set_position"):
-            self.offline_data.set_position(own[OFFLINE_STATE], batch_rows=self.config.offline_rows_per_step)
+        for source in self._sources:
+            if own.get(source.state_key) is not None:
+                self._log(source.set_state(own[source.state_key]))
         self._rng.bit_generator.state = own[BATCH_RNG_STATE]
         self._rows_trained = int(own[ROWS_TRAINED])
         self._skipped_nonfinite = int(own.get(SKIPPED_NONFINITE, 0))

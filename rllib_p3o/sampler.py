@@ -29,10 +29,13 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
+from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, ENV_RUNNER_SAMPLING_TIMER, TIMERS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_p3o.core import metrics
+from rllib_p3o.data import batching
+from rllib_p3o.data.batch_source import BatchSource, SourceBatch
+from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.core.columns import Record
 from rllib_p3o.engine_runners import EngineRunners, EnvRunnerFailedError
 from rllib_p3o.runner.episodes import episodes_to_records
@@ -236,6 +239,46 @@ class Sampler:
 
     def _log(self, key: str, value: float) -> None:
         self.metrics.log_value((metrics.P3O, key), value, window=1)
+
+
+class OnlineSource(BatchSource):
+    """Online rollouts as a batch source: the `Sampler`'s records of one step, with group-normalized advantages
+    (over whole prompt groups, before the batch is sharded over learners), recorded if asked, padded.
+
+    ``weights_seq_no()`` gives the learner's current weights version (staleness is measured against it).
+    """
+
+    state_key = "sampler"
+
+    def __init__(self, sampler: Sampler, weights_seq_no: Callable[[], int], pad_id: int,
+                 recorder: Optional[TrajectoryRecorder] = None):
+        self.sampler = sampler
+        self.weights_seq_no = weights_seq_no
+        self.pad_id = pad_id
+        self.recorder = recorder
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.sampler.config.online_rows_per_step
+
+    def sample(self, iteration: int, timings: Dict[str, float]) -> SourceBatch:
+        with (metrics.timed(timings, metrics.TIME_GENERATE_S),
+              self.sampler.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER))):
+            records = self.sampler.sample(self.weights_seq_no())
+        with metrics.timed(timings, metrics.TIME_BATCHING_S):
+            batching.add_group_advantages(records)
+            if self.recorder is not None:
+                self.recorder.write(records, iteration=iteration)
+            return SourceBatch(batching.pad_records(records, pad_id=self.pad_id), records)
+
+    def get_state(self) -> Dict[str, Any]:
+        return self.sampler.get_state()
+
+    def set_state(self, state: Dict[str, Any]) -> Dict[str, float]:
+        return {metrics.GROUPS_RESAMPLED_AFTER_RESTORE: self.sampler.set_state(state)}
+
+    def close(self) -> None:
+        self.sampler.drain()
 
 
 def split_groups(groups: List[Group], runner_ids: List[int]) -> Dict[int, List[Group]]:

@@ -245,13 +245,15 @@ def _hand_gradient(logp, behavior, adv, cap: bool, kl: bool) -> torch.Tensor:
 @pytest.mark.parametrize("name,cap,kl", [("p3o", True, True), ("p3o_no_cap", False, True),
                                          ("p3o_no_kl", True, False)])
 def test_registered_p3o_family_matches_hand_computed_gradient(name, cap, kl):
-    from rllib_p3o.core.losses import get_loss
+    from rllib_p3o.core.losses import LossInputs, get_loss
 
     logp, behavior, adv, mask = _ablation_case()
-    loss, stats = get_loss(name).fn(logp, behavior, adv, mask)
+    spec = get_loss(name)
+    loss, ess, stats = spec.fn(LossInputs(logp, behavior, adv, mask.bool()), spec.make_settings())
     loss.backward()
     torch.testing.assert_close(logp.grad, _hand_gradient(logp, behavior, adv, cap, kl))
     assert (stats["kl_weight"] > 0) == kl
+    assert float(ess) == pytest.approx(float(stats["ess"])) and 0 < float(ess) < 1
 
 
 def test_unknown_loss_lists_the_registered_names():

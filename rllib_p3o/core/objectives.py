@@ -162,6 +162,13 @@ def _token_mean(x: torch.Tensor, mask: torch.Tensor, n_global: torch.Tensor) -> 
     return _masked_sum(x, mask) / n_global.to(x.dtype)
 
 
+def global_token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """This rank's share of the token-mean of ``x`` over the global batch: ``Σ_{t valid here} x_t / N``, with ``N``
+    the valid-token count all-reduced over the learners (so the shares sum to the mean of the whole batch)."""
+    n_global = _all_reduce(mask.bool().sum().to(torch.float64).reshape(1).clone())[0].clamp(min=1.0)
+    return _token_mean(x, mask.bool(), n_global)
+
+
 def _diagnostics(log_ratios: torch.Tensor, mask: torch.Tensor, kl_tok: torch.Tensor, n_global: torch.Tensor,
                  cap: Optional[torch.Tensor], extra: Dict[str, torch.Tensor]) -> Metrics:
     """Global token-means of the diagnostics, with one SUM all-reduce."""

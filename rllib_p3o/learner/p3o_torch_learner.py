@@ -1,4 +1,4 @@
-"""P3O TorchLearner: padded token batch → `p3o_loss` / `grpo_loss`, with RLlib's optimizer, grad-clip and metrics.
+"""P3O TorchLearner: padded token batch → the configured loss (`rllib_p3o.core.losses`), with RLlib's optimizer, grad-clip and metrics.
 
 Batch columns (numpy or torch, right-padded; `rllib_p3o.core.columns.Columns`):
     ``input_ids`` [B, T], ``attention_mask`` [B, T], ``completion_mask`` [B, T-1] (1 on completion targets),
@@ -30,10 +30,10 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
-from rllib_p3o.core import losses
 from rllib_p3o.core import metrics
 from rllib_p3o.core import objectives
 from rllib_p3o.core.columns import Columns
+from rllib_p3o.core.losses import LossInputs, get_loss
 from rllib_p3o.learner.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
 from rllib_p3o.core.sources import POLICY_SOURCE_ID
 
@@ -71,6 +71,9 @@ class P3OTorchLearner(TorchLearner):
         self._consecutive_nonfinite = 0
         self._nonfinite_inputs: List[str] = []  # of the current step, from compute_loss_for_module
         self._loss_stats: Dict[str, float] = {}
+        # The objective (`rllib_p3o.core.losses`) and its settings, resolved once (validated with the config).
+        self._loss = get_loss(self.config.loss)
+        self._loss_settings = self.config.loss_settings()
 
     def get_parameters(self, module) -> List[torch.nn.Parameter]:
         """The parameters that train: all of them, or under LoRA the adapter's (the frozen base gets no gradient,
@@ -117,7 +120,8 @@ class P3OTorchLearner(TorchLearner):
         self, *, module_id: ModuleID, config: "AlgorithmConfig", batch: Dict[str, Any],
         fwd_out: Dict[str, TensorType]
     ) -> TensorType:
-        """``config`` is a `P3OConfig`: its ``loss``, ``ess_scope`` and coefficients choose the objective."""
+        """``config`` is a `P3OConfig`: its ``loss`` (with ``loss_config``), ``ess_scope`` and coefficients choose the
+        objective."""
         logp = fwd_out[TOKEN_LOGP]
         mask = batch[Columns.COMPLETION_MASK].bool()
         ref_logp = batch.get(Columns.REF_LOGPROBS)
@@ -129,22 +133,18 @@ class P3OTorchLearner(TorchLearner):
             entropy=fwd_out.get(TOKEN_ENTROPY),
             entropy_coeff=config.entropy_coeff,
         )
-        behavior, advantages = batch[Columns.BEHAVIOR_LOGPROBS], batch[Columns.ADVANTAGES]
-        spec = losses.get_loss(config.loss)
-        kwargs = {key: getattr(config, key) for key in spec.config_keys}
-        groups = None
-        if spec.ess_scoped:
-            groups, num_groups = self._ess_groups(config, batch)
-            kwargs.update(ess_groups=groups, num_ess_groups=num_groups)
-        loss, stats = spec.fn(logp, behavior, advantages, mask, **kwargs, **common)
+        groups, num_groups = self._ess_groups(config, batch) if self._loss.ess_scoped else (None, 0)
+        inputs = LossInputs(logp, batch[Columns.BEHAVIOR_LOGPROBS], batch[Columns.ADVANTAGES], mask,
+                            ess_groups=groups, num_ess_groups=num_groups, **common)
+        loss, ess, stats = self._loss.fn(inputs, self._loss_settings)
 
-        self.metrics.log_dict({(module_id, k): float(v) for k, v in stats.items()}, window=1)
-        self._loss_stats = {metrics.LOSS: float(loss.detach()), metrics.ESS: float(stats[metrics.ESS])}
+        self.metrics.log_dict({(module_id, k): float(v) for k, v in {**stats, metrics.ESS: ess}.items()}, window=1)
+        self._loss_stats = {metrics.LOSS: float(loss.detach()), metrics.ESS: float(ess)}
         self._nonfinite_inputs = _nonfinite_inputs(batch, mask)
         for column, label in _GROUPINGS:
             if column in batch:
                 own_cap = label == metrics.BY_SOURCE and groups is not None
-                self._log_groups(module_id, column, label, logp.detach(), batch, mask, stats[metrics.ESS], own_cap)
+                self._log_groups(module_id, column, label, logp.detach(), batch, mask, ess, own_cap)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return loss * world
 

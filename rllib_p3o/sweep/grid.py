@@ -16,15 +16,15 @@ from rllib_p3o.tasks.demo_config import demo_config
 # Methods: name -> config overrides (all keys in `rllib_p3o.trial_reuse.RESETTABLE_KEYS`).
 METHODS: Dict[str, Dict[str, Any]] = {
     "p3o": {"loss": "p3o"},
-    "grpo_eps0.2": {"loss": "grpo", "clip_low": 0.2, "clip_high": 0.2},
-    "grpo_eps0.4": {"loss": "grpo", "clip_low": 0.4, "clip_high": 0.4},
-    "grpo_eps0.6": {"loss": "grpo", "clip_low": 0.6, "clip_high": 0.6},
+    "grpo_eps0.2": {"loss": "grpo", "loss_config": {"clip_low": 0.2, "clip_high": 0.2}},
+    "grpo_eps0.4": {"loss": "grpo", "loss_config": {"clip_low": 0.4, "clip_high": 0.4}},
+    "grpo_eps0.6": {"loss": "grpo", "loss_config": {"clip_low": 0.6, "clip_high": 0.6}},
     "p3o_no_cap": {"loss": "p3o_no_cap"},
     "p3o_no_kl": {"loss": "p3o_no_kl"},
 }
 # Keys a method may set: each gets a `tune.sample_from` that reads the trial's method.
-METHOD_KEYS: Tuple[str, ...] = ("loss", "clip_low", "clip_high")
-DEFAULTS = {"loss": "p3o", "clip_low": 0.2, "clip_high": 0.2}
+METHOD_KEYS: Tuple[str, ...] = ("loss", "loss_config")
+DEFAULTS: Dict[str, Any] = {"loss": "p3o", "loss_config": {}}
 # The Tune search key naming a trial's method (not a P3OConfig setting: `P3O.reset_config` ignores it).
 METHOD = "sweep_method"
 # Learning-rate schedule: linear warm-up over the first 10 iterations of 512 completions to a peak (as the demo's).

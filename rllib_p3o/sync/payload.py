@@ -74,14 +74,3 @@ def hf_weights(module_state: Union[Mapping[str, Any], PackedTensors], tied_embed
     if tied_embeddings:
         hf.pop("lm_head.weight", None)  # shares storage with the embedding; vLLM re-ties it
     return hf
-
-
-def hf_weights(module_state: Union[Mapping[str, Any], PackedTensors], tied_embeddings: bool) -> Dict[str, Any]:
-    """The learner module's weights under Hugging Face checkpoint names (what vLLM's reload expects)."""
-    state = module_tensors(module_state)
-    hf = {k[len(LM_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(LM_PREFIX)}
-    if not hf:
-        raise WeightSyncError(f"weight payload has no '{LM_PREFIX}*' tensors (keys: {list(state)[:5]})")
-    if tied_embeddings:
-        hf.pop("lm_head.weight", None)  # shares storage with the embedding; vLLM re-ties it
-    return hf

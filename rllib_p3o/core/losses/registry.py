@@ -1,0 +1,114 @@
+"""The loss registry: what a loss is to the learner, and how it declares its own settings.
+
+A loss is a function ``fn(inputs: LossInputs, settings) -> LossOutput`` registered under a name with
+`register_loss`. Its settings are a frozen dataclass of its own (``settings=``): users pass them as
+``.training(loss=NAME, loss_config={...})``; `LossSpec.make_settings` builds the dataclass from that dict when the
+config is validated, so an unknown key or a bad value fails before anything starts, with the loss's name in the
+message (validate values in the dataclass's ``__post_init__``). The learner builds the settings once and calls the
+function on every minibatch.
+
+Every loss returns the same `LossOutput`: the loss (this learner's share of the global token-mean, see
+`rllib_p3o.core.objectives`), the ESS of the minibatch's importance ratios (P3O's statistic; a diagnostic for the
+losses that do not use it) and its metrics. The math itself stays in small pure-torch functions
+(`rllib_p3o.core.objectives`) that a loss adapts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Type
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class NoSettings:
+    """The settings of a loss that has none (``loss_config`` must then be empty)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LossInputs:
+    """One minibatch as a loss sees it. Token tensors are ``[B, T]`` (one entry per target token)."""
+
+    logprobs: torch.Tensor  # log πθ of each target token (with gradient)
+    behavior_logprobs: torch.Tensor  # log π_b: the policy that generated the token (engine, older weights, other model)
+    advantages: torch.Tensor  # [B] per sequence, or [B, T]
+    mask: torch.Tensor  # bool: completion (model) tokens; prompt, environment turns and padding are False
+    ref_logprobs: Optional[torch.Tensor] = None  # log π_ref of the frozen initial model (with kl_ref_coeff > 0)
+    kl_ref_coeff: float = 0.0
+    entropy: Optional[torch.Tensor] = None  # per-token entropy (with entropy_coeff > 0)
+    entropy_coeff: float = 0.0
+    ess_groups: Optional[torch.Tensor] = None  # [B] group index per row, for ess_scope="source" (ESS-scoped losses)
+    num_ess_groups: int = 0
+
+    def common(self) -> Dict[str, Any]:
+        """The regularizer and ESS-scope arguments the objectives' functions share, as keyword arguments."""
+        return dict(ref_logprobs=self.ref_logprobs, kl_ref_coeff=self.kl_ref_coeff, entropy=self.entropy,
+                    entropy_coeff=self.entropy_coeff)
+
+
+class LossOutput(NamedTuple):
+    """What every loss returns to the learner."""
+
+    loss: torch.Tensor  # this learner's share of the global loss (summing the shares gives the loss)
+    ess: torch.Tensor  # 0-dim: the ESS of the minibatch's ratios across all learners
+    metrics: Mapping[str, torch.Tensor]  # global diagnostics, logged under the learner's results
+
+
+LossFn = Callable[[LossInputs, Any], LossOutput]
+
+
+class LossSpec(NamedTuple):
+    """A registered loss: its function, its settings dataclass, and whether it takes ``ess_groups``."""
+
+    name: str
+    fn: LossFn
+    settings: Type[Any]
+    ess_scoped: bool
+
+    def make_settings(self, loss_config: Optional[Mapping[str, Any]] = None) -> Any:
+        """The settings dataclass from a ``loss_config`` dict; ValueError naming the loss on an unknown key or a
+        value the dataclass refuses."""
+        loss_config = dict(loss_config or {})
+        fields = {f.name for f in dataclasses.fields(self.settings)}
+        unknown = sorted(set(loss_config) - fields)
+        if unknown:
+            known = ", ".join(sorted(fields)) or "none"
+            raise ValueError(f"loss {self.name!r} has no setting {', '.join(map(repr, unknown))} (its settings: {known}).")
+        try:
+            return self.settings(**loss_config)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"loss {self.name!r}: {e}") from e
+
+
+LOSSES: Dict[str, LossSpec] = {}
+
+
+def register_loss(
+    name: str, settings: Type[Any] = NoSettings, ess_scoped: bool = False
+) -> Callable[[LossFn], LossFn]:
+    """Decorator: register ``fn(inputs, settings) -> LossOutput`` under ``name``.
+
+    ``settings``: the loss's frozen settings dataclass (defaults = the loss's defaults). ``ess_scoped``: the loss
+    uses ``inputs.ess_groups`` (``ess_scope="source"``), so the learner computes them.
+    """
+    if not dataclasses.is_dataclass(settings):
+        raise TypeError(f"settings of loss {name!r} must be a dataclass, got {settings!r}")
+
+    def register(fn: LossFn) -> LossFn:
+        LOSSES[name] = LossSpec(name, fn, settings, ess_scoped)
+        return fn
+
+    return register
+
+
+def get_loss(name: str) -> LossSpec:
+    """The registered loss ``name``; a ValueError lists the registered names otherwise."""
+    if name not in LOSSES:
+        raise ValueError(f"Unknown loss {name!r}; registered losses: {', '.join(sorted(LOSSES))}.")
+    return LOSSES[name]
+
+
+def output(loss: torch.Tensor, metrics: Mapping[str, torch.Tensor]) -> LossOutput:
+    """`LossOutput` from an objective function's ``(loss, metrics)`` pair (its metrics hold ``ess``)."""
+    return LossOutput(loss, metrics["ess"], metrics)
