@@ -28,16 +28,37 @@ def main() -> None:
     if "--restore" in sys.argv:
         tuner = tune.Tuner.restore(f"{storage}/{NAME}", trainable="P3O", resume_errored=True)
     else:
-        config = (P3OConfig()
-                  .environment(env_config={"dataset": ArithmeticTask().train_rows()[:40],
-                                           "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward"})
-                  .training(model=model, group_size=4, prompts_per_step=4, max_tokens=2, lr=1e-3, eval_interval=0,
-                            record_rollouts=record_dir)
-                  .env_runners(num_env_runners=1)
-                  .debugging(seed=0))
-        tuner = tune.Tuner("P3O", param_space=config, run_config=tune.RunConfig(
-            storage_path=storage, name=NAME, stop={"training_iteration": iterations}, verbose=0,
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=2)))
+        config = (
+            P3OConfig()
+            .environment(
+                env_config={
+                    "dataset": ArithmeticTask().train_rows()[:40],
+                    "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward",
+                }
+            )
+            .training(
+                model=model,
+                group_size=4,
+                prompts_per_step=4,
+                max_tokens=2,
+                lr=1e-3,
+                eval_interval=0,
+                record_rollouts=record_dir,
+            )
+            .env_runners(num_env_runners=1)
+            .debugging(seed=0)
+        )
+        tuner = tune.Tuner(
+            "P3O",
+            param_space=config,
+            run_config=tune.RunConfig(
+                storage_path=storage,
+                name=NAME,
+                stop={"training_iteration": iterations},
+                verbose=0,
+                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=2),
+            ),
+        )
     result = tuner.fit()[0]
     print("DONE", result.metrics["training_iteration"], flush=True)
     if result.error is not None:

@@ -51,22 +51,36 @@ def run(mode: str, model: str, seed: int, target: float, max_iterations: int) ->
             stale.append(p.get(metrics.STALENESS_MEAN, 0.0))
     finally:
         algo.stop()
-    print(f"{mode:5s} seed {seed}: " + (f"target after {reached['seconds']:.1f} s of training, "
-                                        f"{reached['completions']} completions" if reached else
-                                        f"target not reached in {max_iterations} iterations (held-out {heldout:.3f})"),
-          flush=True)
+    print(
+        f"{mode:5s} seed {seed}: "
+        + (
+            f"target after {reached['seconds']:.1f} s of training, {reached['completions']} completions"
+            if reached
+            else f"target not reached in {max_iterations} iterations (held-out {heldout:.3f})"
+        ),
+        flush=True,
+    )
     n = max(1, len(waits))
-    return {"seed": seed, "reached": reached, "final_heldout": heldout, "s_per_iteration": train_s / n,
-            "learner_wait_for_data_s_mean": sum(waits) / n, "runner_idle_s_mean": sum(idle) / n,
-            "staleness_mean": sum(stale) / n}
+    return {
+        "seed": seed,
+        "reached": reached,
+        "final_heldout": heldout,
+        "s_per_iteration": train_s / n,
+        "learner_wait_for_data_s_mean": sum(waits) / n,
+        "runner_idle_s_mean": sum(idle) / n,
+        "staleness_mean": sum(stale) / n,
+    }
 
 
 def summarize(runs: List[Dict]) -> Dict:
     hit = [r["reached"] for r in runs if r["reached"]]
     med = (lambda key: statistics.median(h[key] for h in hit)) if hit else (lambda key: None)
-    return {"reached": f"{len(hit)}/{len(runs)}", "median_seconds_to_target": med("seconds"),
-            "median_completions_to_target": med("completions"),
-            "median_s_per_iteration": statistics.median(r["s_per_iteration"] for r in runs)}
+    return {
+        "reached": f"{len(hit)}/{len(runs)}",
+        "median_seconds_to_target": med("seconds"),
+        "median_completions_to_target": med("completions"),
+        "median_s_per_iteration": statistics.median(r["s_per_iteration"] for r in runs),
+    }
 
 
 def main() -> None:

@@ -25,9 +25,23 @@ ROOT = os.path.dirname(HERE)
 
 
 def run_demo(out: str, base_seed: int, rl_seed: int, threads: int, target: float, time_limit: float) -> dict:
-    summary = run_example("demo.py", out, ["--base-seed", str(base_seed), "--seed", str(rl_seed), "--threads",
-                                           str(threads), "--target", str(target), "--time-limit", str(time_limit)],
-                          "demo.log")
+    summary = run_example(
+        "demo.py",
+        out,
+        [
+            "--base-seed",
+            str(base_seed),
+            "--seed",
+            str(rl_seed),
+            "--threads",
+            str(threads),
+            "--target",
+            str(target),
+            "--time-limit",
+            str(time_limit),
+        ],
+        "demo.log",
+    )
     if "error" in summary:
         return {**summary, "target_reached": False}
     # The curve rides in the report, so that the plot can be redrawn (and the table resumed) without OUT.
@@ -58,6 +72,7 @@ def plot(runs: list, path: str) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
         if run.get("heldout_curve"):
@@ -102,9 +117,12 @@ def main() -> int:
             done = {(r["threads"], r["base_seed"], r["rl_seed"]): r for r in json.load(f).get("runs", [])}
 
     grid = list(itertools.product(args.threads, args.base_seeds, args.rl_seeds))
-    print(f"{len(grid)} demo runs, one after another (each: base model build + Ray start-up + training)\n"
-          f"{'threads':>7} {'base':>4} {'rl':>3} | {'held-out before':>15} {'after':>6} | {'to target':>9} "
-          f"{'iters':>5} | {'wall':>5}", flush=True)
+    print(
+        f"{len(grid)} demo runs, one after another (each: base model build + Ray start-up + training)\n"
+        f"{'threads':>7} {'base':>4} {'rl':>3} | {'held-out before':>15} {'after':>6} | {'to target':>9} "
+        f"{'iters':>5} | {'wall':>5}",
+        flush=True,
+    )
     runs = []
     for threads, base_seed, rl_seed in grid:
         if (threads, base_seed, rl_seed) in done:
@@ -126,14 +144,19 @@ def main() -> int:
             continue
         to_target = f"{run['seconds_to_target']:.0f}s" if run["target_reached"] else "missed"
         iters = run["iterations_to_target"] if run["target_reached"] else run["iterations"]
-        print(f"{threads:>7} {base_seed:>4} {rl_seed:>3} | {run['heldout_before']:>15.3f} "
-              f"{run['heldout_after']:>6.3f} | {to_target:>9} {iters:>5} | {run['wall_time_s']:>4.0f}s", flush=True)
+        print(
+            f"{threads:>7} {base_seed:>4} {rl_seed:>3} | {run['heldout_before']:>15.3f} "
+            f"{run['heldout_after']:>6.3f} | {to_target:>9} {iters:>5} | {run['wall_time_s']:>4.0f}s",
+            flush=True,
+        )
 
     report = write_report(runs, args)
-    print(f"{report['num_reached']} of {len(runs)} runs reached held-out >= {args.target} within "
-          f"{args.time_limit:.0f}s; time to target {report['seconds_to_target']}, iterations "
-          f"{report['iterations_to_target']}\nreport {os.path.relpath(args.report)}, plot {os.path.relpath(args.plot)}",
-          flush=True)
+    print(
+        f"{report['num_reached']} of {len(runs)} runs reached held-out >= {args.target} within "
+        f"{args.time_limit:.0f}s; time to target {report['seconds_to_target']}, iterations "
+        f"{report['iterations_to_target']}\nreport {os.path.relpath(args.report)}, plot {os.path.relpath(args.plot)}",
+        flush=True,
+    )
     return 0 if report["num_reached"] == len(runs) == len(grid) else 1
 
 
@@ -143,10 +166,15 @@ def write_report(runs: list, args) -> dict:
     secs = sorted(r["seconds_to_target"] for r in reached)
     iters = sorted(r["iterations_to_target"] for r in reached)
     report = {
-        "runs": runs, "num_runs": len(runs), "num_reached": len(reached), "target": args.target,
+        "runs": runs,
+        "num_runs": len(runs),
+        "num_reached": len(reached),
+        "target": args.target,
         "time_limit_s": args.time_limit,
         "seconds_to_target": {"min": secs[0], "median": secs[len(secs) // 2], "max": secs[-1]} if secs else None,
-        "iterations_to_target": {"min": iters[0], "median": iters[len(iters) // 2], "max": iters[-1]} if iters else None,
+        "iterations_to_target": {"min": iters[0], "median": iters[len(iters) // 2], "max": iters[-1]}
+        if iters
+        else None,
         "plot": os.path.relpath(plot(runs, args.plot), ROOT),
     }
     os.makedirs(os.path.dirname(args.report), exist_ok=True)

@@ -30,7 +30,6 @@ import time
 
 import numpy as np
 import pyarrow.parquet as pq
-
 from _report import write_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,24 +42,37 @@ def _config(model: str, record_dir: str, num_env_runners: int):
     def starts_with_digit(prompts, completions, **_):
         return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
 
-    return (P3OConfig()
-            .environment(env_config={"dataset": ArithmeticTask().train_rows()[:40], "reward_fn": starts_with_digit})
-            .training(model=model, group_size=4, prompts_per_step=4, max_tokens=2, lr=1e-3, eval_interval=0,
-                      record_rollouts=record_dir)
-            .env_runners(num_env_runners=num_env_runners)
-            .fault_tolerance(restart_failed_env_runners=True)
-            .debugging(seed=0))
+    return (
+        P3OConfig()
+        .environment(env_config={"dataset": ArithmeticTask().train_rows()[:40], "reward_fn": starts_with_digit})
+        .training(
+            model=model,
+            group_size=4,
+            prompts_per_step=4,
+            max_tokens=2,
+            lr=1e-3,
+            eval_interval=0,
+            record_rollouts=record_dir,
+        )
+        .env_runners(num_env_runners=num_env_runners)
+        .fault_tolerance(restart_failed_env_runners=True)
+        .debugging(seed=0)
+    )
 
 
 def _prompt_accounting(record_dir: str, group_size: int = 4) -> dict:
     files = sorted(glob.glob(os.path.join(record_dir, "part-*.parquet")))
-    counts = collections.Counter(int(g) for f in files for g in pq.read_table(f, columns=["group_id"])
-                                 .column("group_id").to_pylist())
+    counts = collections.Counter(
+        int(g) for f in files for g in pq.read_table(f, columns=["group_id"]).column("group_id").to_pylist()
+    )
     times = collections.Counter(c // group_size for c in counts.values())
     expected = set(range(max(counts) + 1)) if counts else set()
-    return {"iterations_recorded": len(files), "prompts": len(counts),
-            "prompts_replayed": sum(n for k, n in times.items() if k > 1),
-            "prompts_skipped": len(expected - set(counts))}
+    return {
+        "iterations_recorded": len(files),
+        "prompts": len(counts),
+        "prompts_replayed": sum(n for k, n in times.items() if k > 1),
+        "prompts_skipped": len(expected - set(counts)),
+    }
 
 
 def runner_kill(model: str, work: str) -> dict:
@@ -75,8 +87,9 @@ def runner_kill(model: str, work: str) -> dict:
     try:
         for _ in range(3):
             algo.train()
-        pid = algo.env_runner_group.foreach_env_runner(lambda r: os.getpid(), remote_worker_ids=[1],
-                                                       local_env_runner=False)[0]
+        pid = algo.env_runner_group.foreach_env_runner(
+            lambda r: os.getpid(), remote_worker_ids=[1], local_env_runner=False
+        )[0]
         os.kill(pid, signal.SIGKILL)
         t_kill = time.perf_counter()
         samples_lost = 0
@@ -97,10 +110,16 @@ def runner_kill(model: str, work: str) -> dict:
     finally:
         algo.stop()
         ray.shutdown()
-    return {"iterations": iterations, "iterations_lost": lost, "iterations_duplicated": 0,
-            "seconds_to_recover": recover_s, "iterations_until_restarted": restarted_at and restarted_at - 3,
-            "samples_lost_and_resampled": samples_lost, "healthy_runners_at_end": healthy,
-            **_prompt_accounting(rec)}
+    return {
+        "iterations": iterations,
+        "iterations_lost": lost,
+        "iterations_duplicated": 0,
+        "seconds_to_recover": recover_s,
+        "iterations_until_restarted": restarted_at and restarted_at - 3,
+        "samples_lost_and_resampled": samples_lost,
+        "healthy_runners_at_end": healthy,
+        **_prompt_accounting(rec),
+    }
 
 
 def driver_kill(model: str, work: str, iterations: int = 10, kill_after: int = 5) -> dict:
@@ -125,13 +144,17 @@ def driver_kill(model: str, work: str, iterations: int = 10, kill_after: int = 5
     with open(os.path.join(trial, "result.json")) as f:
         results = [json.loads(line) for line in f if line.strip()]
     its = [r["training_iteration"] for r in results]
-    first_new = min(r["timestamp"] for r in results[len(before):]) if len(results) > len(before) else None
-    return {"iterations": iterations, "killed_while_in_iteration": len(before) + 1,
-            "iterations_redone": parts_at_kill - len(before),
-            "iterations_lost": len(set(range(1, iterations + 1)) - set(its)),
-            "iterations_duplicated": len(its) - len(set(its)),
-            "seconds_to_recover": first_new - t0 if first_new else None,
-            "restore_command_s": time.time() - t0, **_prompt_accounting(rec)}
+    first_new = min(r["timestamp"] for r in results[len(before) :]) if len(results) > len(before) else None
+    return {
+        "iterations": iterations,
+        "killed_while_in_iteration": len(before) + 1,
+        "iterations_redone": parts_at_kill - len(before),
+        "iterations_lost": len(set(range(1, iterations + 1)) - set(its)),
+        "iterations_duplicated": len(its) - len(set(its)),
+        "seconds_to_recover": first_new - t0 if first_new else None,
+        "restore_command_s": time.time() - t0,
+        **_prompt_accounting(rec),
+    }
 
 
 def nan_injection(model: str, work: str) -> dict:
@@ -169,14 +192,22 @@ def nan_injection(model: str, work: str) -> dict:
         for _ in range(3):
             res = algo.train()
         finite = bool(np.isfinite(res[m.P3O][m.REWARD_MEAN])) and all(
-            bool(torch.isfinite(v).all()) for v in weights().values())
+            bool(torch.isfinite(v).all()) for v in weights().values()
+        )
         iterations = int(algo.iteration)
     finally:
         algo.stop()
         ray.shutdown()
-    return {"iterations": iterations, "iterations_lost": lost, "iterations_duplicated": 0,
-            "skipped_nonfinite_steps": skipped, "weights_unchanged_by_poisoned_step": unchanged,
-            "training_finite_afterwards": finite, "seconds_to_recover": 0.0, **_prompt_accounting(rec)}
+    return {
+        "iterations": iterations,
+        "iterations_lost": lost,
+        "iterations_duplicated": 0,
+        "skipped_nonfinite_steps": skipped,
+        "weights_unchanged_by_poisoned_step": unchanged,
+        "training_finite_afterwards": finite,
+        "seconds_to_recover": 0.0,
+        **_prompt_accounting(rec),
+    }
 
 
 def main() -> None:

@@ -26,14 +26,21 @@ def _engine_benchmark(model: str, prompts: list, n: int, max_tokens: int, repeat
     @ray.remote(num_cpus=1)
     def bench_vllm():
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from transformers import AutoTokenizer
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
-        from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model)
         ids = [TokensPrompt(prompt_token_ids=tok(p).input_ids) for p in prompts]
-        llm = LLM(model=model, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=256 << 20,
-                  max_model_len=64, generation_config="vllm", seed=0)
+        llm = LLM(
+            model=model,
+            dtype="float32",
+            enforce_eager=True,
+            kv_cache_memory_bytes=256 << 20,
+            max_model_len=64,
+            generation_config="vllm",
+            seed=0,
+        )
         sp = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, logprobs=0, seed=0, ignore_eos=True)
         llm.generate(ids, sp, use_tqdm=False)  # warm-up (first call pays kernel set-up)
         times = []
@@ -55,11 +62,21 @@ def _engine_benchmark(model: str, prompts: list, n: int, max_tokens: int, repeat
 
         def run():
             with torch.no_grad():
-                out = lm.generate(x, attention_mask=torch.ones_like(x), do_sample=True, top_k=0, top_p=1.0,
-                                  max_new_tokens=max_tokens, min_new_tokens=max_tokens, num_return_sequences=n,
-                                  output_logits=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+                out = lm.generate(
+                    x,
+                    attention_mask=torch.ones_like(x),
+                    do_sample=True,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=max_tokens,
+                    min_new_tokens=max_tokens,
+                    num_return_sequences=n,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                    pad_token_id=tok.pad_token_id,
+                )
                 logits = torch.stack(out.logits, 1).float()
-                new = out.sequences[:, x.shape[1]:]
+                new = out.sequences[:, x.shape[1] :]
                 return torch.log_softmax(logits, -1).gather(-1, new[..., None]).squeeze(-1), new
 
         run()
@@ -73,7 +90,8 @@ def _engine_benchmark(model: str, prompts: list, n: int, max_tokens: int, repeat
     v, h = ray.get(bench_vllm.remote()), ray.get(bench_hf.remote())
     return {
         "batch": f"{len(prompts)} prompts x {n} samples x {max_tokens} tokens",
-        "vllm_tokens_per_s": v["tokens"] / v["seconds"], "hf_tokens_per_s": h["tokens"] / h["seconds"],
+        "vllm_tokens_per_s": v["tokens"] / v["seconds"],
+        "hf_tokens_per_s": h["tokens"] / h["seconds"],
         "vllm_over_hf": (v["tokens"] / v["seconds"]) / (h["tokens"] / h["seconds"]),
     }
 
@@ -106,25 +124,44 @@ def main() -> None:
         if i >= args.warmup:
             p = res[metrics.P3O]
             gen, train, sync = p[metrics.TIME_GENERATE_S], p[metrics.TIME_TRAIN_S], p[metrics.TIME_SYNC_S]
-            rows.append({"wall_s": wall, "generate_s": gen, "learner_update_s": train, "weight_sync_s": sync,
-                         "other_s": wall - gen - train - sync,
-                         "generated_tokens_per_s": p[metrics.GENERATED_TOKENS_PER_S],
-                         "trained_tokens_per_s": p[metrics.TRAINED_TOKENS_PER_S],
-                         "completions": p[metrics.NUM_COMPLETIONS]})
-        print(f"iter {i + 1:3d}  wall {wall:.2f}s  " + ("(warm-up)" if i < args.warmup else
-              f"gen {rows[-1]['generate_s']:.2f}s  learn {rows[-1]['learner_update_s']:.2f}s  "
-              f"sync {rows[-1]['weight_sync_s']:.3f}s  other {rows[-1]['other_s']:.2f}s"), flush=True)
+            rows.append(
+                {
+                    "wall_s": wall,
+                    "generate_s": gen,
+                    "learner_update_s": train,
+                    "weight_sync_s": sync,
+                    "other_s": wall - gen - train - sync,
+                    "generated_tokens_per_s": p[metrics.GENERATED_TOKENS_PER_S],
+                    "trained_tokens_per_s": p[metrics.TRAINED_TOKENS_PER_S],
+                    "completions": p[metrics.NUM_COMPLETIONS],
+                }
+            )
+        print(
+            f"iter {i + 1:3d}  wall {wall:.2f}s  "
+            + (
+                "(warm-up)"
+                if i < args.warmup
+                else f"gen {rows[-1]['generate_s']:.2f}s  learn {rows[-1]['learner_update_s']:.2f}s  "
+                f"sync {rows[-1]['weight_sync_s']:.3f}s  other {rows[-1]['other_s']:.2f}s"
+            ),
+            flush=True,
+        )
     algo.stop()
 
     mean = {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
     split = {k: mean[k] / mean["wall_s"] for k in ("generate_s", "learner_update_s", "weight_sync_s", "other_s")}
     task = ArithmeticTask()
-    prompts = [r["prompt"] for r in task.train_rows()[:config.prompts_per_step]]
+    prompts = [r["prompt"] for r in task.train_rows()[: config.prompts_per_step]]
     engines = _engine_benchmark(model, prompts, config.group_size, config.max_tokens)
-    report = {"setting": "demo: 64 prompts x 8 completions, max_tokens 3, tiny Qwen2 (0.3M), 1 vLLM runner, "
-                         "local learner, 2 CPU cores",
-              "build_algo_s": build_s, "iterations": len(rows), "mean_per_iteration": mean,
-              "share_of_wall_time": split, "generation_engines": engines}
+    report = {
+        "setting": "demo: 64 prompts x 8 completions, max_tokens 3, tiny Qwen2 (0.3M), 1 vLLM runner, "
+        "local learner, 2 CPU cores",
+        "build_algo_s": build_s,
+        "iterations": len(rows),
+        "mean_per_iteration": mean,
+        "share_of_wall_time": split,
+        "generation_engines": engines,
+    }
     write_report(report, args.out)
 
 

@@ -50,29 +50,48 @@ def run_mode(model: str, mode: str, iterations: int, rank: int) -> Dict:
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     lora = {"r": rank, "alpha": 2 * rank} if mode == "lora" else None
-    config = (P3OConfig()
-              .environment(env_config={"dataset": task_rows(), "reward_fn": sum_reward})
-              .training(model=model, group_size=GROUP_SIZE, prompts_per_step=PROMPTS_PER_STEP, max_tokens=MAX_TOKENS,
-                        lr=LR_LORA if lora else LR_FULL, eval_interval=0, lora=lora)
-              .env_runners(num_env_runners=1)
-              .learners(num_learners=0)
-              .debugging(seed=0))
+    config = (
+        P3OConfig()
+        .environment(env_config={"dataset": task_rows(), "reward_fn": sum_reward})
+        .training(
+            model=model,
+            group_size=GROUP_SIZE,
+            prompts_per_step=PROMPTS_PER_STEP,
+            max_tokens=MAX_TOKENS,
+            lr=LR_LORA if lora else LR_FULL,
+            eval_interval=0,
+            lora=lora,
+        )
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=0)
+        .debugging(seed=0)
+    )
     algo = config.build_algo()
     rows = []
     for _ in range(iterations):
         res = algo.train()
         p = res[m.P3O]
-        rows.append({
-            "iteration_s": res["time_this_iter_s"], "generate_s": p[m.TIME_GENERATE_S], "train_s": p[m.TIME_TRAIN_S],
-            "sync_s": p[m.TIME_SYNC_S],
-            "sync_bytes": p[m.SYNC_PREFIX + m.SYNC_BYTES],
-            **{k: p[m.SYNC_PREFIX + k] for k in (m.GATHER_S, m.PROBE_LEARNER_S, m.TRANSFER_S, m.ENGINE_RELOAD_S)},
-            "probe_max_abs_diff": p[m.SYNC_PROBE_MAX_ABS_DIFF]})
+        rows.append(
+            {
+                "iteration_s": res["time_this_iter_s"],
+                "generate_s": p[m.TIME_GENERATE_S],
+                "train_s": p[m.TIME_TRAIN_S],
+                "sync_s": p[m.TIME_SYNC_S],
+                "sync_bytes": p[m.SYNC_PREFIX + m.SYNC_BYTES],
+                **{k: p[m.SYNC_PREFIX + k] for k in (m.GATHER_S, m.PROBE_LEARNER_S, m.TRANSFER_S, m.ENGINE_RELOAD_S)},
+                "probe_max_abs_diff": p[m.SYNC_PROBE_MAX_ABS_DIFF],
+            }
+        )
     learner = algo.learner_group._learner
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
     params = list(module.parameters())
-    optim_state = [t for opt in learner._named_optimizers.values() for s in opt.state.values()
-                   for t in s.values() if torch.is_tensor(t)]
+    optim_state = [
+        t
+        for opt in learner._named_optimizers.values()
+        for s in opt.state.values()
+        for t in s.values()
+        if torch.is_tensor(t)
+    ]
     algo.stop()
     later = rows[1:] or rows
     return {
@@ -89,8 +108,24 @@ def run_mode(model: str, mode: str, iterations: int, rank: int) -> Dict:
 
 def _child(model: str, mode: str, iterations: int, rank: int) -> Dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([sys.executable, __file__, "--child", mode, "--model", model, "--iterations", str(iterations),
-                        "--rank", str(rank), "--child-out", f.name], check=True, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                "--model",
+                model,
+                "--iterations",
+                str(iterations),
+                "--rank",
+                str(rank),
+                "--child-out",
+                f.name,
+            ],
+            check=True,
+            cwd=ROOT,
+        )
         return json.load(open(f.name))
 
 
@@ -101,8 +136,16 @@ def _demo(seed: int, rank: int, out_dir: str) -> Dict:
         args += ["--lora", str(rank), "--lr", str(DEMO_LR_LORA)]
     subprocess.run(args, cwd=ROOT)
     summary = json.load(open(os.path.join(out_dir, "summary.json")))
-    keys = ("target_reached", "heldout_before", "heldout_after", "heldout_max", "seconds_to_target",
-            "iterations_to_target", "train_time_s", "iterations")
+    keys = (
+        "target_reached",
+        "heldout_before",
+        "heldout_after",
+        "heldout_max",
+        "seconds_to_target",
+        "iterations_to_target",
+        "train_time_s",
+        "iterations",
+    )
     return {k: summary.get(k) for k in keys}
 
 
@@ -124,8 +167,13 @@ def main() -> None:
         json.dump(run_mode(args.model, args.child, args.iterations, args.rank), open(args.child_out, "w"))
         return
 
-    report: Dict = {"rank": args.rank, "alpha": 2 * args.rank, "iterations": args.iterations, "sizes": {},
-                    "learning": {}}
+    report: Dict = {
+        "rank": args.rank,
+        "alpha": 2 * args.rank,
+        "iterations": args.iterations,
+        "sizes": {},
+        "learning": {},
+    }
     for size in args.sizes:
         model = build_model(size, args.models_dir)
         runs: Dict[str, List[Dict]] = {"full": [], "lora": []}
@@ -148,8 +196,9 @@ def main() -> None:
     for seed in args.learning_seeds:
         for mode, rank in (("full", 0), ("lora", args.rank)):
             print(f"[lora bench] demo task, {mode}, seed {seed}", flush=True)
-            report["learning"][f"{mode}_seed{seed}"] = _demo(seed, rank, os.path.join(args.runs_dir,
-                                                                                      f"{mode}_seed{seed}"))
+            report["learning"][f"{mode}_seed{seed}"] = _demo(
+                seed, rank, os.path.join(args.runs_dir, f"{mode}_seed{seed}")
+            )
     from _report import write_report
 
     write_report(report, args.out)
@@ -166,15 +215,22 @@ def markdown(report: Dict) -> str:
         rows = [
             ("trainable parameters", f"{full['trainable_params']:,}", f"{lora['trainable_params']:,}"),
             ("bytes per sync", mb(full["sync_bytes"]), mb(lora["sync_bytes"])),
-            *[(f"sync: {k.replace('_s', '').replace('_', ' ')}", ms(full[k]), ms(lora[k]))
-              for k in ("gather_s", "transfer_s", "engine_reload_s")],
-            ("sync, whole (share of iteration)", f"{ms(full['sync_s'])} ({r['sync_share_of_iteration']['full']:.1%})",
-             f"{ms(lora['sync_s'])} ({r['sync_share_of_iteration']['lora']:.1%})"),
+            *[
+                (f"sync: {k.replace('_s', '').replace('_', ' ')}", ms(full[k]), ms(lora[k]))
+                for k in ("gather_s", "transfer_s", "engine_reload_s")
+            ],
+            (
+                "sync, whole (share of iteration)",
+                f"{ms(full['sync_s'])} ({r['sync_share_of_iteration']['full']:.1%})",
+                f"{ms(lora['sync_s'])} ({r['sync_share_of_iteration']['lora']:.1%})",
+            ),
             ("learner probe (background, beside generation)", ms(full["probe_learner_s"]), ms(lora["probe_learner_s"])),
             ("probe max abs diff", f"{full['max_probe_abs_diff']:.1e}", f"{lora['max_probe_abs_diff']:.1e}"),
-            ("learner tensors (params + grads + Adam)",
-             mb(full["param_bytes"] + full["grad_bytes"] + full["optimizer_state_bytes"]),
-             mb(lora["param_bytes"] + lora["grad_bytes"] + lora["optimizer_state_bytes"])),
+            (
+                "learner tensors (params + grads + Adam)",
+                mb(full["param_bytes"] + full["grad_bytes"] + full["optimizer_state_bytes"]),
+                mb(lora["param_bytes"] + lora["grad_bytes"] + lora["optimizer_state_bytes"]),
+            ),
             ("driver peak RSS (local learner)", mb(full["driver_peak_rss_bytes"]), mb(lora["driver_peak_rss_bytes"])),
             ("generate", f"{full['generate_s']:.3f} s", f"{lora['generate_s']:.3f} s"),
             ("learner update", f"{full['train_s']:.3f} s", f"{lora['train_s']:.3f} s"),
@@ -182,15 +238,23 @@ def markdown(report: Dict) -> str:
         ]
         lines += [f"| {size} | full | LoRA r={report['rank']} |", "|---|---|---|"]
         lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
-        lines += ["", f"adapter/model parameters {r['adapter_to_model_params']:.4f}; sync bytes ratio "
-                      f"{r['sync_bytes_ratio']:.4f}; sync seconds ratio {r['sync_s_ratio']:.2f}; learner tensor "
-                      f"bytes ratio {r['learner_tensor_bytes_ratio']:.2f}; iteration ratio {r['iteration_s_ratio']:.2f}",
-                  ""]
+        lines += [
+            "",
+            f"adapter/model parameters {r['adapter_to_model_params']:.4f}; sync bytes ratio "
+            f"{r['sync_bytes_ratio']:.4f}; sync seconds ratio {r['sync_s_ratio']:.2f}; learner tensor "
+            f"bytes ratio {r['learner_tensor_bytes_ratio']:.2f}; iteration ratio {r['iteration_s_ratio']:.2f}",
+            "",
+        ]
     if report["learning"]:
-        lines += ["| demo run | reached 0.9 | held-out before → after | iterations | training s |", "|---|---|---|---|---|"]
+        lines += [
+            "| demo run | reached 0.9 | held-out before → after | iterations | training s |",
+            "|---|---|---|---|---|",
+        ]
         for name, x in report["learning"].items():
-            lines.append(f"| {name} | {'yes' if x['target_reached'] else 'NO'} | {x['heldout_before']:.2f} → "
-                         f"{x['heldout_after']:.2f} | {x['iterations']} | {x['train_time_s']:.1f} |")
+            lines.append(
+                f"| {name} | {'yes' if x['target_reached'] else 'NO'} | {x['heldout_before']:.2f} → "
+                f"{x['heldout_after']:.2f} | {x['iterations']} | {x['train_time_s']:.1f} |"
+            )
     return "\n".join(lines)
 
 

@@ -29,16 +29,20 @@ def main() -> None:
 
     from rllib_p3o import P3OConfig
     from rllib_p3o.core import metrics
-    from rllib_p3o.tasks import build_demo_model
     from rllib_p3o.data.trajectories import validate_trajectories
+    from rllib_p3o.tasks import build_demo_model
 
     model = build_demo_model(args.model_dir)
     t0 = time.perf_counter()
     report = validate_trajectories(args.data, vocab_size=64)
     validate_s = time.perf_counter() - t0
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    config = (P3OConfig().training(model=model, group_size=8, prompts_per_step=args.rows // 8, lr=1e-4)
-              .offline_data(input_=[args.data]).env_runners(num_env_runners=0))
+    config = (
+        P3OConfig()
+        .training(model=model, group_size=8, prompts_per_step=args.rows // 8, lr=1e-4)
+        .offline_data(input_=[args.data])
+        .env_runners(num_env_runners=0)
+    )
     algo = config.build_algo()
     walls, rows, tokens, reads = [], [], [], []
     for i in range(args.iterations + 1):
@@ -47,8 +51,11 @@ def main() -> None:
         wall = time.perf_counter() - t
         p = res[metrics.P3O]
         ess = metrics.lookup(res, *metrics.LEARNER, metrics.ESS)
-        print(f"iter {i + 1:3d}  {wall:.2f}s  read {p[metrics.TIME_OFFLINE_READ_S]:.2f}s  "
-              f"train {p[metrics.TIME_TRAIN_S]:.2f}s  ess {ess:.3f}", flush=True)
+        print(
+            f"iter {i + 1:3d}  {wall:.2f}s  read {p[metrics.TIME_OFFLINE_READ_S]:.2f}s  "
+            f"train {p[metrics.TIME_TRAIN_S]:.2f}s  ess {ess:.3f}",
+            flush=True,
+        )
         if i == 0:
             first = wall
             continue
@@ -58,10 +65,14 @@ def main() -> None:
         reads.append(p[metrics.TIME_OFFLINE_READ_S])
     algo.stop()
     result = {
-        "dataset_rows": report.num_rows, "files": len(report.files), "validate_s": validate_s,
+        "dataset_rows": report.num_rows,
+        "files": len(report.files),
+        "validate_s": validate_s,
         "validate_rows_per_s": report.num_rows / validate_s,
-        "first_iteration_s": first, "rows_per_iteration": statistics.mean(rows),
-        "rows_per_s": sum(rows) / sum(walls), "trained_tokens_per_s": sum(tokens) / sum(walls),
+        "first_iteration_s": first,
+        "rows_per_iteration": statistics.mean(rows),
+        "rows_per_s": sum(rows) / sum(walls),
+        "trained_tokens_per_s": sum(tokens) / sum(walls),
         "read_share_of_wall": sum(reads) / sum(walls),
     }
     write_report(result, args.out)

@@ -62,6 +62,7 @@ def build_model(size: str, models_dir: str) -> str:
 
 # -- one run of this project (a subprocess of the project's own Python) ---------------------------------------------
 
+
 def run_project(model: str, mode: str, steps: int) -> Dict:
     import ray
 
@@ -72,9 +73,18 @@ def run_project(model: str, mode: str, steps: int) -> Dict:
     config = (
         P3OConfig()
         .environment(env_config={"dataset": task_rows(), "reward_fn": sum_reward})
-        .training(model=model, loss="p3o", group_size=GROUP_SIZE, prompts_per_step=PROMPTS_PER_STEP,
-                  max_tokens=MAX_TOKENS, temperature=1.0, lr=LR, eval_interval=0,
-                  async_sampling=mode == "async", max_staleness=1)
+        .training(
+            model=model,
+            loss="p3o",
+            group_size=GROUP_SIZE,
+            prompts_per_step=PROMPTS_PER_STEP,
+            max_tokens=MAX_TOKENS,
+            temperature=1.0,
+            lr=LR,
+            eval_interval=0,
+            async_sampling=mode == "async",
+            max_staleness=1,
+        )
         .env_runners(num_env_runners=1)
         .learners(num_learners=0)
         .debugging(seed=0)
@@ -91,17 +101,28 @@ def run_project(model: str, mode: str, steps: int) -> Dict:
             p = res[metrics.P3O]
             step_s.append(wall)
             tokens.append(p[metrics.GENERATED_TOKENS])
-            split.append({"generate_s": p[metrics.TIME_GENERATE_S], "train_s": p[metrics.TIME_TRAIN_S],
-                          "sync_s": p[metrics.TIME_SYNC_S], "learner_wait_s": p.get(metrics.LEARNER_WAIT_FOR_DATA_S, 0.0),
-                          "runner_idle_s": res.get("env_runners", {}).get(metrics.IDLE_TIME_S, 0.0),
-                          **{k: v for k, v in p.items() if k.startswith(metrics.SYNC_PREFIX)}})
+            split.append(
+                {
+                    "generate_s": p[metrics.TIME_GENERATE_S],
+                    "train_s": p[metrics.TIME_TRAIN_S],
+                    "sync_s": p[metrics.TIME_SYNC_S],
+                    "learner_wait_s": p.get(metrics.LEARNER_WAIT_FOR_DATA_S, 0.0),
+                    "runner_idle_s": res.get("env_runners", {}).get(metrics.IDLE_TIME_S, 0.0),
+                    **{k: v for k, v in p.items() if k.startswith(metrics.SYNC_PREFIX)},
+                }
+            )
     algo.stop()
     ray.shutdown()
-    return {"build_s": build_s, "step_s": step_s, "tokens_per_step": statistics.mean(tokens),
-            "split_mean": {k: statistics.mean(s.get(k, 0.0) for s in split) for k in split[-1]}}
+    return {
+        "build_s": build_s,
+        "step_s": step_s,
+        "tokens_per_step": statistics.mean(tokens),
+        "split_mean": {k: statistics.mean(s.get(k, 0.0) for s in split) for k in split[-1]},
+    }
 
 
 # -- one run of TRL (a subprocess of the peer virtualenv's Python; imports nothing of this project) -----------------
+
 
 def run_peer(model: str, mode: str, steps: int) -> Dict:
     import datasets
@@ -122,25 +143,44 @@ def run_peer(model: str, mode: str, steps: int) -> Dict:
 
     rows = task_rows()
     data = datasets.Dataset.from_list([rows[i % len(rows)] for i in range(PROMPTS_PER_STEP * (WARMUP_STEPS + steps))])
-    vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.15,
-                vllm_enable_sleep_mode=False) if mode == "vllm" else {}
+    vllm = (
+        dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.15, vllm_enable_sleep_mode=False)
+        if mode == "vllm"
+        else {}
+    )
     args = GRPOConfig(
-        output_dir=os.path.join("/tmp", f"peer_trl_{os.getpid()}"), per_device_train_batch_size=PROMPTS_PER_STEP
-        * GROUP_SIZE, num_generations=GROUP_SIZE, max_completion_length=MAX_TOKENS, temperature=1.0,
-        learning_rate=LR, max_steps=WARMUP_STEPS + steps, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, bf16=False, seed=0, dataloader_num_workers=0, **vllm)
+        output_dir=os.path.join("/tmp", f"peer_trl_{os.getpid()}"),
+        per_device_train_batch_size=PROMPTS_PER_STEP * GROUP_SIZE,
+        num_generations=GROUP_SIZE,
+        max_completion_length=MAX_TOKENS,
+        temperature=1.0,
+        learning_rate=LR,
+        max_steps=WARMUP_STEPS + steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        dataloader_num_workers=0,
+        **vllm,
+    )
     timer = StepTimes()
     t0 = time.perf_counter()
     trainer = GRPOTrainer(model=model, reward_funcs=sum_reward, args=args, train_dataset=data, callbacks=[timer])
     build_s = time.perf_counter() - t0
     trainer.train()
     ends = timer.ends
-    step_s = [b - a for a, b in zip(ends[WARMUP_STEPS - 1:], ends[WARMUP_STEPS:])]
-    return {"build_s": build_s, "step_s": step_s,
-            "tokens_per_step": statistics.mean(timer.tokens[WARMUP_STEPS:]) if timer.tokens else None}
+    step_s = [b - a for a, b in zip(ends[WARMUP_STEPS - 1 :], ends[WARMUP_STEPS:])]
+    return {
+        "build_s": build_s,
+        "step_s": step_s,
+        "tokens_per_step": statistics.mean(timer.tokens[WARMUP_STEPS:]) if timer.tokens else None,
+    }
 
 
 # -- driver ---------------------------------------------------------------------------------------------------------
+
 
 def ensure_peer_venv() -> str:
     python = os.path.join(PEER_VENV, "bin", "python")
@@ -163,8 +203,20 @@ def ensure_peer_venv() -> str:
 def one_run(python: str, side: str, model: str, mode: str, steps: int) -> Dict:
     out = os.path.join("/tmp", f"peer_trl_run_{os.getpid()}.json")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cmd = [python, os.path.abspath(__file__), "--worker", side, "--model", model, "--mode", mode,
-           "--steps", str(steps), "--worker-out", out]
+    cmd = [
+        python,
+        os.path.abspath(__file__),
+        "--worker",
+        side,
+        "--model",
+        model,
+        "--mode",
+        mode,
+        "--steps",
+        str(steps),
+        "--worker-out",
+        out,
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -183,8 +235,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode and size (their steps are pooled)")
     parser.add_argument("--project-modes", nargs="+", default=list(PROJECT_MODES), choices=PROJECT_MODES)
-    parser.add_argument("--peer-modes", nargs="*", default=list(PEER_MODES), choices=PEER_MODES,
-                        help="none: this project only")
+    parser.add_argument(
+        "--peer-modes", nargs="*", default=list(PEER_MODES), choices=PEER_MODES, help="none: this project only"
+    )
     parser.add_argument("--models-dir", default="runs/peer_trl")
     parser.add_argument("--out", default="benchmarks/results/peer_trl.json")
     parser.add_argument("--worker", choices=("project", "peer"), help=argparse.SUPPRESS)
@@ -205,15 +258,19 @@ def main() -> None:
         model = build_model(size, args.models_dir)
         runs: Dict = {}
         # Alternate the sides: project mode 1, peer mode 1, project mode 2, ...
-        pairs = itertools.zip_longest([("project", m) for m in args.project_modes],
-                                      [("peer", m) for m in args.peer_modes])
+        pairs = itertools.zip_longest(
+            [("project", m) for m in args.project_modes], [("peer", m) for m in args.peer_modes]
+        )
         plan = [run for pair in pairs for run in pair if run is not None]
         for repeat in range(args.repeats):
             for side, mode in plan:
                 python = sys.executable if side == "project" else peer_python
                 result = one_run(python, side, model, mode, args.steps)
-                shown = (f"{result['median_step_s']:.3f} s/step, process {result['process_s']:.1f} s"
-                         if "error" not in result else f"failed: {result['error'][:200]}")
+                shown = (
+                    f"{result['median_step_s']:.3f} s/step, process {result['process_s']:.1f} s"
+                    if "error" not in result
+                    else f"failed: {result['error'][:200]}"
+                )
                 print(f"{size} run {repeat + 1}/{args.repeats} {side:7s} {mode:5s} {shown}", flush=True)
                 runs.setdefault(f"{side}/{mode}", []).append(result)
         report["runs"][size] = runs = {name: pool(results) for name, results in runs.items()}
@@ -254,8 +311,9 @@ def print_table(report: Dict) -> None:
     print("\n| median s/step | " + " | ".join(modes) + " | best project / best peer |")
     print("|---" * (len(modes) + 2) + "|")
     for size, runs in report["runs"].items():
-        cells = [f"{runs[m]['median_step_s']:.3f}" if "error" not in runs.get(m, {"error": 1}) else "failed"
-                 for m in modes]
+        cells = [
+            f"{runs[m]['median_step_s']:.3f}" if "error" not in runs.get(m, {"error": 1}) else "failed" for m in modes
+        ]
         best = report["ratio_project_over_peer"][size].get("best over best")
         print(f"| {size} | " + " | ".join(cells) + (f" | {best:.2f} |" if best else " | n/a |"))
 

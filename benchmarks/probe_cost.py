@@ -46,13 +46,22 @@ def run(model: str, mode: str, blocks: int, per_block: int) -> Dict[str, Dict[st
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     lora = {"r": RANK, "alpha": 2 * RANK} if mode == "lora" else None
-    config = (P3OConfig()
-              .environment(env_config={"dataset": task_rows(), "reward_fn": sum_reward})
-              .training(model=model, group_size=GROUP_SIZE, prompts_per_step=PROMPTS_PER_STEP, max_tokens=MAX_TOKENS,
-                        lr=1e-3 if lora else 1e-4, eval_interval=0, lora=lora)
-              .env_runners(num_env_runners=1)
-              .learners(num_learners=0)
-              .debugging(seed=0))
+    config = (
+        P3OConfig()
+        .environment(env_config={"dataset": task_rows(), "reward_fn": sum_reward})
+        .training(
+            model=model,
+            group_size=GROUP_SIZE,
+            prompts_per_step=PROMPTS_PER_STEP,
+            max_tokens=MAX_TOKENS,
+            lr=1e-3 if lora else 1e-4,
+            eval_interval=0,
+            lora=lora,
+        )
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=0)
+        .debugging(seed=0)
+    )
     algo = config.build_algo()
     sync = algo._weight_sync
     probes, riding_push = sync.probes, sync.push
@@ -72,8 +81,14 @@ def run(model: str, mode: str, blocks: int, per_block: int) -> Dict[str, Dict[st
             for _ in range(per_block):
                 res = algo.train()
                 p = res[m.P3O]
-                rows[variant].append({"iteration_s": res["time_this_iter_s"], "generate_s": p[m.TIME_GENERATE_S],
-                                      "train_s": p[m.TIME_TRAIN_S], "sync_s": p[m.TIME_SYNC_S]})
+                rows[variant].append(
+                    {
+                        "iteration_s": res["time_this_iter_s"],
+                        "generate_s": p[m.TIME_GENERATE_S],
+                        "train_s": p[m.TIME_TRAIN_S],
+                        "sync_s": p[m.TIME_SYNC_S],
+                    }
+                )
     use("riding_along")
     algo.stop()
     return {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in rows.items()}
@@ -100,8 +115,23 @@ def main() -> None:
         for mode in args.modes:
             print(f"[probe cost] {size} {mode}", flush=True)
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
-                subprocess.run([sys.executable, __file__, "--child", model, mode, "--blocks", str(args.blocks),
-                                "--per-block", str(args.per_block), "--child-out", f.name], check=True, cwd=ROOT)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        model,
+                        mode,
+                        "--blocks",
+                        str(args.blocks),
+                        "--per-block",
+                        str(args.per_block),
+                        "--child-out",
+                        f.name,
+                    ],
+                    check=True,
+                    cwd=ROOT,
+                )
                 report["results"][f"{size} {mode}"] = json.load(open(f.name))
     from _report import write_report
 
@@ -111,13 +141,17 @@ def main() -> None:
 
 def markdown(report: Dict) -> str:
     """The report as the README's table (milliseconds)."""
-    lines = ["| setting | check | iteration | generate | update | sync (driver's push) | sync share |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| setting | check | iteration | generate | update | sync (driver's push) | sync share |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, variants in report["results"].items():
         for variant, x in variants.items():
-            lines.append(f"| {name} | {variant.replace('_', ' ')} | {1000 * x['iteration_s']:.0f} | "
-                         f"{1000 * x['generate_s']:.0f} | {1000 * x['train_s']:.0f} | {1000 * x['sync_s']:.1f} | "
-                         f"{x['sync_s'] / x['iteration_s']:.1%} |")
+            lines.append(
+                f"| {name} | {variant.replace('_', ' ')} | {1000 * x['iteration_s']:.0f} | "
+                f"{1000 * x['generate_s']:.0f} | {1000 * x['train_s']:.0f} | {1000 * x['sync_s']:.1f} | "
+                f"{x['sync_s'] / x['iteration_s']:.1%} |"
+            )
     return "\n".join(lines)
 
 

@@ -41,22 +41,32 @@ def measure() -> Dict[str, float]:
     import cProfile
     import pstats
 
+    import peer_trl
     import ray
 
-    import peer_trl
     from rllib_p3o import P3OConfig
     from rllib_p3o.runner.env_runner import VLLMEnvRunner
 
     t1 = time.perf_counter()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(HERE)])}})
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(HERE)])}},
+    )
     t2 = time.perf_counter()
     model = peer_trl.build_model("0.33M", "runs/peer_trl")
     config = (
         P3OConfig()
         .environment(env_config={"dataset": peer_trl.task_rows(), "reward_fn": peer_trl.sum_reward})
-        .training(model=model, group_size=peer_trl.GROUP_SIZE, prompts_per_step=peer_trl.PROMPTS_PER_STEP,
-                  max_tokens=peer_trl.MAX_TOKENS, lr=peer_trl.LR, eval_interval=0)
+        .training(
+            model=model,
+            group_size=peer_trl.GROUP_SIZE,
+            prompts_per_step=peer_trl.PROMPTS_PER_STEP,
+            max_tokens=peer_trl.MAX_TOKENS,
+            lr=peer_trl.LR,
+            eval_interval=0,
+        )
         .env_runners(num_env_runners=1)
         .learners(num_learners=0)
         .debugging(seed=0)
@@ -73,9 +83,15 @@ def measure() -> Dict[str, float]:
     algo.stop()
     ray.shutdown()
     stats = pstats.Stats(profile).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
-    out = {"imports_s": t1 - t0, "ray_init_s": t2 - t1, "build_algo_s": t4 - t3, "first_train_s": t5 - t4,
-           "build_algo_to_first_result_s": t5 - t3, "runner_init_s": runner["init_s"],
-           "runner_engine_s": runner["engines_s"]}
+    out = {
+        "imports_s": t1 - t0,
+        "ray_init_s": t2 - t1,
+        "build_algo_s": t4 - t3,
+        "first_train_s": t5 - t4,
+        "build_algo_to_first_result_s": t5 - t3,
+        "runner_init_s": runner["init_s"],
+        "runner_engine_s": runner["engines_s"],
+    }
     for label, (file, name) in PHASES.items():
         out[label] = sum(v[3] for k, v in stats.items() if k[0].endswith(file) and k[2] == name)
     return out
@@ -94,15 +110,22 @@ def main() -> None:
     runs = []
     for i in range(args.repeats):
         out = f"/tmp/p3o_startup_{os.getpid()}.json"
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--worker-out", out], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--worker-out", out], check=True, capture_output=True
+        )
         with open(out) as f:
             runs.append(json.load(f))
-        print(f"start {i + 1}/{args.repeats}: build_algo {runs[-1]['build_algo_s']:.1f} s, first result "
-              f"{runs[-1]['build_algo_to_first_result_s']:.1f} s after build_algo()", flush=True)
+        print(
+            f"start {i + 1}/{args.repeats}: build_algo {runs[-1]['build_algo_s']:.1f} s, first result "
+            f"{runs[-1]['build_algo_to_first_result_s']:.1f} s after build_algo()",
+            flush=True,
+        )
     median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    report = {"setting": "peer_trl.py's setting at 0.33M: 1 vLLM runner, local learner, 2 CPU cores",
-              "median": median, "runs": runs}
+    report = {
+        "setting": "peer_trl.py's setting at 0.33M: 1 vLLM runner, local learner, 2 CPU cores",
+        "median": median,
+        "runs": runs,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)

@@ -23,9 +23,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_tool_use(out: str, base_model: str, base_seed: int, rl_seed: int, target: float, time_limit: float) -> dict:
-    summary = run_example("tool_use.py", out, ["--base-model", base_model, "--base-seed", str(base_seed), "--seed",
-                                               str(rl_seed), "--target", str(target), "--time-limit", str(time_limit)],
-                          "tool_use.log")
+    summary = run_example(
+        "tool_use.py",
+        out,
+        [
+            "--base-model",
+            base_model,
+            "--base-seed",
+            str(base_seed),
+            "--seed",
+            str(rl_seed),
+            "--target",
+            str(target),
+            "--time-limit",
+            str(time_limit),
+        ],
+        "tool_use.log",
+    )
     return {**summary, "success": False} if "error" in summary else summary
 
 
@@ -45,23 +59,30 @@ def main() -> int:
 
     quiet_library_output()
 
-    print(f"{len(args.base_seeds) * len(args.rl_seeds)} tool-use runs (with the calculator to {args.target}, then "
-          f"without it for 3x the iterations)\n{'base':>4} {'rl':>3} | {'with: before':>12} {'after':>6} "
-          f"{'iters':>5} {'train s':>7} | {'without: best':>13} {'iters':>5} | {'wall s':>6}", flush=True)
+    print(
+        f"{len(args.base_seeds) * len(args.rl_seeds)} tool-use runs (with the calculator to {args.target}, then "
+        f"without it for 3x the iterations)\n{'base':>4} {'rl':>3} | {'with: before':>12} {'after':>6} "
+        f"{'iters':>5} {'train s':>7} | {'without: best':>13} {'iters':>5} | {'wall s':>6}",
+        flush=True,
+    )
     runs = []
     for base_seed, rl_seed in itertools.product(args.base_seeds, args.rl_seeds):
         base_model = build_tool_model(os.path.join(out, f"base_{base_seed}"), seed=base_seed)
-        run = run_tool_use(os.path.join(out, f"b{base_seed}_s{rl_seed}"), base_model, base_seed, rl_seed,
-                          args.target, args.time_limit)
+        run = run_tool_use(
+            os.path.join(out, f"b{base_seed}_s{rl_seed}"), base_model, base_seed, rl_seed, args.target, args.time_limit
+        )
         run.update(base_seed=base_seed, rl_seed=rl_seed)
         runs.append(run)
         if "error" in run:
             print(f"{base_seed:>4} {rl_seed:>3} | FAILED: {run['error']}", flush=True)
             continue
         w, wo = run["with_tool"], run["without_tool"]
-        print(f"{base_seed:>4} {rl_seed:>3} | {w['heldout_before']:>12.3f} {w['heldout_after']:>6.3f} "
-              f"{w['iterations']:>5} {w['train_time_s']:>7.1f} | {wo['heldout_max']:>13.3f} {wo['iterations']:>5} | "
-              f"{run['wall_time_s']:>6.0f}", flush=True)
+        print(
+            f"{base_seed:>4} {rl_seed:>3} | {w['heldout_before']:>12.3f} {w['heldout_after']:>6.3f} "
+            f"{w['iterations']:>5} {w['train_time_s']:>7.1f} | {wo['heldout_max']:>13.3f} {wo['iterations']:>5} | "
+            f"{run['wall_time_s']:>6.0f}",
+            flush=True,
+        )
 
     ok = [r for r in runs if r.get("success")]
     done = [r for r in runs if "error" not in r]
@@ -71,7 +92,9 @@ def main() -> int:
 
     report = {
         "command": "python benchmarks/tool_use_seeds.py " + " ".join(sys.argv[1:]),
-        "runs": runs, "successes": len(ok), "total": len(runs),
+        "runs": runs,
+        "successes": len(ok),
+        "total": len(runs),
         "with_tool_heldout_before": spread([r["with_tool"]["heldout_before"] for r in done]),
         "with_tool_heldout_after": spread([r["with_tool"]["heldout_after"] for r in done]),
         "with_tool_iterations": spread([r["with_tool"]["iterations"] for r in done]),

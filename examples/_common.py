@@ -15,14 +15,24 @@ DEFAULT_TARGET = 0.9
 def add_run_args(parser, out: str) -> None:
     """--out, --target, --time-limit, --iterations: where a Tuner example writes and when it stops."""
     parser.add_argument("--out", default=out)
-    parser.add_argument("--target", type=float, default=DEFAULT_TARGET,
-                        help="stop (successfully) once greedy held-out accuracy reaches this")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=DEFAULT_TARGET,
+        help="stop (successfully) once greedy held-out accuracy reaches this",
+    )
     parser.add_argument("--time-limit", type=float, default=600.0, help="stop after this many seconds of training")
     parser.add_argument("--iterations", type=int, default=1000, help="stop after this many iterations")
 
 
-def start(out: str, *, base_seed: int = 0, threads: Optional[int] = None, pretrain_steps: int = 1500,
-          progress: Optional[Callable[[int, float], None]] = None) -> str:
+def start(
+    out: str,
+    *,
+    base_seed: int = 0,
+    threads: Optional[int] = None,
+    pretrain_steps: int = 1500,
+    progress: Optional[Callable[[int, float], None]] = None,
+) -> str:
     """Quiet the libraries, build (or reuse) the demo base model under ``out`` and start Ray; returns the model path.
 
     ``threads`` sets torch's thread count for the base model's pretraining (it decides that model's floats).
@@ -38,10 +48,16 @@ def start(out: str, *, base_seed: int = 0, threads: Optional[int] = None, pretra
     env = quiet_library_output()
     if threads:
         torch.set_num_threads(threads)
-    model = build_demo_model(os.path.join(out, "base_model"), seed=base_seed, pretrain_steps=pretrain_steps,
-                             progress=progress)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-             runtime_env={"env_vars": env})
+    model = build_demo_model(
+        os.path.join(out, "base_model"), seed=base_seed, pretrain_steps=pretrain_steps, progress=progress
+    )
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+        runtime_env={"env_vars": env},
+    )
     return model
 
 
@@ -51,12 +67,22 @@ def stop_at(target: float, time_limit: float, iterations: int):
     def stop(trial_id: str, result: dict) -> bool:
         heldout = result.get(metrics.P3O, {}).get(metrics.HELDOUT_REWARD_MEAN, float("nan"))
         return heldout >= target or result["time_total_s"] >= time_limit or result["training_iteration"] >= iterations
+
     return stop
 
 
-def run_tuner(config, name: str, storage: str, stop, *, target: float = DEFAULT_TARGET, print_every: int = 10,
-              time_limit: Optional[float] = None, max_iterations: Optional[int] = None,
-              keep_checkpoint: bool = False) -> Tuple["pandas.DataFrame", Dict]:
+def run_tuner(
+    config,
+    name: str,
+    storage: str,
+    stop,
+    *,
+    target: float = DEFAULT_TARGET,
+    print_every: int = 10,
+    time_limit: Optional[float] = None,
+    max_iterations: Optional[int] = None,
+    keep_checkpoint: bool = False,
+) -> Tuple["pandas.DataFrame", Dict]:
     """Train ``config`` with ``tune.Tuner("P3O")`` until ``stop``; returns the metrics and `summarize`'s summary
     (plus ``checkpoint``, the final checkpoint's path, with ``keep_checkpoint``)."""
     from ray import tune
@@ -67,9 +93,17 @@ def run_tuner(config, name: str, storage: str, stop, *, target: float = DEFAULT_
     printer = IterationPrinter(every=print_every, time_limit=time_limit, max_iterations=max_iterations, target=target)
     checkpoints = tune.CheckpointConfig(checkpoint_at_end=keep_checkpoint, num_to_keep=1 if keep_checkpoint else None)
     result = tune.Tuner(
-        "P3O", param_space=config,
-        run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0, stop=stop, callbacks=[printer],
-                                  checkpoint_config=checkpoints, failure_config=tune.FailureConfig(fail_fast="raise")),
+        "P3O",
+        param_space=config,
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=storage,
+            verbose=0,
+            stop=stop,
+            callbacks=[printer],
+            checkpoint_config=checkpoints,
+            failure_config=tune.FailureConfig(fail_fast="raise"),
+        ),
     ).fit()[0]
     if result.error:
         raise result.error
@@ -88,11 +122,15 @@ def summarize(df: "pandas.DataFrame", target: float = DEFAULT_TARGET) -> Dict:
     reached = heldout[heldout >= target]
     first = reached.index[0] if len(reached) else None
     return {
-        "heldout_before": float(heldout.iloc[0]), "heldout_after": float(heldout.iloc[-1]),
-        "heldout_max": float(heldout.max()), "target": target, "target_reached": first is not None,
+        "heldout_before": float(heldout.iloc[0]),
+        "heldout_after": float(heldout.iloc[-1]),
+        "heldout_max": float(heldout.max()),
+        "target": target,
+        "target_reached": first is not None,
         "seconds_to_target": float(df.loc[first, "time_total_s"]) if first is not None else None,
         "iterations_to_target": int(df.loc[first, "training_iteration"]) if first is not None else None,
-        "train_time_s": float(df["time_total_s"].iloc[-1]), "iterations": int(df["training_iteration"].iloc[-1]),
+        "train_time_s": float(df["time_total_s"].iloc[-1]),
+        "iterations": int(df["training_iteration"].iloc[-1]),
     }
 
 

@@ -34,22 +34,37 @@ def main() -> None:
     task = ArithmeticTask()
     config = (
         P3OConfig()
-        .environment(env_config={"dataset": task.train_rows(), "eval_dataset": task.heldout_rows(),
-                                 "reward_fn": arithmetic_reward})
-        .training(model=model, loss="p3o", group_size=8, prompts_per_step=64, max_tokens=3,
-                  lr=[[0, 1e-5], [5120, 5e-4]],       # linear warm-up over the first 10 iterations
-                  minibatch_size=256, eval_interval=5,
-                  async_sampling=True, max_staleness=args.max_staleness)
-        .env_runners(num_env_runners=1)                 # one vLLM engine, generating while the learner updates
-        .learners(num_learners=0)                       # the learner in the driver (Tune's trial actor)
+        .environment(
+            env_config={
+                "dataset": task.train_rows(),
+                "eval_dataset": task.heldout_rows(),
+                "reward_fn": arithmetic_reward,
+            }
+        )
+        .training(
+            model=model,
+            loss="p3o",
+            group_size=8,
+            prompts_per_step=64,
+            max_tokens=3,
+            lr=[[0, 1e-5], [5120, 5e-4]],  # linear warm-up over the first 10 iterations
+            minibatch_size=256,
+            eval_interval=5,
+            async_sampling=True,
+            max_staleness=args.max_staleness,
+        )
+        .env_runners(num_env_runners=1)  # one vLLM engine, generating while the learner updates
+        .learners(num_learners=0)  # the learner in the driver (Tune's trial actor)
         .debugging(seed=0)
     )
     df, summary = run_tuner(config, "async", out, stop_at(0.95, args.time_limit, args.iterations))
     summary["staleness_mean"] = float(df[metrics.column(metrics.P3O, metrics.STALENESS_MEAN)].mean())
     summary["dropped_stale_samples"] = int(
-        df[metrics.column(metrics.P3O, metrics.DROPPED_STALE_SAMPLES_LIFETIME)].iloc[-1])
-    summary["plot"] = plot_training_curves({"async": df}, os.path.join(out, "async_curves.png"),
-                                           title=f"async P3O (max staleness {args.max_staleness})")
+        df[metrics.column(metrics.P3O, metrics.DROPPED_STALE_SAMPLES_LIFETIME)].iloc[-1]
+    )
+    summary["plot"] = plot_training_curves(
+        {"async": df}, os.path.join(out, "async_curves.png"), title=f"async P3O (max staleness {args.max_staleness})"
+    )
     write_summary(summary, out)
 
 

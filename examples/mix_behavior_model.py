@@ -25,6 +25,7 @@ import argparse
 import os
 
 from _common import add_run_args, run_tuner, start, stop_at, write_summary
+
 from rllib_p3o.core.losses import LOSSES
 
 
@@ -63,17 +64,25 @@ def main() -> None:
     add_run_args(parser, "runs/mix")
     parser.add_argument("--samples", type=int, default=4, help="behavior-model completions per group of 8")
     parser.add_argument("--behavior", choices=["trained", "base", "seed1"], default="trained")
-    parser.add_argument("--behavior-heldout", type=float, default=0.7,
-                        help="--behavior trained: RL-train a copy of the base model until this held-out accuracy")
-    parser.add_argument("--ess-scope", choices=["batch", "source"], default="batch",
-                        help="one ESS for the whole batch (the paper's) or one per data source")
+    parser.add_argument(
+        "--behavior-heldout",
+        type=float,
+        default=0.7,
+        help="--behavior trained: RL-train a copy of the base model until this held-out accuracy",
+    )
+    parser.add_argument(
+        "--ess-scope",
+        choices=["batch", "source"],
+        default="batch",
+        help="one ESS for the whole batch (the paper's) or one per data source",
+    )
     parser.add_argument("--loss", choices=sorted(LOSSES), default="p3o", help="grpo: the PPO-clip baseline")
     args = parser.parse_args()
     out = os.path.abspath(args.out)
 
     from rllib_p3o.core import metrics
-    from rllib_p3o.progress import plot_training_curves
     from rllib_p3o.core.sources import POLICY, behavior_source_name
+    from rllib_p3o.progress import plot_training_curves
     from rllib_p3o.tasks import build_demo_model
     from rllib_p3o.tasks.demo_config import demo_config
 
@@ -81,8 +90,9 @@ def main() -> None:
     if args.behavior == "seed1":
         other = build_demo_model(os.path.join(out, "behavior_seed1"), seed=1)
     elif args.behavior == "trained":
-        other = briefly_trained(model, os.path.join(out, f"behavior_trained_{args.behavior_heldout:g}"),
-                                args.behavior_heldout)
+        other = briefly_trained(
+            model, os.path.join(out, f"behavior_trained_{args.behavior_heldout:g}"), args.behavior_heldout
+        )
     else:
         import shutil
 
@@ -96,9 +106,11 @@ def main() -> None:
             col = metrics.column(metrics.P3O, metrics.BY_SOURCE, name, metric)
             if col in df:
                 summary[f"{name}/{metric}_mean"] = float(df[col].mean())
-    summary["plot"] = plot_training_curves({f"{args.samples}/8 from behavior model": df},
-                                           os.path.join(out, "mix_curves.png"),
-                                           title=f"{args.loss.upper()} with a frozen behavior model in every group")
+    summary["plot"] = plot_training_curves(
+        {f"{args.samples}/8 from behavior model": df},
+        os.path.join(out, "mix_curves.png"),
+        title=f"{args.loss.upper()} with a frozen behavior model in every group",
+    )
     write_summary(summary, out)
 
 

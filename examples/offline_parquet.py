@@ -42,26 +42,31 @@ def main() -> None:
     summary = {}
 
     print(f"[1/3] online run, recorded to {traj}", flush=True)
-    _, summary["recorded_online_run"] = run_tuner(demo_config(model, record_rollouts=traj), "record", out,
-                                                  {"training_iteration": args.record_iterations})
-    check = subprocess.run([sys.executable, "-m", "rllib_p3o.cli", "validate", traj, "--model", model],
-                           capture_output=True, text=True)
+    _, summary["recorded_online_run"] = run_tuner(
+        demo_config(model, record_rollouts=traj), "record", out, {"training_iteration": args.record_iterations}
+    )
+    check = subprocess.run(
+        [sys.executable, "-m", "rllib_p3o.cli", "validate", traj, "--model", model], capture_output=True, text=True
+    )
     print("      rllib-p3o validate:", check.stdout.splitlines()[0], flush=True)
     summary["validate"] = check.stdout.splitlines()[0]
 
     frames = {}
     print("[2/3] fresh base model, offline-only from the recording", flush=True)
     offline = demo_config(model, offline_fraction=1.0).offline_data(input_=[traj])
-    frames["offline only"], summary["offline_only"] = run_tuner(offline, "offline_only", out,
-                                                                {"training_iteration": args.iterations})
+    frames["offline only"], summary["offline_only"] = run_tuner(
+        offline, "offline_only", out, {"training_iteration": args.iterations}
+    )
 
     print("[3/3] fresh base model, 50% recording + 50% online", flush=True)
     mixed = demo_config(model, offline_fraction=0.5).offline_data(input_=[traj])
-    frames["50% offline + 50% online"], summary["mixed"] = run_tuner(mixed, "mixed", out,
-                                                                     {"training_iteration": args.iterations})
+    frames["50% offline + 50% online"], summary["mixed"] = run_tuner(
+        mixed, "mixed", out, {"training_iteration": args.iterations}
+    )
 
-    summary["plot"] = plot_training_curves(frames, os.path.join(out, "offline_curves.png"),
-                                           title="P3O from recorded trajectories (fresh base model)")
+    summary["plot"] = plot_training_curves(
+        frames, os.path.join(out, "offline_curves.png"), title="P3O from recorded trajectories (fresh base model)"
+    )
     write_summary(summary, out)
 
 

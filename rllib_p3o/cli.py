@@ -30,8 +30,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     v.add_argument("--model", help="policy model directory: its tokenizer checks token ids and tokenizes text rows")
     v.add_argument("--vocab-size", type=int, help="vocabulary size for the token-id check (without --model)")
     v.add_argument("--max-seq-len", type=int, help="longest allowed prompt + completion in tokens")
-    v.add_argument("--allow-missing-behavior", action="store_true",
-                   help="rows without behavior_logprobs are fine (they will be rescored by a model)")
+    v.add_argument(
+        "--allow-missing-behavior",
+        action="store_true",
+        help="rows without behavior_logprobs are fine (they will be rescored by a model)",
+    )
     v.add_argument("--limit", type=int, default=200, help="print at most this many problems")
     sub.add_parser("sweep", add_help=False, help="method × regime × seed comparison as Tune experiments (--help)")
     args = parser.parse_args(argv)
@@ -42,9 +45,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
     try:
-        report = validate_trajectories(args.path, tokenizer=tokenizer, vocab_size=args.vocab_size,
-                                       require_behavior=not args.allow_missing_behavior,
-                                       max_seq_len=args.max_seq_len)
+        report = validate_trajectories(
+            args.path,
+            tokenizer=tokenizer,
+            vocab_size=args.vocab_size,
+            require_behavior=not args.allow_missing_behavior,
+            max_seq_len=args.max_seq_len,
+        )
     except OfflineDataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

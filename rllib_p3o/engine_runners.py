@@ -52,6 +52,7 @@ def _guarded(fn: Callable[[Any], Any]) -> Callable[[Any], _Outcome]:
             return _Outcome(runner.worker_index, True, fn(runner), "")
         except Exception as e:  # noqa: BLE001 - handed to the driver, which raises it
             return _Outcome(runner.worker_index, False, e, traceback.format_exc())
+
     return call
 
 
@@ -94,13 +95,18 @@ class EngineRunners:
         ids = sorted(fns)
         healthy_before = set(self.group.healthy_env_runner_ids())
         try:
-            outcomes = self.group.foreach_env_runner([_guarded(fns[i]) for i in ids], remote_worker_ids=ids,
-                                                     local_env_runner=False, timeout_seconds=timeout_s)
+            outcomes = self.group.foreach_env_runner(
+                [_guarded(fns[i]) for i in ids],
+                remote_worker_ids=ids,
+                local_env_runner=False,
+                timeout_seconds=timeout_s,
+            )
         except RayError as e:  # only when dead runners are not tolerated (RLlib raises the first one)
             dead = sorted(healthy_before - set(self.group.healthy_env_runner_ids())) or ids
             raise EnvRunnerFailedError(
                 f"EnvRunner {', '.join(map(str, dead))} died: {type(e).__name__}: {e}. Set "
-                "config.fault_tolerance(restart_failed_env_runners=True) to restart failed runners and go on.") from e
+                "config.fault_tolerance(restart_failed_env_runners=True) to restart failed runners and go on."
+            ) from e
         return {o.runner_id: _unwrap(o) for o in outcomes}
 
     def call_first(self, fn: RunnerCall[T]) -> T:
@@ -128,5 +134,6 @@ class EngineRunners:
         except RayError as e:
             raise EnvRunnerFailedError(
                 f"an EnvRunner died: {type(e).__name__}: {e}. Set config.fault_tolerance("
-                "restart_failed_env_runners=True) to restart failed runners and go on.") from e
+                "restart_failed_env_runners=True) to restart failed runners and go on."
+            ) from e
         return [(o.runner_id, _unwrap(o)) for _, o in ready]

@@ -40,8 +40,6 @@ import time
 from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 import numpy as np
-from typing_extensions import Self
-
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -57,6 +55,7 @@ from ray.rllib.utils.metrics import (
     TIMERS,
 )
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+from typing_extensions import Self
 
 from rllib_p3o.core import lora as lora_specs
 from rllib_p3o.core import metrics
@@ -64,8 +63,8 @@ from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.losses import LOSSES, get_loss
 from rllib_p3o.core.sources import SourceNames, behavior_sample_counts, behavior_source_name, check_same_tokenizer
 from rllib_p3o.data import batching
-from rllib_p3o.data.chat import ChatTemplateError
 from rllib_p3o.data.batch_source import BatchSource, OfflineSource
+from rllib_p3o.data.chat import ChatTemplateError
 from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import PromptSchedule
@@ -281,18 +280,40 @@ class P3OConfig(AlgorithmConfig):
             kwargs["model"] = model  # RLlib's own (old-stack) model dict
         super().training(**kwargs)
         for name, value in dict(
-            model_dtype=model_dtype, trust_remote_code=trust_remote_code, loss=loss, loss_config=loss_config,
-            clip_low=clip_low, clip_high=clip_high, kl_ref_coeff=kl_ref_coeff, entropy_coeff=entropy_coeff,
-            ess_scope=ess_scope, logprob_chunk_size=logprob_chunk_size, lora=lora, group_size=group_size,
+            model_dtype=model_dtype,
+            trust_remote_code=trust_remote_code,
+            loss=loss,
+            loss_config=loss_config,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            kl_ref_coeff=kl_ref_coeff,
+            entropy_coeff=entropy_coeff,
+            ess_scope=ess_scope,
+            logprob_chunk_size=logprob_chunk_size,
+            lora=lora,
+            group_size=group_size,
             prompts_per_step=prompts_per_step,
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, logprobs_mode=logprobs_mode,
-            vllm_kwargs=vllm_kwargs, verify_weight_sync=verify_weight_sync,
-            weight_sync_tolerance=weight_sync_tolerance, weight_sync_timeout_s=weight_sync_timeout_s,
-            max_consecutive_nonfinite_steps=max_consecutive_nonfinite_steps, async_sampling=async_sampling,
-            max_staleness=max_staleness, num_threads_per_learner=num_threads_per_learner,
-            num_threads_per_env_runner=num_threads_per_env_runner, behavior_models=behavior_models, offline_fraction=offline_fraction,
-            offline_skip_bad_rows=offline_skip_bad_rows, offline_rescore_model=offline_rescore_model,
-            offline_max_seq_len=offline_max_seq_len, record_rollouts=record_rollouts, eval_interval=eval_interval,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            logprobs_mode=logprobs_mode,
+            vllm_kwargs=vllm_kwargs,
+            verify_weight_sync=verify_weight_sync,
+            weight_sync_tolerance=weight_sync_tolerance,
+            weight_sync_timeout_s=weight_sync_timeout_s,
+            max_consecutive_nonfinite_steps=max_consecutive_nonfinite_steps,
+            async_sampling=async_sampling,
+            max_staleness=max_staleness,
+            num_threads_per_learner=num_threads_per_learner,
+            num_threads_per_env_runner=num_threads_per_env_runner,
+            behavior_models=behavior_models,
+            offline_fraction=offline_fraction,
+            offline_skip_bad_rows=offline_skip_bad_rows,
+            offline_rescore_model=offline_rescore_model,
+            offline_max_seq_len=offline_max_seq_len,
+            record_rollouts=record_rollouts,
+            eval_interval=eval_interval,
             eval_max_prompts=eval_max_prompts,
         ).items():
             if value is not NotProvided:
@@ -344,8 +365,11 @@ class P3OConfig(AlgorithmConfig):
         """Torch/OpenMP threads of each runner's engine: ``num_threads_per_env_runner``, else its Ray CPUs plus, in
         sync mode with a local learner, a share of the driver's CPUs (``num_cpus_for_main_process``), idle while the
         runners generate (the mirror of `learner_threads` taking every core)."""
-        borrowed = (int(self.num_cpus_for_main_process) // self.num_env_runners
-                    if not self.async_sampling and self.num_learners == 0 and self.num_env_runners > 0 else 0)
+        borrowed = (
+            int(self.num_cpus_for_main_process) // self.num_env_runners
+            if not self.async_sampling and self.num_learners == 0 and self.num_env_runners > 0
+            else 0
+        )
         return int(self.num_threads_per_env_runner or (max(1, int(self.num_cpus_per_env_runner)) + borrowed))
 
     def validate(self) -> None:
@@ -373,11 +397,11 @@ class P3OConfig(AlgorithmConfig):
                 self._value_error(f"each behavior model needs a 'model' path, got {spec}.")
         behavior_samples = sum(behavior_sample_counts(self.behavior_models, self.group_size))
         if self.behavior_models and behavior_samples > self.group_size:
-            self._value_error(f"behavior models take {behavior_samples} samples per group, more "
-                              f"than group_size={self.group_size}.")
+            self._value_error(
+                f"behavior models take {behavior_samples} samples per group, more than group_size={self.group_size}."
+            )
         if self.behavior_models and not self.in_evaluation:
-            check_same_tokenizer(self.policy_model, [s["model"] for s in self.behavior_models],
-                                 self.trust_remote_code)
+            check_same_tokenizer(self.policy_model, [s["model"] for s in self.behavior_models], self.trust_remote_code)
         if self.async_sampling and self.num_env_runners < 1 and not self.in_evaluation:
             self._value_error("async_sampling needs remote EnvRunners (num_env_runners >= 1).")
         for name in ("num_threads_per_learner", "num_threads_per_env_runner"):
@@ -410,9 +434,14 @@ class P3OConfig(AlgorithmConfig):
 
     def lm_model_config(self) -> Dict[str, Any]:
         """The RLModule's ``model_config`` (see `HFCausalLMRLModule`)."""
-        return {"model": self.policy_model, "dtype": self.model_dtype, "trust_remote_code": self.trust_remote_code,
-                "logprob_chunk_size": self.logprob_chunk_size, "compute_entropy": self.entropy_coeff > 0,
-                "lora": self.lora}
+        return {
+            "model": self.policy_model,
+            "dtype": self.model_dtype,
+            "trust_remote_code": self.trust_remote_code,
+            "logprob_chunk_size": self.logprob_chunk_size,
+            "compute_entropy": self.entropy_coeff > 0,
+            "lora": self.lora,
+        }
 
     def get_default_learner_class(self) -> Union[Type[Learner], str]:
         return P3OTorchLearner
@@ -421,6 +450,7 @@ class P3OConfig(AlgorithmConfig):
     def _model_config_auto_includes(self) -> Dict[str, Any]:
         # Users can still override any key through `.rl_module(model_config=...)`.
         return super()._model_config_auto_includes | self.lm_model_config()
+
 
 # Keys of P3O's own checkpoint state (in the algorithm's state, beside RLlib's components).
 P3O_STATE = "p3o"
@@ -442,8 +472,11 @@ class P3O(Algorithm):
         self._runners = runners = EngineRunners(self.env_runner_group)
         self._pad_id = runners.call_first(VLLMEnvRunner.pad_token_id)
         self._has_engine = bool(runners.call_first(VLLMEnvRunner.has_engine))
-        self._probe_ids = (runners.call_first(VLLMEnvRunner.probe_token_ids)
-                           if config.verify_weight_sync and self._has_engine else None)
+        self._probe_ids = (
+            runners.call_first(VLLMEnvRunner.probe_token_ids)
+            if config.verify_weight_sync and self._has_engine
+            else None
+        )
         self._runner_restarts = 0
         self._setup_training_state(actor_reused=False, t0=t0)
 
@@ -456,15 +489,24 @@ class P3O(Algorithm):
         runners = self._runners
         self._rng = np.random.default_rng(config.seed)
         self._rows_trained = 0
-        self._weight_sync = WeightSync(self.learner_group, runners, probe_token_ids=self._probe_ids,
-                                       tolerance=config.weight_sync_tolerance,
-                                       push_async=config.async_sampling and runners.remote,
-                                       timeout_s=config.weight_sync_timeout_s, max_staleness=config.max_staleness)
+        self._weight_sync = WeightSync(
+            self.learner_group,
+            runners,
+            probe_token_ids=self._probe_ids,
+            tolerance=config.weight_sync_tolerance,
+            push_async=config.async_sampling and runners.remote,
+            timeout_s=config.weight_sync_timeout_s,
+            max_staleness=config.max_staleness,
+        )
         self._skipped_nonfinite = 0  # lifetime
         self._recorder = TrajectoryRecorder(config.record_rollouts) if config.record_rollouts else None
         self._sources = self.batch_sources()
-        self._source_names = SourceNames([*map(behavior_source_name, config.behavior_models),
-                                          *(name for source in self._sources for name in source.source_names)])
+        self._source_names = SourceNames(
+            [
+                *map(behavior_source_name, config.behavior_models),
+                *(name for source in self._sources for name in source.source_names),
+            ]
+        )
         self._weight_sync.push_verified()
         # Reported with the first result: what this trial's start cost, and whether Tune reused the actor for it.
         self._log({metrics.SETUP_S: time.perf_counter() - t0, metrics.ACTOR_REUSED: float(actor_reused)})
@@ -477,8 +519,9 @@ class P3O(Algorithm):
         if config.online_rows_per_step > 0:
             schedule = PromptSchedule(self._runners.call_first(VLLMEnvRunner.num_prompts), seed=config.seed or 0)
             sampler = Sampler(config, self._runners, self.metrics, schedule, verify=self._weight_sync.verify)
-            sources.append(OnlineSource(sampler, lambda: self._weight_sync.weights_seq_no, self._pad_id,
-                                        self._recorder))
+            sources.append(
+                OnlineSource(sampler, lambda: self._weight_sync.weights_seq_no, self._pad_id, self._recorder)
+            )
         if config.offline_rows_per_step > 0:
             sources.append(OfflineSource(self.offline_data, config.offline_rows_per_step))
         return sources
@@ -496,8 +539,12 @@ class P3O(Algorithm):
         new.validate()  # (validation also fills in settings, which the comparison needs)
         different = config_differences(self._config_in_use, new)
         if different:
-            logger.error("P3O.reset_config cannot reuse this actor: %s differ(s) from the running trial; only %s "
-                         "may change between reused trials.", ", ".join(different), ", ".join(RESETTABLE_KEYS))
+            logger.error(
+                "P3O.reset_config cannot reuse this actor: %s differ(s) from the running trial; only %s "
+                "may change between reused trials.",
+                ", ".join(different),
+                ", ".join(RESETTABLE_KEYS),
+            )
             return False
         new.freeze()
         for source in self._sources:
@@ -511,7 +558,8 @@ class P3O(Algorithm):
         self._timers.clear()
         spaces = {INPUT_ENV_SPACES: (new.observation_space, new.action_space), **(self.spaces or {})}
         self.learner_group = new.build_learner_group(
-            rl_module_spec=new.get_multi_rl_module_spec(spaces=spaces, inference_only=False))
+            rl_module_spec=new.get_multi_rl_module_spec(spaces=spaces, inference_only=False)
+        )
         if hasattr(self.offline_data, "set_position"):  # the same files (compared above): read them from the start
             self.offline_data.set_position({OFFLINE_BATCHES_TAKEN: 0}, batch_rows=new.offline_rows_per_step)
         self._setup_training_state(actor_reused=True, t0=t0)
@@ -530,11 +578,11 @@ class P3O(Algorithm):
         records, batch = self._sample_batch(timings)
         with metrics.timed(timings, metrics.TIME_TRAIN_S):
             per_learner_ess = self._update(batch)
-        with (metrics.timed(timings, metrics.TIME_SYNC_S),
-              self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER))):
+        with metrics.timed(timings, metrics.TIME_SYNC_S), self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
             sync_stats = self._weight_sync.push()
-        timings[metrics.TIME_OTHER_S] = (time.perf_counter() - t0 - sum(timings.values())
-                                         + timings.get(metrics.TIME_EVAL_S, 0.0))
+        timings[metrics.TIME_OTHER_S] = (
+            time.perf_counter() - t0 - sum(timings.values()) + timings.get(metrics.TIME_EVAL_S, 0.0)
+        )
         self._log_step(records, batch, timings, sync_stats, per_learner_ess)
 
     def _sample_batch(self, timings: Dict[str, float]) -> Tuple[List[Dict[str, Any]], batching.Batch]:
@@ -561,12 +609,20 @@ class P3O(Algorithm):
                 **update_kwargs,
             )
         self._rows_trained += len(batch[Columns.INPUT_IDS])
-        per_learner_ess = [float(r[DEFAULT_MODULE_ID][metrics.ESS].peek()) for r in learner_results
-                           if DEFAULT_MODULE_ID in r and metrics.ESS in r[DEFAULT_MODULE_ID]]
+        per_learner_ess = [
+            float(r[DEFAULT_MODULE_ID][metrics.ESS].peek())
+            for r in learner_results
+            if DEFAULT_MODULE_ID in r and metrics.ESS in r[DEFAULT_MODULE_ID]
+        ]
         # Every learner skips the same steps (they see the same all-reduced gradient).
-        self._skipped_nonfinite += max((int(r[DEFAULT_MODULE_ID][metrics.SKIPPED_NONFINITE_STEPS].peek())
-                                        for r in learner_results if DEFAULT_MODULE_ID in r
-                                        and metrics.SKIPPED_NONFINITE_STEPS in r[DEFAULT_MODULE_ID]), default=0)
+        self._skipped_nonfinite += max(
+            (
+                int(r[DEFAULT_MODULE_ID][metrics.SKIPPED_NONFINITE_STEPS].peek())
+                for r in learner_results
+                if DEFAULT_MODULE_ID in r and metrics.SKIPPED_NONFINITE_STEPS in r[DEFAULT_MODULE_ID]
+            ),
+            default=0,
+        )
         self._log_by_source(metrics.learners_by_source(learner_results, self._source_names))
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         return per_learner_ess
@@ -576,13 +632,26 @@ class P3O(Algorithm):
     def _log_step(self, records, batch, timings, sync_stats, per_learner_ess) -> None:
         cfg = self.config
         skipped = getattr(self.offline_data, "rows_skipped", 0) if self.offline_data is not None else None
-        self._log(metrics.step_metrics(records, batch, timings, sync_stats, per_learner_ess,
-                                       num_offline_rows=cfg.offline_rows_per_step,
-                                       weights_seq_no=self._weight_sync.weights_seq_no, offline_rows_skipped=skipped))
+        self._log(
+            metrics.step_metrics(
+                records,
+                batch,
+                timings,
+                sync_stats,
+                per_learner_ess,
+                num_offline_rows=cfg.offline_rows_per_step,
+                weights_seq_no=self._weight_sync.weights_seq_no,
+                offline_rows_skipped=skipped,
+            )
+        )
         self._log({metrics.SKIPPED_NONFINITE_STEPS: self._skipped_nonfinite})
         if self._runners.remote:
-            self._log({metrics.HEALTHY_ENV_RUNNERS: len(self._runners.healthy_ids()),
-                       metrics.ENV_RUNNER_RESTARTS_LIFETIME: self._runner_restarts})
+            self._log(
+                {
+                    metrics.HEALTHY_ENV_RUNNERS: len(self._runners.healthy_ids()),
+                    metrics.ENV_RUNNER_RESTARTS_LIFETIME: self._runner_restarts,
+                }
+            )
         if records:
             self._log_by_source(metrics.records_by_source(records, self._source_names))
 
@@ -599,8 +668,9 @@ class P3O(Algorithm):
         if not self._has_engine:
             return None
         n = self.config.eval_max_prompts
-        result, probe = self._runners.call_first(lambda runner: (runner.evaluate_heldout(n),
-                                                                 runner.take_probe_result()))
+        result, probe = self._runners.call_first(
+            lambda runner: (runner.evaluate_heldout(n), runner.take_probe_result())
+        )
         self._weight_sync.check(probe)  # the evaluation may be the first use of the weights last pushed
         return result
 
@@ -627,9 +697,12 @@ class P3O(Algorithm):
         if restored:
             self._runner_restarts += len(restored)
             stats = self._weight_sync.push_to(restored)
-            logger.warning("EnvRunner %s restarted; current weights v%d loaded and verified (probe max |diff| %s).",
-                           ", ".join(map(str, restored)), self._weight_sync.weights_seq_no,
-                           stats.get(metrics.PROBE_MAX_ABS_DIFF, "n/a"))
+            logger.warning(
+                "EnvRunner %s restarted; current weights v%d loaded and verified (probe max |diff| %s).",
+                ", ".join(map(str, restored)),
+                self._weight_sync.weights_seq_no,
+                stats.get(metrics.PROBE_MAX_ABS_DIFF, "n/a"),
+            )
         return restored
 
     # -- checkpoint state: the data position besides RLlib's own (weights, optimizer, iteration, metrics) ----------
@@ -670,6 +743,6 @@ class P3O(Algorithm):
         full model with the adapter merged in."""
         self._weight_sync.settle()
         results = self.learner_group.foreach_learner(
-            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().save_pretrained(path, merged=merged))
+            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().save_pretrained(path, merged=merged)
+        )
         return [r.get() for r in results][0]
-

@@ -67,8 +67,13 @@ class IterationPrinter(tune.Callback):
     the run stops (the target, if any, can only end it sooner), from the mean iteration time so far.
     """
 
-    def __init__(self, every: int = 1, time_limit: Optional[float] = None, max_iterations: Optional[int] = None,
-                 target: Optional[float] = None):
+    def __init__(
+        self,
+        every: int = 1,
+        time_limit: Optional[float] = None,
+        max_iterations: Optional[int] = None,
+        target: Optional[float] = None,
+    ):
         self.every = every
         self.time_limit = time_limit
         self.max_iterations = max_iterations
@@ -94,15 +99,23 @@ class IterationPrinter(tune.Callback):
         left = self._time_left(it, elapsed)
         eta = f"  ≤{_clock(left)} left" if left is not None else ""
         target = f" (target {self.target:.2f})" if self.target is not None else ""
-        print(f"iter {it:4d}  {_clock(elapsed)} elapsed{eta}  reward {_fmt(p.get(metrics.REWARD_MEAN))}  "
-              f"held-out {_fmt(p.get(metrics.HELDOUT_REWARD_MEAN))}{target}  ess {_fmt(lr.get(metrics.ESS))}  "
-              f"groups w/o signal {_fmt(p.get(metrics.GROUPS_WITHOUT_SIGNAL))}  "
-              f"gen {p.get(metrics.TIME_GENERATE_S, 0):.2f}s train {p.get(metrics.TIME_TRAIN_S, 0):.2f}s "
-              f"sync {p.get(metrics.TIME_SYNC_S, 0):.2f}s", flush=True)
+        print(
+            f"iter {it:4d}  {_clock(elapsed)} elapsed{eta}  reward {_fmt(p.get(metrics.REWARD_MEAN))}  "
+            f"held-out {_fmt(p.get(metrics.HELDOUT_REWARD_MEAN))}{target}  ess {_fmt(lr.get(metrics.ESS))}  "
+            f"groups w/o signal {_fmt(p.get(metrics.GROUPS_WITHOUT_SIGNAL))}  "
+            f"gen {p.get(metrics.TIME_GENERATE_S, 0):.2f}s train {p.get(metrics.TIME_TRAIN_S, 0):.2f}s "
+            f"sync {p.get(metrics.TIME_SYNC_S, 0):.2f}s",
+            flush=True,
+        )
 
 
-def plot_training_curves(frames: Dict[str, "pandas.DataFrame"], path: str, title: str = "P3O training",
-                         curves: Sequence = CURVES, x: str = "time_total_s") -> str:
+def plot_training_curves(
+    frames: Dict[str, "pandas.DataFrame"],
+    path: str,
+    title: str = "P3O training",
+    curves: Sequence = CURVES,
+    x: str = "time_total_s",
+) -> str:
     """One panel per curve, one line per run (``frames``: label → Tune ``metrics_dataframe``); saves a PNG.
 
     ``x="training_iteration"`` compares runs that did not have the machine to themselves.

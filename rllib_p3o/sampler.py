@@ -33,14 +33,14 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, ENV_RUNNER_SAMPLING_TIME
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_p3o.core import metrics
+from rllib_p3o.core.columns import Record
+from rllib_p3o.core.sources import is_policy
 from rllib_p3o.data import batching
 from rllib_p3o.data.batch_source import BatchSource, SourceBatch
+from rllib_p3o.data.prompt_schedule import Group, PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
-from rllib_p3o.core.columns import Record
 from rllib_p3o.engine_runners import EngineRunners, EnvRunnerFailedError
 from rllib_p3o.runner.episodes import episodes_to_records
-from rllib_p3o.data.prompt_schedule import Group, PromptSchedule
-from rllib_p3o.core.sources import is_policy
 
 CompletionRecord = Dict[str, Any]
 # RLlib's tag of the runners' in-flight sample() calls.
@@ -110,8 +110,14 @@ class Sampler:
     check).
     """
 
-    def __init__(self, config: AlgorithmConfig, runners: EngineRunners, metrics_logger: MetricsLogger,
-                 schedule: PromptSchedule, verify: Optional[Callable[[int, Any, Set[int]], None]] = None):
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        runners: EngineRunners,
+        metrics_logger: MetricsLogger,
+        schedule: PromptSchedule,
+        verify: Optional[Callable[[int, Any, Set[int]], None]] = None,
+    ):
         self.config = config
         self.verify = verify
         self.runners = runners
@@ -127,8 +133,7 @@ class Sampler:
         mode, at least that many completions' worth of whole chunks in async mode."""
         lost_before = self.samples_lost_lifetime
         if self.config.async_sampling:
-            records = self._sample_async(self.config.online_prompts_per_step * self.config.group_size,
-                                         weights_seq_no)
+            records = self._sample_async(self.config.online_prompts_per_step * self.config.group_size, weights_seq_no)
         else:
             records = self._sample_groups(self.schedule.take(self.config.online_prompts_per_step))
             set_staleness(records, weights_seq_no)
@@ -144,19 +149,24 @@ class Sampler:
         while todo:
             ids = self.runners.healthy_ids()
             if not ids:
-                raise EnvRunnerFailedError(f"no healthy EnvRunner left to sample {len(todo)} prompt groups with "
-                                           f"(all {self.runners.num_runners()} failed; see the errors above).")
+                raise EnvRunnerFailedError(
+                    f"no healthy EnvRunner left to sample {len(todo)} prompt groups with "
+                    f"(all {self.runners.num_runners()} failed; see the errors above)."
+                )
             plan = split_groups(todo, ids)
-            results = self.runners.call({i: _sample_call(gs) for i, gs in plan.items()},
-                                        timeout_s=self.config.sample_timeout_s)
+            results = self.runners.call(
+                {i: _sample_call(gs) for i, gs in plan.items()}, timeout_s=self.config.sample_timeout_s
+            )
             todo = []
             healthy = set(self.runners.healthy_ids())
             for i, gs in plan.items():
                 if i in results:
                     records += self._take_result(i, results[i])
                 elif i in healthy:
-                    raise RuntimeError(f"EnvRunner {i} did not return its {len(gs)} prompt groups within "
-                                       f"sample_timeout_s={self.config.sample_timeout_s}.")
+                    raise RuntimeError(
+                        f"EnvRunner {i} did not return its {len(gs)} prompt groups within "
+                        f"sample_timeout_s={self.config.sample_timeout_s}."
+                    )
                 else:  # it died: the others sample its groups, with the same seeds
                     self.samples_lost_lifetime += len(gs) * self.config.group_size
                     todo += gs
@@ -191,8 +201,10 @@ class Sampler:
                 self._in_flight.pop(i, None)
                 self.queue.put(self._take_result(i, result))
             if time.perf_counter() - t0 > self.config.sample_timeout_s:
-                raise RuntimeError(f"async sampling produced no usable samples within sample_timeout_s="
-                                   f"{self.config.sample_timeout_s} (dropped as stale: {dropped}).")
+                raise RuntimeError(
+                    f"async sampling produced no usable samples within sample_timeout_s="
+                    f"{self.config.sample_timeout_s} (dropped as stale: {dropped})."
+                )
         self._arm()
         self.dropped_stale_lifetime += dropped
         self._log(metrics.LEARNER_WAIT_FOR_DATA_S, time.perf_counter() - t0)
@@ -206,8 +218,9 @@ class Sampler:
         self.metrics.aggregate([runner_metrics], key=ENV_RUNNER_RESULTS)
         records = episodes_to_records(episodes)
         if self.verify is not None:
-            self.verify(runner_id, probe_result,
-                        {r[Record.WEIGHTS_SEQ_NO] for r in records if is_policy(r[Record.SOURCE_ID])})
+            self.verify(
+                runner_id, probe_result, {r[Record.WEIGHTS_SEQ_NO] for r in records if is_policy(r[Record.SOURCE_ID])}
+            )
         return records
 
     def drain(self, timeout_s: float = 60.0) -> int:
@@ -227,8 +240,11 @@ class Sampler:
 
     def get_state(self) -> Dict[str, Any]:
         """The schedule's position; in async mode its pending groups include those in flight or queued now."""
-        return {SCHEDULE: self.schedule.get_state(), SAMPLES_LOST_LIFETIME: self.samples_lost_lifetime,
-                DROPPED_STALE_LIFETIME: self.dropped_stale_lifetime}
+        return {
+            SCHEDULE: self.schedule.get_state(),
+            SAMPLES_LOST_LIFETIME: self.samples_lost_lifetime,
+            DROPPED_STALE_LIFETIME: self.dropped_stale_lifetime,
+        }
 
     def set_state(self, state: Dict[str, Any]) -> int:
         """Continue from a checkpoint; returns how many groups were pending there (sampled again first)."""
@@ -250,8 +266,13 @@ class OnlineSource(BatchSource):
 
     state_key = "sampler"
 
-    def __init__(self, sampler: Sampler, weights_seq_no: Callable[[], int], pad_id: int,
-                 recorder: Optional[TrajectoryRecorder] = None):
+    def __init__(
+        self,
+        sampler: Sampler,
+        weights_seq_no: Callable[[], int],
+        pad_id: int,
+        recorder: Optional[TrajectoryRecorder] = None,
+    ):
         self.sampler = sampler
         self.weights_seq_no = weights_seq_no
         self.pad_id = pad_id
@@ -262,8 +283,10 @@ class OnlineSource(BatchSource):
         return self.sampler.config.online_rows_per_step
 
     def sample(self, iteration: int, timings: Dict[str, float]) -> SourceBatch:
-        with (metrics.timed(timings, metrics.TIME_GENERATE_S),
-              self.sampler.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER))):
+        with (
+            metrics.timed(timings, metrics.TIME_GENERATE_S),
+            self.sampler.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)),
+        ):
             records = self.sampler.sample(self.weights_seq_no())
         with metrics.timed(timings, metrics.TIME_BATCHING_S):
             batching.add_group_advantages(records)
@@ -289,7 +312,7 @@ def split_groups(groups: List[Group], runner_ids: List[int]) -> Dict[int, List[G
     for k, i in enumerate(runner_ids):
         n = share + (1 if k < extra else 0)
         if n:
-            plan[i] = groups[start:start + n]
+            plan[i] = groups[start : start + n]
         start += n
     return plan
 

@@ -12,9 +12,26 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 # Settings that may change between two trials sharing one Tune actor (`P3O.reset_config`): they reach only the
 # driver and the learner, never the EnvRunners' engines, tokenizer or data.
-RESETTABLE_KEYS = ("seed", "loss", "loss_config", "clip_low", "clip_high", "kl_ref_coeff", "entropy_coeff", "ess_scope", "lr",
-                   "grad_clip", "grad_clip_by", "num_epochs", "minibatch_size", "shuffle_batch_per_epoch",
-                   "max_consecutive_nonfinite_steps", "eval_interval", "eval_max_prompts", "record_rollouts")
+RESETTABLE_KEYS = (
+    "seed",
+    "loss",
+    "loss_config",
+    "clip_low",
+    "clip_high",
+    "kl_ref_coeff",
+    "entropy_coeff",
+    "ess_scope",
+    "lr",
+    "grad_clip",
+    "grad_clip_by",
+    "num_epochs",
+    "minibatch_size",
+    "shuffle_batch_per_epoch",
+    "max_consecutive_nonfinite_steps",
+    "eval_interval",
+    "eval_max_prompts",
+    "record_rollouts",
+)
 
 
 def config_differences(old: AlgorithmConfig, new: AlgorithmConfig) -> List[str]:

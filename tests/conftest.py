@@ -21,8 +21,9 @@ def tiny_model(tmp_path_factory):
 def tiny_untied_model(tmp_path_factory):
     from rllib_p3o.tasks import build_tiny_model
 
-    return build_tiny_model(str(tmp_path_factory.mktemp("models") / "tiny_untied"), tie_word_embeddings=False,
-                            seed=1, init_std=0.1)
+    return build_tiny_model(
+        str(tmp_path_factory.mktemp("models") / "tiny_untied"), tie_word_embeddings=False, seed=1, init_std=0.1
+    )
 
 
 @pytest.fixture(scope="session")
@@ -32,9 +33,14 @@ def tiny_chat_model(tmp_path_factory):
     from rllib_p3o.tasks.tiny_model import CHAT_TEMPLATE, CHAT_TOKENS
 
     corpus = ArithmeticTask().corpus() + ["system user assistant tool add calc"] * 10
-    return build_tiny_model(str(tmp_path_factory.mktemp("models") / "tiny_chat"), corpus, vocab_size=80,
-                            special_tokens=CHAT_TOKENS, added_tokens=("<tool_call>", "</tool_call>"),
-                            chat_template=CHAT_TEMPLATE)
+    return build_tiny_model(
+        str(tmp_path_factory.mktemp("models") / "tiny_chat"),
+        corpus,
+        vocab_size=80,
+        special_tokens=CHAT_TOKENS,
+        added_tokens=("<tool_call>", "</tool_call>"),
+        chat_template=CHAT_TEMPLATE,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +48,11 @@ def ray_session():
     import ray
 
     # More logical CPUs than cores, so a runner and learners fit; the work itself is tiny.
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
+    ray.init(
+        num_cpus=6,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}},
+    )
     yield
     ray.shutdown()

@@ -10,20 +10,37 @@ from rllib_p3o import P3O, P3OConfig
 from rllib_p3o.core import metrics as m
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
-REPORTED = [m.REWARD_MEAN, m.TIME_GENERATE_S, m.TIME_TRAIN_S, m.TIME_SYNC_S, m.TIME_OTHER_S,
-            m.GENERATED_TOKENS_PER_S, m.TRAINED_TOKENS_PER_S, m.HELDOUT_REWARD_MEAN, m.SYNC_PROBE_MAX_ABS_DIFF]
+REPORTED = [
+    m.REWARD_MEAN,
+    m.TIME_GENERATE_S,
+    m.TIME_TRAIN_S,
+    m.TIME_SYNC_S,
+    m.TIME_OTHER_S,
+    m.GENERATED_TOKENS_PER_S,
+    m.TRAINED_TOKENS_PER_S,
+    m.HELDOUT_REWARD_MEAN,
+    m.SYNC_PROBE_MAX_ABS_DIFF,
+]
 LEARNER_REPORTED = [m.ESS, m.CAP_FRACTION, m.KL_BEHAVIOR, m.RATIO_MEAN, m.RATIO_MAX, m.LOSS, m.PG_LOSS]
 
 
 def _config(model, reward_fn=arithmetic_reward, **training):
     task = ArithmeticTask()
-    return (P3OConfig()
-            .environment(env_config={"dataset": task.train_rows()[:500], "eval_dataset": task.heldout_rows()[:20],
-                                     "reward_fn": reward_fn})
-            .training(model=model, group_size=4, prompts_per_step=8, max_tokens=2, lr=1e-3,
-                      **{"minibatch_size": 8, **training})
-            .env_runners(num_env_runners=1)
-            .debugging(seed=0))
+    return (
+        P3OConfig()
+        .environment(
+            env_config={
+                "dataset": task.train_rows()[:500],
+                "eval_dataset": task.heldout_rows()[:20],
+                "reward_fn": reward_fn,
+            }
+        )
+        .training(
+            model=model, group_size=4, prompts_per_step=8, max_tokens=2, lr=1e-3, **{"minibatch_size": 8, **training}
+        )
+        .env_runners(num_env_runners=1)
+        .debugging(seed=0)
+    )
 
 
 def _learner_weights(algo):
@@ -43,9 +60,13 @@ def test_tuner_runs_p3o_and_checkpoint_restores(ray_session, tiny_model, tmp_pat
         "P3O",
         param_space=config,
         run_config=tune.RunConfig(
-            storage_path=str(tmp_path), name="p3o", stop={"training_iteration": 3},
+            storage_path=str(tmp_path),
+            name="p3o",
+            stop={"training_iteration": 3},
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
-            failure_config=tune.FailureConfig(fail_fast="raise"), verbose=0),
+            failure_config=tune.FailureConfig(fail_fast="raise"),
+            verbose=0,
+        ),
     ).fit()
     result = results.get_best_result(metric=m.column(m.P3O, m.REWARD_MEAN), mode="max")
     assert result.error is None and result.metrics["training_iteration"] == 3

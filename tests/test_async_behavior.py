@@ -8,25 +8,27 @@ import torch
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
+from rllib_p3o.core.sources import POLICY, source_id
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
 from rllib_p3o.runner.episodes import episodes_to_records
-from rllib_p3o.core.sources import POLICY, source_id
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward, build_tiny_model
 
 
 def _config(model, **training):
     task = ArithmeticTask()
-    return (P3OConfig()
-            .environment(env_config={"dataset": task.train_rows()[:400], "reward_fn": arithmetic_reward})
-            .training(model=model, group_size=4, prompts_per_step=8, max_tokens=3, lr=1e-3, eval_interval=0,
-                      **training)
-            .env_runners(num_env_runners=1)
-            .debugging(seed=0))
+    return (
+        P3OConfig()
+        .environment(env_config={"dataset": task.train_rows()[:400], "reward_fn": arithmetic_reward})
+        .training(model=model, group_size=4, prompts_per_step=8, max_tokens=3, lr=1e-3, eval_interval=0, **training)
+        .env_runners(num_env_runners=1)
+        .debugging(seed=0)
+    )
 
 
 def test_behavior_model_takes_its_share_of_every_group(ray_session, tiny_model, tiny_untied_model):
-    cfg = _config(tiny_model, behavior_models=[{"model": tiny_untied_model, "name": "frozen", "samples": 3,
-                                                "temperature": 1.3}])
+    cfg = _config(
+        tiny_model, behavior_models=[{"model": tiny_untied_model, "name": "frozen", "samples": 3, "temperature": 1.3}]
+    )
     runner = ray.remote(num_cpus=1)(VLLMEnvRunner).remote(config=cfg, worker_index=1, num_workers=1)
     try:
         records = episodes_to_records(ray.get(runner.sample.remote()))
@@ -41,12 +43,17 @@ def test_behavior_model_takes_its_share_of_every_group(ray_session, tiny_model, 
         assert counts == {source_id(POLICY): 1, source_id("behavior/frozen"): 3}
     frozen = [r for r in records if r["source_id"] == source_id("behavior/frozen")]
     assert {r["infos"]["temperature"] for r in frozen} == {1.3} and {r["infos"]["source"] for r in frozen} == {
-        "behavior/frozen"}
+        "behavior/frozen"
+    }
 
 
 def test_async_run_with_behavior_model(ray_session, tiny_model, tiny_untied_model):
-    cfg = _config(tiny_model, async_sampling=True, max_staleness=1,
-                  behavior_models=[{"model": tiny_untied_model, "name": "frozen", "share": 0.5}])
+    cfg = _config(
+        tiny_model,
+        async_sampling=True,
+        max_staleness=1,
+        behavior_models=[{"model": tiny_untied_model, "name": "frozen", "share": 0.5}],
+    )
     algo = cfg.build_algo()
     try:
         results = [algo.train() for _ in range(5)]
@@ -84,8 +91,12 @@ def test_sync_run_drops_nothing_and_reports_zero_staleness(ray_session, tiny_mod
 
 
 def test_behavior_model_with_another_tokenizer_fails_at_start(tiny_model, tmp_path):
-    other = build_tiny_model(str(tmp_path / "other_tok"), corpus=["completely different text " * 5, "abc xyz"],
-                             vocab_size=40)
-    with pytest.raises(ValueError, match=rf"behavior model {other} uses a different tokenizer than the policy model "
-                                         rf"{tiny_model}"):
+    other = build_tiny_model(
+        str(tmp_path / "other_tok"), corpus=["completely different text " * 5, "abc xyz"], vocab_size=40
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"behavior model {other} uses a different tokenizer than the policy model "
+        rf"{tiny_model}",
+    ):
         _config(tiny_model, behavior_models=[{"model": other, "samples": 2}]).validate()

@@ -6,24 +6,31 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rllib_p3o.data import batching
 from rllib_p3o.core.columns import BATCH_COLUMNS, DTYPES, Columns, Record
-from rllib_p3o.runner.episodes import completion_episode, episodes_to_records
-from rllib_p3o.data.offline_data import P3OOfflinePreLearner
 from rllib_p3o.core.sources import source_id
+from rllib_p3o.data import batching
+from rllib_p3o.data.offline_data import P3OOfflinePreLearner
+from rllib_p3o.runner.episodes import completion_episode, episodes_to_records
 
 PAD = 0
 
 
 def _record(prompt, completion, advantage=0.5, **extra):
     behavior = [-0.1 * (j + 1) for j in range(len(completion))]
-    return {Record.PROMPT_IDS: np.asarray(prompt), Record.COMPLETION_IDS: np.asarray(completion),
-            Record.BEHAVIOR_LOGPROBS: np.asarray(behavior, np.float32), Record.ADVANTAGE: advantage, **extra}
+    return {
+        Record.PROMPT_IDS: np.asarray(prompt),
+        Record.COMPLETION_IDS: np.asarray(completion),
+        Record.BEHAVIOR_LOGPROBS: np.asarray(behavior, np.float32),
+        Record.ADVANTAGE: advantage,
+        **extra,
+    }
 
 
 def test_completion_tokens_and_their_behavior_logprobs_sit_on_the_target_positions():
-    records = [_record([5, 6, 7], [8, 9]), _record([5], [4, 3, 2, 1], advantage=-1.0, weights_seq_no=3,
-                                                    source_id=9, staleness=1)]
+    records = [
+        _record([5, 6, 7], [8, 9]),
+        _record([5], [4, 3, 2, 1], advantage=-1.0, weights_seq_no=3, source_id=9, staleness=1),
+    ]
     b = batching.pad_records(records, pad_id=PAD)
     assert list(b) == list(BATCH_COLUMNS) and all(b[k].dtype == DTYPES[k] for k in b)
     np.testing.assert_array_equal(b[Columns.INPUT_IDS], [[5, 6, 7, 8, 9], [5, 4, 3, 2, 1]])
@@ -102,8 +109,16 @@ def test_group_advantages_are_z_scores_within_each_prompt_group():
 
 
 def test_one_completion_through_its_shapes_episode_record_batch():
-    ep = completion_episode(prompt_ids=[3, 4], completion_ids=[5, 6, 2], behavior_logprobs=[-0.5, -0.25, -0.125],
-                            reward=1.0, weights_seq_no=4, group_id=12, source_id=0, infos={"prompt": "(0"})
+    ep = completion_episode(
+        prompt_ids=[3, 4],
+        completion_ids=[5, 6, 2],
+        behavior_logprobs=[-0.5, -0.25, -0.125],
+        reward=1.0,
+        weights_seq_no=4,
+        group_id=12,
+        source_id=0,
+        infos={"prompt": "(0"},
+    )
     (record,) = episodes_to_records([ep])
     assert (record[Record.REWARD], record[Record.GROUP_ID], record[Record.WEIGHTS_SEQ_NO]) == (1.0, 12, 4)
     b = batching.pad_records([dict(record, advantage=1.0)], pad_id=PAD)
@@ -114,22 +129,45 @@ def test_one_completion_through_its_shapes_episode_record_batch():
 
 def test_offline_prelearner_rows_make_the_same_batch_as_records(tiny_model):
     """Trajectory rows through the prelearner (fixed width) and concat_padded = the same records padded directly."""
-    config = SimpleNamespace(policy_model=tiny_model, trust_remote_code=False, offline_max_seq_len=24,
-                             offline_skip_bad_rows=False)
+    config = SimpleNamespace(
+        policy_model=tiny_model, trust_remote_code=False, offline_max_seq_len=24, offline_skip_bad_rows=False
+    )
     prelearner = P3OOfflinePreLearner(config)
-    rows = [{"prompt_ids": [3, 9, 13], "completion_ids": [8, 1], "behavior_logprobs": [-0.5, -0.1], "reward": 1.0,
-             "advantage": 0.75, "group_id": "g", "policy_version": 2, "source": "policy"},
-            {"prompt_ids": [3, 9], "completion_ids": [8, 1, 4], "behavior_logprobs": [-0.5, -0.1, -0.2],
-             "reward": 0.0, "advantage": -0.75, "group_id": "g", "policy_version": 2,
-             "source": "online"}]  # recorded before the policy source was renamed: still replayed policy data
+    rows = [
+        {
+            "prompt_ids": [3, 9, 13],
+            "completion_ids": [8, 1],
+            "behavior_logprobs": [-0.5, -0.1],
+            "reward": 1.0,
+            "advantage": 0.75,
+            "group_id": "g",
+            "policy_version": 2,
+            "source": "policy",
+        },
+        {
+            "prompt_ids": [3, 9],
+            "completion_ids": [8, 1, 4],
+            "behavior_logprobs": [-0.5, -0.1, -0.2],
+            "reward": 0.0,
+            "advantage": -0.75,
+            "group_id": "g",
+            "policy_version": 2,
+            "source": "online",
+        },
+    ]  # recorded before the policy source was renamed: still replayed policy data
     columns = {k: np.array([r[k] for r in rows] + [None], dtype=object)[:-1] for k in rows[0]}
     out = prelearner(columns)
     fixed = {k.split("/", 1)[1]: v for k, v in out.items()}
     assert fixed[Columns.INPUT_IDS].shape == (2, 24)
     replayed_policy = source_id("offline/policy")
-    records = [_record(r["prompt_ids"], r["completion_ids"], advantage=r["advantage"], weights_seq_no=2,
-                       source_id=replayed_policy) for r in rows]
+    records = [
+        _record(
+            r["prompt_ids"], r["completion_ids"], advantage=r["advantage"], weights_seq_no=2, source_id=replayed_policy
+        )
+        for r in rows
+    ]
     for rec, r in zip(records, rows):
         rec[Record.BEHAVIOR_LOGPROBS] = np.asarray(r["behavior_logprobs"], np.float32)
-    _assert_batches_equal(batching.concat_padded([fixed], pad_id=prelearner.pad_id),
-                          batching.pad_records(records, prelearner.pad_id))
+    _assert_batches_equal(
+        batching.concat_padded([fixed], pad_id=prelearner.pad_id), batching.pad_records(records, prelearner.pad_id)
+    )

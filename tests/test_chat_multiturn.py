@@ -10,15 +10,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rllib_p3o.core.columns import Columns, Record
+from rllib_p3o.core.objectives import effective_sample_size_from_log_ratios
 from rllib_p3o.data import chat
 from rllib_p3o.data.batching import add_group_advantages, pad_records
-from rllib_p3o.core.columns import Columns, Record
+from rllib_p3o.data.recorder import records_to_table
+from rllib_p3o.data.trajectories import row_to_record, validate_trajectories
 from rllib_p3o.runner.env import DatasetError, RewardFunction, load_prompt_dataset
 from rllib_p3o.runner.episodes import Turn, episodes_to_records, multi_turn_episode
 from rllib_p3o.runner.multiturn import ToolEnv, parse_tool_call, run_tool
-from rllib_p3o.core.objectives import effective_sample_size_from_log_ratios
-from rllib_p3o.data.recorder import records_to_table
-from rllib_p3o.data.trajectories import row_to_record, validate_trajectories
 
 MESSAGES = [{"role": "system", "content": "add"}, {"role": "user", "content": "(12+34)%10="}]
 
@@ -32,8 +32,9 @@ def test_conversational_prompt_is_rendered_by_the_chat_template(chat_tokenizer, 
     ids = chat.prompt_token_ids(chat_tokenizer, MESSAGES)
     assert ids == chat_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False)
     tokens = chat_tokenizer.convert_ids_to_tokens(ids)
-    assert tokens[0] == "<|im_start|>" and tokens.count("<|im_end|>") == 2 and tokens[-2:] == ["<|im_start|>",
-                                                                                                   "assistant"]
+    assert (
+        tokens[0] == "<|im_start|>" and tokens.count("<|im_end|>") == 2 and tokens[-2:] == ["<|im_start|>", "assistant"]
+    )
     with pytest.raises(chat.ChatTemplateError, match="tiny-plain"):
         chat.check_chat_template(AutoTokenizer.from_pretrained(tiny_model), "tiny-plain")
 
@@ -45,8 +46,9 @@ def test_env_turn_ids_append_the_template_continuation_without_re_rendering_the_
     # history (prompt + a model turn ending in <|im_end|>) + env turn == the template's rendering of all of it
     model_turn = chat_tokenizer("6", add_special_tokens=False)["input_ids"] + [im_end]
     history = chat.prompt_token_ids(chat_tokenizer, MESSAGES) + model_turn
-    full = chat_tokenizer.apply_chat_template(MESSAGES + [{"role": "assistant", "content": "6"}] + tool,
-                                              add_generation_prompt=True, return_dict=False)
+    full = chat_tokenizer.apply_chat_template(
+        MESSAGES + [{"role": "assistant", "content": "6"}] + tool, add_generation_prompt=True, return_dict=False
+    )
     assert history + ids == full
 
 
@@ -74,9 +76,16 @@ def test_reward_function_gets_completion_messages_for_conversational_rows():
 def _episode(reward=1.0, group=0):
     return multi_turn_episode(
         prompt_ids=[5, 6, 7],
-        turns=[Turn(action_ids=[10, 11], behavior_logprobs=[-0.1, -0.2], reward=0.0, env_ids=[12, 13, 14]),
-               Turn(action_ids=[15], behavior_logprobs=[-0.3], reward=reward, env_ids=[])],
-        terminated=True, weights_seq_no=3, group_id=group, source_id=0, infos={"turns": 2})
+        turns=[
+            Turn(action_ids=[10, 11], behavior_logprobs=[-0.1, -0.2], reward=0.0, env_ids=[12, 13, 14]),
+            Turn(action_ids=[15], behavior_logprobs=[-0.3], reward=reward, env_ids=[]),
+        ],
+        terminated=True,
+        weights_seq_no=3,
+        group_id=group,
+        source_id=0,
+        infos={"turns": 2},
+    )
 
 
 def test_multi_turn_episode_becomes_one_record_with_a_loss_mask_on_model_tokens():
@@ -139,9 +148,14 @@ def test_tool_calls_parse_and_errors_become_messages():
 
 
 def test_tool_env_runs_calls_and_scores_the_final_answer():
-    env = ToolEnv({"tools": {"calc": lambda e: eval(e, {}), "boom": lambda e: 1 / 0},
-                   "reward_fn": lambda prompts, completions, answer, **_: [float(c.strip() == a)
-                                                                           for c, a in zip(completions, answer)]})
+    env = ToolEnv(
+        {
+            "tools": {"calc": lambda e: eval(e, {}), "boom": lambda e: 1 / 0},
+            "reward_fn": lambda prompts, completions, answer, **_: [
+                float(c.strip() == a) for c, a in zip(completions, answer)
+            ],
+        }
+    )
     env.reset({"prompt": "12*34=", "answer": "408"})
     r = env.step({"role": "assistant", "content": "<tool_call>calc 12*34"})
     assert r.messages == [{"role": "tool", "content": "408"}] and not r.terminated
@@ -180,8 +194,13 @@ def test_multi_turn_rows_round_trip_through_parquet_and_the_validator(tmp_path, 
 def test_conversational_offline_rows_are_rendered_with_the_template(tmp_path, chat_tokenizer):
     import pyarrow as pa
 
-    row = {"prompt": MESSAGES, "completion_ids": [5, 6], "reward": 1.0, "behavior_logprobs": [-0.5, -0.5],
-           "group_id": "a"}
+    row = {
+        "prompt": MESSAGES,
+        "completion_ids": [5, 6],
+        "reward": 1.0,
+        "behavior_logprobs": [-0.5, -0.5],
+        "group_id": "a",
+    }
     path = tmp_path / "chat.parquet"
     pq.write_table(pa.Table.from_pylist([row]), path)
     assert validate_trajectories(str(path), tokenizer=chat_tokenizer).ok

@@ -36,9 +36,22 @@ def test_pretraining_corpus_shows_the_format_on_30_percent_of_training_pairs_40_
 def test_demo_that_misses_its_target_says_so_on_a_quiet_screen_and_exits_1(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_"))}
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "demo.py"), "--out", str(tmp_path), "--iterations", "2",
-         "--pretrain-steps", "20"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "demo.py"),
+            "--out",
+            str(tmp_path),
+            "--iterations",
+            "2",
+            "--pretrain-steps",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=str(tmp_path),
+    )
     screen = proc.stdout + proc.stderr
     assert proc.returncode == 1, screen
     assert "Target NOT reached" in screen
@@ -46,6 +59,12 @@ def test_demo_that_misses_its_target_says_so_on_a_quiet_screen_and_exits_1(tmp_p
         summary = json.load(f)
     assert summary["target_reached"] is False and summary["iterations"] == 2
     assert os.path.isdir(summary["final_model"]) and os.path.exists(summary["plot"])  # nothing trained is lost
-    noise = [line for line in screen.splitlines() if "WARNING" in line or "Loading weights" in line
-             or "tensorboard" in line.lower() or "Configuration for experiment" in line]
+    noise = [
+        line
+        for line in screen.splitlines()
+        if "WARNING" in line
+        or "Loading weights" in line
+        or "tensorboard" in line.lower()
+        or "Configuration for experiment" in line
+    ]
     assert not noise, "\n".join(noise)

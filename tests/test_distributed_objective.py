@@ -49,8 +49,13 @@ def _worker(rank, world, init_file, loss_name, out_dir):
     try:
         logp, behavior, adv, mask = _full_batch()
         rows = slice(rank * 4, rank * 4 + 4)
-        loss, grad, theta_grad, metrics = _run(LOSSES[loss_name], logp[rows], behavior[rows], adv[rows], mask[rows], rows)
-        torch.save({"loss": loss, "grad": grad, "theta_grad": theta_grad, "metrics": metrics}, os.path.join(out_dir, f"rank{rank}.pt"))
+        loss, grad, theta_grad, metrics = _run(
+            LOSSES[loss_name], logp[rows], behavior[rows], adv[rows], mask[rows], rows
+        )
+        torch.save(
+            {"loss": loss, "grad": grad, "theta_grad": theta_grad, "metrics": metrics},
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
     finally:
         dist.destroy_process_group()
 

@@ -21,11 +21,14 @@ def test_dataset_formats_agree(tmp_path):
         assert load_prompt_dataset(spec) == ROWS
 
 
-@pytest.mark.parametrize("content, message", [
-    ([], "empty"),
-    ([{"question": "x"}], "row 0 has no 'prompt' column"),
-    ([{"prompt": "a"}, {"prompt": 3}], "row 1 column 'prompt' must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ([], "empty"),
+        ([{"question": "x"}], "row 0 has no 'prompt' column"),
+        ([{"prompt": "a"}, {"prompt": 3}], "row 1 column 'prompt' must be a non-empty string"),
+    ],
+)
 def test_bad_datasets_are_named(content, message):
     with pytest.raises(DatasetError, match=message):
         load_prompt_dataset(content)
@@ -70,12 +73,15 @@ def _raises(prompts, completions, **kw):
     raise KeyError("answer_column")
 
 
-@pytest.mark.parametrize("fn, message", [
-    (_raises, r"reward function _raises raised KeyError.*first prompt '\(01\+02\)%10='"),
-    (lambda p, c, **kw: [1.0], r"returned 1 rewards for 2 completions"),
-    (lambda p, c, **kw: [1.0, math.nan], r"returned nan for prompt '\(05\+09\)%10=' and completion 'b'"),
-    (lambda p, c, **kw: None, r"must return a list of floats"),
-])
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (_raises, r"reward function _raises raised KeyError.*first prompt '\(01\+02\)%10='"),
+        (lambda p, c, **kw: [1.0], r"returned 1 rewards for 2 completions"),
+        (lambda p, c, **kw: [1.0, math.nan], r"returned nan for prompt '\(05\+09\)%10=' and completion 'b'"),
+        (lambda p, c, **kw: None, r"must return a list of floats"),
+    ],
+)
 def test_reward_function_errors_name_function_and_prompt(fn, message):
     env = TextEnv({"dataset": ROWS, "reward_fn": fn})
     with pytest.raises(RewardFunctionError, match=message):

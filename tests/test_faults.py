@@ -26,12 +26,22 @@ def _config(model, record_dir, num_env_runners, behavior=None, **training):
         return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
 
     task = ArithmeticTask()
-    config = (P3OConfig()
-              .environment(env_config={"dataset": task.train_rows()[:24], "reward_fn": starts_with_digit})
-              .training(model=model, group_size=4, prompts_per_step=4, max_tokens=2, lr=1e-3, eval_interval=0,
-                        record_rollouts=str(record_dir), **training)
-              .env_runners(num_env_runners=num_env_runners)
-              .debugging(seed=0))
+    config = (
+        P3OConfig()
+        .environment(env_config={"dataset": task.train_rows()[:24], "reward_fn": starts_with_digit})
+        .training(
+            model=model,
+            group_size=4,
+            prompts_per_step=4,
+            max_tokens=2,
+            lr=1e-3,
+            eval_interval=0,
+            record_rollouts=str(record_dir),
+            **training,
+        )
+        .env_runners(num_env_runners=num_env_runners)
+        .debugging(seed=0)
+    )
     if behavior:
         config.training(behavior_models=[{"model": behavior, "name": "frozen", "samples": 2}])
     return config
@@ -45,8 +55,9 @@ def _sampled(record_dir, iteration):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("num_env_runners", [0, 2])
-def test_restored_run_samples_what_the_uninterrupted_run_samples(ray_session, tiny_model, tiny_untied_model,
-                                                                 tmp_path, num_env_runners):
+def test_restored_run_samples_what_the_uninterrupted_run_samples(
+    ray_session, tiny_model, tiny_untied_model, tmp_path, num_env_runners
+):
     behavior = tiny_untied_model if num_env_runners else None
     straight = _config(tiny_model, tmp_path / "straight", num_env_runners, behavior).build_algo()
     try:
@@ -83,15 +94,15 @@ def test_restored_run_samples_what_the_uninterrupted_run_samples(ray_session, ti
 
 
 def _kill_runner(algo, runner_id):
-    pid = algo.env_runner_group.foreach_env_runner(lambda r: os.getpid(), remote_worker_ids=[runner_id],
-                                                   local_env_runner=False)[0]
+    pid = algo.env_runner_group.foreach_env_runner(
+        lambda r: os.getpid(), remote_worker_ids=[runner_id], local_env_runner=False
+    )[0]
     os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
 def test_killed_runner_is_restarted_with_verified_weights_and_training_goes_on(ray_session, tiny_model, tmp_path):
-    algo = (_config(tiny_model, tmp_path / "rec", 2)
-            .fault_tolerance(restart_failed_env_runners=True).build_algo())
+    algo = _config(tiny_model, tmp_path / "rec", 2).fault_tolerance(restart_failed_env_runners=True).build_algo()
     try:
         algo.train()
         _kill_runner(algo, 1)
@@ -105,11 +116,13 @@ def test_killed_runner_is_restarted_with_verified_weights_and_training_goes_on(r
         assert res[m.P3O][m.ENV_RUNNER_RESTARTS_LIFETIME] == 1 and res[m.P3O][m.HEALTHY_ENV_RUNNERS] == 2
         res = algo.train()  # both runners sample again, with the same, verified weights
         assert res[m.P3O][m.SAMPLES_LOST] == 0 and res[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] < 1e-3
-        versions = algo.env_runner_group.foreach_env_runner(lambda r: r.get_state()["weights_seq_no"],
-                                                            local_env_runner=False)
+        versions = algo.env_runner_group.foreach_env_runner(
+            lambda r: r.get_state()["weights_seq_no"], local_env_runner=False
+        )
         assert len(versions) == 2 and len(set(versions)) == 1
-        groups = collections.Counter(int(g) for it in range(int(algo.iteration))
-                                     for g, *_ in _sampled(tmp_path / "rec", it))
+        groups = collections.Counter(
+            int(g) for it in range(int(algo.iteration)) for g, *_ in _sampled(tmp_path / "rec", it)
+        )
         # No prompt group skipped, none sampled twice: 4 completions of each of groups 0, 1, 2, ...
         assert sorted(groups) == list(range(4 * int(algo.iteration))) and set(groups.values()) == {4}
     finally:
@@ -118,13 +131,17 @@ def test_killed_runner_is_restarted_with_verified_weights_and_training_goes_on(r
 
 @pytest.mark.slow
 def test_without_restarts_a_dead_runner_stops_the_run_naming_it(ray_session, tiny_model, tmp_path):
-    algo = (_config(tiny_model, tmp_path / "rec", 2)
-            .fault_tolerance(restart_failed_env_runners=False, ignore_env_runner_failures=False).build_algo())
+    algo = (
+        _config(tiny_model, tmp_path / "rec", 2)
+        .fault_tolerance(restart_failed_env_runners=False, ignore_env_runner_failures=False)
+        .build_algo()
+    )
     try:
         algo.train()
         _kill_runner(algo, 2)
-        with pytest.raises(EnvRunnerFailedError,
-                           match=r"(?s)EnvRunner 2 died: ActorDiedError.*restart_failed_env_runners=True"):
+        with pytest.raises(
+            EnvRunnerFailedError, match=r"(?s)EnvRunner 2 died: ActorDiedError.*restart_failed_env_runners=True"
+        ):
             algo.train()
     finally:
         algo.stop()

@@ -64,7 +64,7 @@ def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
         path.append(node)
         for dep in sorted(graph[node]):
             if state.get(dep) == 1:
-                return path[path.index(dep):] + [dep]
+                return path[path.index(dep) :] + [dep]
             if dep not in state:
                 cycle = visit(dep)
                 if cycle:

@@ -8,8 +8,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
 from rllib_p3o.data.batching import pad_records, to_multi_agent_batch
-from rllib_p3o.runner.env import TextEnv
 from rllib_p3o.learner.rl_module import load_causal_lm
+from rllib_p3o.runner.env import TextEnv
 
 SPACES = {DEFAULT_MODULE_ID: (TextEnv.observation_space_default(), TextEnv.action_space_default())}
 
@@ -25,16 +25,26 @@ def _fixed_batch(model_path, rows=8, seed=0, behavior_shift=0.0, sources=None):
         with torch.no_grad():
             logits = lm(input_ids=torch.as_tensor(ids)[None]).logits[0, :-1]
             lp = torch.log_softmax(logits, -1).gather(-1, torch.as_tensor(ids[1:])[:, None])[:, 0].numpy()
-        behavior = lp[p - 1:] + behavior_shift * rng.standard_normal(c)
-        records.append({"prompt_ids": ids[:p], "completion_ids": ids[p:], "behavior_logprobs": behavior,
-                        "advantage": float(rng.standard_normal()), "source_id": sources[i] if sources else 0})
+        behavior = lp[p - 1 :] + behavior_shift * rng.standard_normal(c)
+        records.append(
+            {
+                "prompt_ids": ids[:p],
+                "completion_ids": ids[p:],
+                "behavior_logprobs": behavior,
+                "advantage": float(rng.standard_normal()),
+                "source_id": sources[i] if sources else 0,
+            }
+        )
     return to_multi_agent_batch(pad_records(records, pad_id=0))
 
 
 def _learner_group(model_path, num_learners, loss="p3o", ess_scope="batch"):
     # grad_clip so RLlib logs the (pre-clip) global gradient norm; 1e6 never clips.
-    config = (P3OConfig().training(model=model_path, loss=loss, lr=3e-3, grad_clip=1e6, ess_scope=ess_scope)
-              .learners(num_learners=num_learners))
+    config = (
+        P3OConfig()
+        .training(model=model_path, loss=loss, lr=3e-3, grad_clip=1e6, ess_scope=ess_scope)
+        .learners(num_learners=num_learners)
+    )
     return config.build_learner_group(spaces=SPACES)
 
 
@@ -83,9 +93,12 @@ def test_two_learners_use_the_ess_of_the_union(ray_session, tiny_model, ess_scop
         lg = _learner_group(tiny_model, n, ess_scope=ess_scope)
         try:
             results = lg.update(batch=batch)
-            figures[n] = (_per_learner(results, m.ESS), _per_learner(results, m.NUM_TOKENS),
-                          _per_learner(results, "gradients_default_optimizer_global_norm"),
-                          _per_learner(results, m.KL_WEIGHT))
+            figures[n] = (
+                _per_learner(results, m.ESS),
+                _per_learner(results, m.NUM_TOKENS),
+                _per_learner(results, "gradients_default_optimizer_global_norm"),
+                _per_learner(results, m.KL_WEIGHT),
+            )
         finally:
             lg.shutdown()
     (ess1,), (tok1,), (gn1,), (klw1,) = figures[0]
@@ -111,8 +124,7 @@ def test_grpo_loss_runs_in_learner(ray_session, tiny_model):
 
 def test_reference_kl_uses_the_frozen_initial_model(ray_session, tiny_model):
     """kl_ref_coeff > 0: the learner scores the batch under a frozen copy of the initial model (0 at step 1)."""
-    config = (P3OConfig().training(model=tiny_model, lr=3e-3, kl_ref_coeff=0.1, grad_clip=1e6)
-              .learners(num_learners=0))
+    config = P3OConfig().training(model=tiny_model, lr=3e-3, kl_ref_coeff=0.1, grad_clip=1e6).learners(num_learners=0)
     lg = config.build_learner_group(spaces=SPACES)
     try:
         batch = _fixed_batch(tiny_model, behavior_shift=0.3)
@@ -129,8 +141,7 @@ def test_unknown_ess_scope_is_refused(tiny_model):
 
 
 def test_nonfinite_step_is_skipped_weights_unchanged_and_repeated_ones_stop_the_run(ray_session, tiny_model):
-    config = (P3OConfig().training(model=tiny_model, lr=3e-3, max_consecutive_nonfinite_steps=2)
-              .learners(num_learners=0))
+    config = P3OConfig().training(model=tiny_model, lr=3e-3, max_consecutive_nonfinite_steps=2).learners(num_learners=0)
     lg = config.build_learner_group(spaces=SPACES)
     try:
         good = _fixed_batch(tiny_model, behavior_shift=0.3)
@@ -145,8 +156,11 @@ def test_nonfinite_step_is_skipped_weights_unchanged_and_repeated_ones_stop_the_
         assert results[0][DEFAULT_MODULE_ID][m.SKIPPED_NONFINITE_STEPS].peek() == 0
         assert any(not torch.equal(after[k], v) for k, v in _weights(lg).items())
         lg.update(batch=bad)
-        with pytest.raises(Exception, match=r"2 optimizer steps in a row were skipped.*loss = nan.*"
-                                            r"1 rows with non-finite advantages \(policy\)"):
+        with pytest.raises(
+            Exception,
+            match=r"2 optimizer steps in a row were skipped.*loss = nan.*"
+            r"1 rows with non-finite advantages \(policy\)",
+        ):
             lg.update(batch=bad)
     finally:
         lg.shutdown()

@@ -22,13 +22,26 @@ def _config(model, **training):
         return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
 
     task = ArithmeticTask()
-    return (P3OConfig()
-            .environment(env_config={"dataset": task.train_rows()[:200], "eval_dataset": task.heldout_rows()[:8],
-                                     "reward_fn": starts_with_digit})
-            .training(model=model, group_size=4, prompts_per_step=8, max_tokens=2, lr=1e-2,
-                      **{"minibatch_size": 16, "lora": dict(LORA), **training})
-            .env_runners(num_env_runners=1)
-            .debugging(seed=0))
+    return (
+        P3OConfig()
+        .environment(
+            env_config={
+                "dataset": task.train_rows()[:200],
+                "eval_dataset": task.heldout_rows()[:8],
+                "reward_fn": starts_with_digit,
+            }
+        )
+        .training(
+            model=model,
+            group_size=4,
+            prompts_per_step=8,
+            max_tokens=2,
+            lr=1e-2,
+            **{"minibatch_size": 16, "lora": dict(LORA), **training},
+        )
+        .env_runners(num_env_runners=1)
+        .debugging(seed=0)
+    )
 
 
 def _module_state(algo):
@@ -58,16 +71,18 @@ def test_a_wrong_target_module_fails_at_validation_listing_the_models_layers(tin
         _config(tiny_model, lora={"rank": 8}).validate()
     config = _config(tiny_model)
     config.validate()
-    assert config.lora["target_modules"] == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                    "down_proj"])
+    assert config.lora["target_modules"] == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
 
 
 @pytest.mark.slow
 def test_lora_trains_the_adapter_only_syncs_it_verified_and_restores_it(ray_session, tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    base = {f"lm.base_model.model.{k}": v for k, v in AutoModelForCausalLM.from_pretrained(tiny_model)
-            .state_dict().items()}
+    base = {
+        f"lm.base_model.model.{k}": v for k, v in AutoModelForCausalLM.from_pretrained(tiny_model).state_dict().items()
+    }
     algo = _config(tiny_model, kl_ref_coeff=0.1).build_algo()
     try:
         sequence = algo._runners.call_first(VLLMEnvRunner.probe_token_ids)[::-1]  # not the probe itself
@@ -106,13 +121,18 @@ def test_lora_trains_the_adapter_only_syncs_it_verified_and_restores_it(ray_sess
         ids = torch.tensor([sequence])
         with torch.no_grad():
             want = module.lm.eval()(input_ids=ids).logits
-            peft_out = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model),
-                                                 str(tmp_path / "adapter")).eval()(input_ids=ids).logits
+            peft_out = (
+                PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), str(tmp_path / "adapter"))
+                .eval()(input_ids=ids)
+                .logits
+            )
             merged_out = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()(input_ids=ids).logits
         module.lm.train()
         assert torch.allclose(peft_out, want, atol=1e-5) and torch.allclose(merged_out, want, atol=1e-4)
-        assert torch.equal(module.state_dict()[next(k for k in full if "q_proj.base_layer" in k)],
-                           full[next(k for k in full if "q_proj.base_layer" in k)])
+        assert torch.equal(
+            module.state_dict()[next(k for k in full if "q_proj.base_layer" in k)],
+            full[next(k for k in full if "q_proj.base_layer" in k)],
+        )
     finally:
         algo.stop()
 
@@ -128,17 +148,29 @@ def test_lora_trains_the_adapter_only_syncs_it_verified_and_restores_it(ray_sess
 
 
 @pytest.mark.slow
-def test_lora_with_two_learners_async_and_a_behavior_model_through_tune(ray_session, tiny_model, tiny_untied_model,
-                                                                        tmp_path):
+def test_lora_with_two_learners_async_and_a_behavior_model_through_tune(
+    ray_session, tiny_model, tiny_untied_model, tmp_path
+):
     # The behavior model is served without LoRA beside the policy's LoRA engine, in the same runner.
     behavior = [{"model": tiny_untied_model, "samples": 2, "name": "frozen"}]
-    config = (_config(tiny_model, async_sampling=True, max_staleness=2, behavior_models=behavior)
-              .learners(num_learners=2, num_cpus_per_learner=1))
-    result = tune.Tuner(
-        "P3O", param_space=config,
-        run_config=tune.RunConfig(storage_path=str(tmp_path), name="lora", stop={"training_iteration": 3},
-                                  failure_config=tune.FailureConfig(fail_fast="raise"), verbose=0),
-    ).fit().get_best_result(metric=m.column(m.P3O, m.REWARD_MEAN), mode="max")
+    config = _config(tiny_model, async_sampling=True, max_staleness=2, behavior_models=behavior).learners(
+        num_learners=2, num_cpus_per_learner=1
+    )
+    result = (
+        tune.Tuner(
+            "P3O",
+            param_space=config,
+            run_config=tune.RunConfig(
+                storage_path=str(tmp_path),
+                name="lora",
+                stop={"training_iteration": 3},
+                failure_config=tune.FailureConfig(fail_fast="raise"),
+                verbose=0,
+            ),
+        )
+        .fit()
+        .get_best_result(metric=m.column(m.P3O, m.REWARD_MEAN), mode="max")
+    )
     assert result.error is None and result.metrics["training_iteration"] == 3
     assert result.metrics[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] < 1e-3
     assert np.isfinite(m.lookup(result.metrics, *m.LEARNER, m.ESS))

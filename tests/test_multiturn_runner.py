@@ -16,9 +16,9 @@ from ray import cloudpickle
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rllib_p3o import P3OConfig
-from rllib_p3o.data import chat
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.columns import Record
+from rllib_p3o.data import chat
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
 from rllib_p3o.runner.episodes import episodes_to_records
 from rllib_p3o.runner.multiturn import MultiTurnEnv, TurnResult
@@ -26,8 +26,10 @@ from rllib_p3o.runner.multiturn import MultiTurnEnv, TurnResult
 # The runner actor cannot import this test module: ship its environments by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-PROMPTS = [[{"role": "system", "content": "add"}, {"role": "user", "content": f"({a}+{b})%10="}]
-           for a, b in [(12, 34), (5, 7), (40, 41), (9, 9)]]
+PROMPTS = [
+    [{"role": "system", "content": "add"}, {"role": "user", "content": f"({a}+{b})%10="}]
+    for a, b in [(12, 34), (5, 7), (40, 41), (9, 9)]
+]
 # Digits end a model turn too, so that the random tiny model's turns often end on a stop token, not on max_tokens.
 STOP_TOKENS = ["<|im_end|>"] + [str(d) for d in range(10)]
 MAX_TURNS = 3
@@ -41,16 +43,23 @@ class ScriptedUserEnv(MultiTurnEnv):
 
 
 def _env_config(**extra):
-    return {"dataset": [{"prompt": p} for p in PROMPTS], "multi_turn_env": ScriptedUserEnv,
-            "max_turns": MAX_TURNS, "stop_tokens": STOP_TOKENS, **extra}
+    return {
+        "dataset": [{"prompt": p} for p in PROMPTS],
+        "multi_turn_env": ScriptedUserEnv,
+        "max_turns": MAX_TURNS,
+        "stop_tokens": STOP_TOKENS,
+        **extra,
+    }
 
 
 def _config(model, env_config, **training):
-    return (P3OConfig()
-            .environment(env_config=env_config)
-            .training(model=model, **{"group_size": 4, "prompts_per_step": 4, "max_tokens": 16, **training})
-            .env_runners(num_env_runners=1)
-            .debugging(seed=3))
+    return (
+        P3OConfig()
+        .environment(env_config=env_config)
+        .training(model=model, **{"group_size": 4, "prompts_per_step": 4, "max_tokens": 16, **training})
+        .env_runners(num_env_runners=1)
+        .debugging(seed=3)
+    )
 
 
 def _install_spy(runner):
@@ -67,8 +76,9 @@ def _install_spy(runner):
 
 
 def test_multi_turn_episodes_train_on_the_engine_s_own_ids(ray_session, tiny_chat_model):
-    runner = ray.remote(num_cpus=1)(VLLMEnvRunner).remote(config=_config(tiny_chat_model, _env_config()),
-                                                          worker_index=1, num_workers=1)
+    runner = ray.remote(num_cpus=1)(VLLMEnvRunner).remote(
+        config=_config(tiny_chat_model, _env_config()), worker_index=1, num_workers=1
+    )
     tok = AutoTokenizer.from_pretrained(tiny_chat_model)
     try:
         ray.get(runner.__ray_call__.remote(_install_spy))
@@ -76,8 +86,9 @@ def test_multi_turn_episodes_train_on_the_engine_s_own_ids(ray_session, tiny_cha
         spy = ray.get(runner.__ray_call__.remote(lambda r: r.spy))
         runner_metrics = ray.get(runner.get_metrics.remote())
         # The shared history of later turns is served from vLLM's prefix cache.
-        assert ray.get(runner.__ray_call__.remote(
-            lambda r: r._llm.llm_engine.vllm_config.cache_config.enable_prefix_caching))
+        assert ray.get(
+            runner.__ray_call__.remote(lambda r: r._llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
+        )
     finally:
         ray.get(runner.stop.remote())
         ray.kill(runner)
@@ -88,14 +99,16 @@ def test_multi_turn_episodes_train_on_the_engine_s_own_ids(ray_session, tiny_cha
     calls = [iter(call) for call in spy]
     records = episodes_to_records(episodes)
     assert len(records) == 16
-    env_ids = chat.env_turn_ids(tok, [{"role": "user", "content": "add"}],
-                                after_token=tok.convert_tokens_to_ids("<|im_end|>"))
+    env_ids = chat.env_turn_ids(
+        tok, [{"role": "user", "content": "add"}], after_token=tok.convert_tokens_to_ids("<|im_end|>")
+    )
     turns_seen = set()
     lm = AutoModelForCausalLM.from_pretrained(tiny_chat_model)
     for ep, r in zip(episodes, records):
         prefix = list(r[Record.PROMPT_IDS])
-        assert prefix == chat.prompt_token_ids(tok, PROMPTS[[chat.prompt_text(tok, p) for p in PROMPTS].index(
-            ep.get_infos(-1)["prompt"])])
+        assert prefix == chat.prompt_token_ids(
+            tok, PROMPTS[[chat.prompt_text(tok, p) for p in PROMPTS].index(ep.get_infos(-1)["prompt"])]
+        )
         for k, action in enumerate(ep.get_actions()):
             request_ids, output_ids = next(calls[k])
             assert request_ids == prefix  # the engine continued exactly the sequence that is trained on
@@ -103,7 +116,7 @@ def test_multi_turn_episodes_train_on_the_engine_s_own_ids(ray_session, tiny_cha
             prefix += list(action)
             if k < len(ep) - 1:
                 env = list(ep.get_observations(k + 1))
-                assert env == env_ids[-len(env):] and env[-2:] == env_ids[-2:]  # the template's continuation
+                assert env == env_ids[-len(env) :] and env[-2:] == env_ids[-2:]  # the template's continuation
                 prefix += env
         assert prefix == list(r[Record.PROMPT_IDS]) + list(r[Record.COMPLETION_IDS])
         # (a one-turn episode's record has no mask: all its completion tokens are the model's)
@@ -113,7 +126,7 @@ def test_multi_turn_episodes_train_on_the_engine_s_own_ids(ray_session, tiny_cha
         ids = torch.as_tensor(prefix)[None]
         with torch.no_grad():
             lp = torch.log_softmax(lm(input_ids=ids).logits[0, :-1].double(), -1).gather(-1, ids[0, 1:, None])[:, 0]
-        lp = lp.numpy()[len(r[Record.PROMPT_IDS]) - 1:]
+        lp = lp.numpy()[len(r[Record.PROMPT_IDS]) - 1 :]
         np.testing.assert_allclose(r[Record.BEHAVIOR_LOGPROBS][mask == 1], lp[mask == 1], atol=1e-4)
         assert np.all(r[Record.BEHAVIOR_LOGPROBS][mask == 0] == 0)
         # Rewards per turn, return = their sum; the env never terminates, so every episode is truncated.
@@ -131,8 +144,11 @@ def test_p3o_trains_on_multi_turn_episodes_and_conversational_prompts(ray_sessio
         return [1.0 / (1 + len(c)) for c in completions]
 
     # Single-turn conversational rows through the chat template, scored with completion messages.
-    single = _config(tiny_chat_model, {"dataset": [{"prompt": p} for p in PROMPTS], "reward_fn": shorter_is_better,
-                                       "stop_tokens": ["<|im_end|>"]}, max_tokens=4)
+    single = _config(
+        tiny_chat_model,
+        {"dataset": [{"prompt": p} for p in PROMPTS], "reward_fn": shorter_is_better, "stop_tokens": ["<|im_end|>"]},
+        max_tokens=4,
+    )
     algo = single.build_algo()
     try:
         result = algo.train()
@@ -175,9 +191,16 @@ def test_multi_turn_async_with_a_behavior_model_recorded_and_replayed_offline(ra
     from rllib_p3o.data.trajectories import validate_trajectories
 
     rec = str(tmp_path / "rec")
-    config = _config(tiny_chat_model, _env_config(), max_tokens=8, async_sampling=True, max_staleness=2,
-                     record_rollouts=rec, eval_interval=0,
-                     behavior_models=[{"model": tiny_chat_model, "name": "hot", "samples": 2, "temperature": 1.5}])
+    config = _config(
+        tiny_chat_model,
+        _env_config(),
+        max_tokens=8,
+        async_sampling=True,
+        max_staleness=2,
+        record_rollouts=rec,
+        eval_interval=0,
+        behavior_models=[{"model": tiny_chat_model, "name": "hot", "samples": 2, "temperature": 1.5}],
+    )
     algo = config.build_algo()
     try:
         for _ in range(2):
@@ -194,11 +217,18 @@ def test_multi_turn_async_with_a_behavior_model_recorded_and_replayed_offline(ra
 
     table = pq.read_table(rec).to_pylist()
     multi = [r for r in table if r["loss_mask"] is not None]
-    assert multi and all(len(r["loss_mask"]) == len(r["completion_ids"]) == len(r["behavior_logprobs"])
-                         and 0 in r["loss_mask"] for r in multi)
+    assert multi and all(
+        len(r["loss_mask"]) == len(r["completion_ids"]) == len(r["behavior_logprobs"]) and 0 in r["loss_mask"]
+        for r in multi
+    )
 
-    offline = (P3OConfig().training(model=tiny_chat_model, group_size=4, prompts_per_step=4, lr=1e-3)
-               .offline_data(input_=[rec]).env_runners(num_env_runners=0).build_algo())
+    offline = (
+        P3OConfig()
+        .training(model=tiny_chat_model, group_size=4, prompts_per_step=4, lr=1e-3)
+        .offline_data(input_=[rec])
+        .env_runners(num_env_runners=0)
+        .build_algo()
+    )
     try:
         res = offline.train()
     finally:

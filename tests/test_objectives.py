@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from rllib_p3o.core.objectives import effective_sample_size, effective_sample_size_from_log_ratios, group_advantages, groups_without_signal, grpo_loss, kl_k3, p3o_loss
+from rllib_p3o.core.objectives import (
+    effective_sample_size,
+    effective_sample_size_from_log_ratios,
+    group_advantages,
+    groups_without_signal,
+    grpo_loss,
+    kl_k3,
+    p3o_loss,
+)
 
 
 def _batch(seed=0, b=4, t=6, noise=0.3):
@@ -237,13 +245,12 @@ def _ablation_case():
 def _hand_gradient(logp, behavior, adv, cap: bool, kl: bool) -> torch.Tensor:
     """d/d logπ of (1/N)·Σ_t [-w_t·logπ_t·A + c·(1-ESS)·K(logπ_t - logπ_b_t)], K' = 1 - 1/r, ESS and w constant."""
     r = torch.exp(logp.detach() - behavior)
-    ess = r.sum() ** 2 / (r.numel() * (r ** 2).sum())
+    ess = r.sum() ** 2 / (r.numel() * (r**2).sum())
     w = torch.minimum(r, ess) if cap else r
     return (-w * adv + (1.0 - ess) * (1.0 - 1.0 / r) * float(kl)) / r.numel()
 
 
-@pytest.mark.parametrize("name,cap,kl", [("p3o", True, True), ("p3o_no_cap", False, True),
-                                         ("p3o_no_kl", True, False)])
+@pytest.mark.parametrize("name,cap,kl", [("p3o", True, True), ("p3o_no_cap", False, True), ("p3o_no_kl", True, False)])
 def test_registered_p3o_family_matches_hand_computed_gradient(name, cap, kl):
     from rllib_p3o.core.losses import LossInputs, get_loss
 

@@ -14,12 +14,17 @@ import ray.cloudpickle
 from rllib_p3o import P3O, P3OConfig
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.sources import POLICY, offline_source_name
-from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.data.trajectories import OfflineDataError, validate_trajectories
+from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
-GOOD = {"prompt_ids": [3, 9, 13], "completion_ids": [8, 1], "reward": 1.0, "behavior_logprobs": [-0.5, -0.1],
-        "group_id": "g0"}
+GOOD = {
+    "prompt_ids": [3, 9, 13],
+    "completion_ids": [8, 1],
+    "reward": 1.0,
+    "behavior_logprobs": [-0.5, -0.1],
+    "group_id": "g0",
+}
 
 
 def _write(path, rows):
@@ -79,9 +84,18 @@ def test_cli_exit_status(tmp_path, tiny_model):
 
 def test_recorder_files_are_complete_or_absent(tmp_path):
     rec = TrajectoryRecorder(str(tmp_path / "rec"))
-    records = [{"prompt_ids": [3, 4], "completion_ids": [5], "behavior_logprobs": [-0.2], "reward": 1.0,
-                "advantage": 0.5, "group_id": 7, "weights_seq_no": 2,
-                "infos": {"prompt": "(0", "completion": "1", "temperature": 1.0, "top_p": 1.0}}]
+    records = [
+        {
+            "prompt_ids": [3, 4],
+            "completion_ids": [5],
+            "behavior_logprobs": [-0.2],
+            "reward": 1.0,
+            "advantage": 0.5,
+            "group_id": 7,
+            "weights_seq_no": 2,
+            "infos": {"prompt": "(0", "completion": "1", "temperature": 1.0, "top_p": 1.0},
+        }
+    ]
     path = rec.write(records, iteration=3)
     # A crash mid-write leaves only a hidden temporary file, which no reader picks up.
     (tmp_path / "rec" / ".part-0000004.parquet.tmp").write_bytes(b"half a file")
@@ -111,10 +125,22 @@ def _env(reward_fn=arithmetic_reward):
 def recording(ray_session, tiny_model, tmp_path_factory):
     """4 iterations of online P3O at a high learning rate, recorded: part 0 is fresh, part 3 is 3 updates stale."""
     rec = str(tmp_path_factory.mktemp("recording"))
-    algo = (P3OConfig().environment(env_config=_env(length_reward))
-            .training(model=tiny_model, group_size=4, prompts_per_step=8, max_tokens=3, lr=3e-3,
-                      record_rollouts=rec, eval_interval=0)
-            .env_runners(num_env_runners=1).debugging(seed=0).build_algo())
+    algo = (
+        P3OConfig()
+        .environment(env_config=_env(length_reward))
+        .training(
+            model=tiny_model,
+            group_size=4,
+            prompts_per_step=8,
+            max_tokens=3,
+            lr=3e-3,
+            record_rollouts=rec,
+            eval_interval=0,
+        )
+        .env_runners(num_env_runners=1)
+        .debugging(seed=0)
+        .build_algo()
+    )
     try:
         for _ in range(4):
             algo.train()
@@ -124,8 +150,13 @@ def recording(ray_session, tiny_model, tmp_path_factory):
 
 
 def _offline_ess(model, files, **config):
-    algo = (P3OConfig().training(model=model, group_size=4, prompts_per_step=8, lr=1e-3, **config)
-            .offline_data(input_=files).env_runners(num_env_runners=0).build_algo())
+    algo = (
+        P3OConfig()
+        .training(model=model, group_size=4, prompts_per_step=8, lr=1e-3, **config)
+        .offline_data(input_=files)
+        .env_runners(num_env_runners=0)
+        .build_algo()
+    )
     try:
         res = algo.train()
         return m.lookup(res, *m.LEARNER, m.ESS), res
@@ -146,10 +177,22 @@ def test_record_validate_train_offline_fresh_vs_stale(recording, tiny_model):
 
 
 def test_mixed_run_reports_per_source_metrics(recording, tiny_model):
-    algo = (P3OConfig().environment(env_config=_env())
-            .training(model=tiny_model, group_size=4, prompts_per_step=8, max_tokens=3, lr=1e-3,
-                      offline_fraction=0.5, eval_interval=0)
-            .offline_data(input_=[recording]).env_runners(num_env_runners=1).build_algo())
+    algo = (
+        P3OConfig()
+        .environment(env_config=_env())
+        .training(
+            model=tiny_model,
+            group_size=4,
+            prompts_per_step=8,
+            max_tokens=3,
+            lr=1e-3,
+            offline_fraction=0.5,
+            eval_interval=0,
+        )
+        .offline_data(input_=[recording])
+        .env_runners(num_env_runners=1)
+        .build_algo()
+    )
     try:
         res = algo.train()
     finally:
@@ -179,7 +222,9 @@ def test_rows_without_behavior_logprobs_error_or_are_rescored(ray_session, tiny_
     table = pq.read_table(os.path.join(recording, "part-0000000.parquet"))
     rows = table.drop_columns(["behavior_logprobs"]).to_pylist()
     f = _write(tmp_path / "no_behavior.parquet", rows)
-    with pytest.raises(OfflineDataError, match=r"no_behavior.parquet: missing required column\(s\): 'behavior_logprobs'"):
+    with pytest.raises(
+        OfflineDataError, match=r"no_behavior.parquet: missing required column\(s\): 'behavior_logprobs'"
+    ):
         _offline_ess(tiny_model, [f])
     # Rescored by the learner's own initial weights: every ratio is exactly 1, so ESS = 1 and nothing is capped.
     ess, res = _offline_ess(tiny_model, [f], offline_rescore_model=tiny_model)
@@ -190,11 +235,24 @@ def test_rows_without_behavior_logprobs_error_or_are_rescored(ray_session, tiny_
 def test_lora_trains_offline_on_rescored_rows(ray_session, tiny_model, recording, tmp_path):
     """LoRA (issue 14) on the offline path, with rows scored by `offline_rescore_model`: the adapter starts as the
     identity (lora_B = 0), so the learner is the rescoring model and every ratio is 1."""
-    rows = pq.read_table(os.path.join(recording, "part-0000000.parquet")).drop_columns(["behavior_logprobs"]).to_pylist()
+    rows = (
+        pq.read_table(os.path.join(recording, "part-0000000.parquet")).drop_columns(["behavior_logprobs"]).to_pylist()
+    )
     f = _write(tmp_path / "no_behavior.parquet", rows)
-    algo = (P3OConfig().training(model=tiny_model, group_size=4, prompts_per_step=8, lr=1e-3,
-                                 offline_rescore_model=tiny_model, lora={"r": 8, "alpha": 16})
-            .offline_data(input_=[f]).env_runners(num_env_runners=0).build_algo())
+    algo = (
+        P3OConfig()
+        .training(
+            model=tiny_model,
+            group_size=4,
+            prompts_per_step=8,
+            lr=1e-3,
+            offline_rescore_model=tiny_model,
+            lora={"r": 8, "alpha": 16},
+        )
+        .offline_data(input_=[f])
+        .env_runners(num_env_runners=0)
+        .build_algo()
+    )
     try:
         res = algo.train()
         state = algo.learner_group.get_state(components="learner/rl_module")["learner"]["rl_module"]
@@ -208,8 +266,12 @@ def test_lora_trains_offline_on_rescored_rows(ray_session, tiny_model, recording
 
 def test_restored_offline_run_continues_at_the_next_unread_rows(recording, tiny_model, tmp_path):
     # 128 recorded rows, 48 per iteration: an epoch is 3 batches (48, 48, 32), then the rows come again in order.
-    config = (P3OConfig().training(model=tiny_model, group_size=4, prompts_per_step=12, lr=1e-3)
-              .offline_data(input_=[recording]).env_runners(num_env_runners=0))
+    config = (
+        P3OConfig()
+        .training(model=tiny_model, group_size=4, prompts_per_step=12, lr=1e-3)
+        .offline_data(input_=[recording])
+        .env_runners(num_env_runners=0)
+    )
     n = config.offline_rows_per_step
     straight = config.build_algo()
     try:

@@ -6,14 +6,17 @@ import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from transformers import AutoModelForCausalLM
 
-from rllib_p3o.runner.env import TextEnv
 from rllib_p3o.learner.rl_module import HEAD_CHUNKING_MIN_BYTES, TOKEN_ENTROPY, TOKEN_LOGP, HFCausalLMRLModule
+from rllib_p3o.runner.env import TextEnv
 
 
 def _module(path, **extra):
-    spec = RLModuleSpec(module_class=HFCausalLMRLModule, observation_space=TextEnv.observation_space_default(),
-                        action_space=TextEnv.action_space_default(),
-                        model_config={"model": path, "logprob_chunk_size": 2, **extra})
+    spec = RLModuleSpec(
+        module_class=HFCausalLMRLModule,
+        observation_space=TextEnv.observation_space_default(),
+        action_space=TextEnv.action_space_default(),
+        model_config={"model": path, "logprob_chunk_size": 2, **extra},
+    )
     return spec.build()
 
 

@@ -8,10 +8,10 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.columns import Record
-from rllib_p3o.runner.episodes import completion_episode
-from rllib_p3o.data.prompt_schedule import PromptSchedule
-from rllib_p3o.sampler import Sampler, StaleChunkQueue, chunk_staleness, set_staleness, split_groups
 from rllib_p3o.core.sources import POLICY, source_id
+from rllib_p3o.data.prompt_schedule import PromptSchedule
+from rllib_p3o.runner.episodes import completion_episode
+from rllib_p3o.sampler import Sampler, StaleChunkQueue, chunk_staleness, set_staleness, split_groups
 
 BEHAVIOR = source_id("behavior/frozen")
 
@@ -79,10 +79,17 @@ class _FakeRunners:
     @staticmethod
     def _episodes(version, policy, behavior):
         def ep(source, v, group):
-            return completion_episode(prompt_ids=[1, 2], completion_ids=[3], behavior_logprobs=[-0.1], reward=1.0,
-                                      weights_seq_no=v, group_id=group, source_id=source_id(source))
-        return ([ep(POLICY, version, g) for g in range(policy)]
-                + [ep("behavior/frozen", 0, g) for g in range(behavior)])
+            return completion_episode(
+                prompt_ids=[1, 2],
+                completion_ids=[3],
+                behavior_logprobs=[-0.1],
+                reward=1.0,
+                weights_seq_no=v,
+                group_id=group,
+                source_id=source_id(source),
+            )
+
+        return [ep(POLICY, version, g) for g in range(policy)] + [ep("behavior/frozen", 0, g) for g in range(behavior)]
 
     def healthy_ids(self):
         return [1]
@@ -104,8 +111,13 @@ class _FakeRunners:
 
 
 def _sampler(runners, max_staleness=1, timeout=5.0):
-    config = SimpleNamespace(async_sampling=True, max_staleness=max_staleness, sample_timeout_s=timeout,
-                             online_prompts_per_step=2, group_size=4)
+    config = SimpleNamespace(
+        async_sampling=True,
+        max_staleness=max_staleness,
+        sample_timeout_s=timeout,
+        online_prompts_per_step=2,
+        group_size=4,
+    )
     return Sampler(config, runners, MetricsLogger(), PromptSchedule(num_rows=10))
 
 
@@ -154,15 +166,25 @@ class _DyingRunners:
 
     @staticmethod
     def _sample(groups):
-        return [completion_episode(prompt_ids=[1, row], completion_ids=[3], behavior_logprobs=[-0.1], reward=1.0,
-                                   weights_seq_no=1, group_id=gid, source_id=source_id(POLICY))
-                for gid, row, _seed in groups]
+        return [
+            completion_episode(
+                prompt_ids=[1, row],
+                completion_ids=[3],
+                behavior_logprobs=[-0.1],
+                reward=1.0,
+                weights_seq_no=1,
+                group_id=gid,
+                source_id=source_id(POLICY),
+            )
+            for gid, row, _seed in groups
+        ]
 
 
 def test_sync_sampler_gives_a_dead_runners_groups_to_the_others_and_counts_them():
     runners = _DyingRunners()
-    config = SimpleNamespace(async_sampling=False, max_staleness=1, sample_timeout_s=5.0, online_prompts_per_step=6,
-                             group_size=4)
+    config = SimpleNamespace(
+        async_sampling=False, max_staleness=1, sample_timeout_s=5.0, online_prompts_per_step=6, group_size=4
+    )
     sampler = Sampler(config, runners, MetricsLogger(), PromptSchedule(num_rows=10, seed=3))
     records = sampler.sample(weights_seq_no=1)
     assert sorted(r[Record.GROUP_ID] for r in records) == list(range(6))  # every group once
@@ -176,10 +198,16 @@ def test_every_runner_result_is_verified_before_its_records_are_used():
     """The weight-sync check (`WeightSync.verify`, faked here: the test is about the sampler) sees each runner's
     result with the policy weights versions in it, and what it raises stops the step."""
     seen = []
-    config = SimpleNamespace(async_sampling=False, max_staleness=1, sample_timeout_s=5.0, online_prompts_per_step=6,
-                             group_size=4)
-    sampler = Sampler(config, _DyingRunners(), MetricsLogger(), PromptSchedule(num_rows=10, seed=3),
-                      verify=lambda i, probe, versions: seen.append((i, probe, versions)))
+    config = SimpleNamespace(
+        async_sampling=False, max_staleness=1, sample_timeout_s=5.0, online_prompts_per_step=6, group_size=4
+    )
+    sampler = Sampler(
+        config,
+        _DyingRunners(),
+        MetricsLogger(),
+        PromptSchedule(num_rows=10, seed=3),
+        verify=lambda i, probe, versions: seen.append((i, probe, versions)),
+    )
     assert len(sampler.sample(weights_seq_no=1)) == 6  # the fake runners return one episode per group
     assert sorted(i for i, _, _ in seen) == [1, 1, 3, 3] and all(v == {1} for _, _, v in seen)
 

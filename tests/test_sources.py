@@ -6,7 +6,15 @@ import torch
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.columns import Record
 from rllib_p3o.core.objectives import grpo_loss, p3o_loss
-from rllib_p3o.core.sources import POLICY, SourceNames, behavior_sample_counts, behavior_source_name, is_policy, offline_source_name, source_id
+from rllib_p3o.core.sources import (
+    POLICY,
+    SourceNames,
+    behavior_sample_counts,
+    behavior_source_name,
+    is_policy,
+    offline_source_name,
+    source_id,
+)
 
 
 def test_policy_is_source_zero_and_other_names_get_stable_distinct_ids():
@@ -43,21 +51,38 @@ def test_metric_keys_are_the_objectives_own():
     logp, behavior = -torch.rand(2, 3, generator=g), -torch.rand(2, 3, generator=g)
     args = (logp, behavior, torch.tensor([1.0, -1.0]), torch.ones(2, 3))
     p3o_keys, grpo_keys = set(p3o_loss(*args)[1]), set(grpo_loss(*args)[1])
-    assert {m.ESS, m.CAP_FRACTION, m.KL_BEHAVIOR, m.KL_WEIGHT, m.RATIO_MEAN, m.RATIO_MAX, m.PG_LOSS, m.LOSS,
-            m.NUM_TOKENS} <= p3o_keys
+    assert {
+        m.ESS,
+        m.CAP_FRACTION,
+        m.KL_BEHAVIOR,
+        m.KL_WEIGHT,
+        m.RATIO_MEAN,
+        m.RATIO_MAX,
+        m.PG_LOSS,
+        m.LOSS,
+        m.NUM_TOKENS,
+    } <= p3o_keys
     assert {m.ESS, m.CLIP_FRACTION, m.LOSS} <= grpo_keys
     assert m.column(*m.LEARNER, m.ESS) == "learners/default_policy/ess"
     assert m.lookup({"a": {"b": 1}}, "a", "b") == 1 and m.lookup({"a": {}}, "a", "b") is None
 
 
 def test_step_metrics_and_per_source_figures():
-    records = [{Record.COMPLETION_IDS: [1] * n, Record.REWARD: r, Record.GROUP_ID: g, Record.SOURCE_ID: s,
-                Record.STALENESS: st} for n, r, g, s, st in
-               [(2, 1.0, 0, 0, 1), (4, 0.0, 0, 0, 1), (1, 1.0, 1, 7, -1), (1, 1.0, 1, 7, -1)]]
+    records = [
+        {
+            Record.COMPLETION_IDS: [1] * n,
+            Record.REWARD: r,
+            Record.GROUP_ID: g,
+            Record.SOURCE_ID: s,
+            Record.STALENESS: st,
+        }
+        for n, r, g, s, st in [(2, 1.0, 0, 0, 1), (4, 0.0, 0, 0, 1), (1, 1.0, 1, 7, -1), (1, 1.0, 1, 7, -1)]
+    ]
     batch = {"completion_mask": np.ones((4, 3))}
     timings = {m.TIME_GENERATE_S: 2.0, m.TIME_TRAIN_S: 4.0}
-    step = m.step_metrics(records, batch, timings, {m.PROBE_MAX_ABS_DIFF: 1e-6}, [0.5, 0.5],
-                          num_offline_rows=0, weights_seq_no=3)
+    step = m.step_metrics(
+        records, batch, timings, {m.PROBE_MAX_ABS_DIFF: 1e-6}, [0.5, 0.5], num_offline_rows=0, weights_seq_no=3
+    )
     assert step[m.GENERATED_TOKENS] == 8 and step[m.GENERATED_TOKENS_PER_S] == 4.0
     assert step[m.TRAINED_TOKENS] == 12 and step[m.TRAINED_TOKENS_PER_S] == 3.0
     assert step[m.GROUPS_WITHOUT_SIGNAL] == 0.5  # group 1 has equal rewards

@@ -23,13 +23,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(model: str, **training) -> P3OConfig:
-    return (P3OConfig()
-            .environment(env_config={"dataset": ArithmeticTask().train_rows()[:40],
-                                     "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward"})
-            .training(model=model, group_size=4, prompts_per_step=8, max_tokens=2, lr=1e-3, eval_interval=0,
-                      **training)
-            .env_runners(num_env_runners=1)
-            .debugging(seed=0))
+    return (
+        P3OConfig()
+        .environment(
+            env_config={
+                "dataset": ArithmeticTask().train_rows()[:40],
+                "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward",
+            }
+        )
+        .training(model=model, group_size=4, prompts_per_step=8, max_tokens=2, lr=1e-3, eval_interval=0, **training)
+        .env_runners(num_env_runners=1)
+        .debugging(seed=0)
+    )
 
 
 def test_reuse_check_ignores_a_restored_experiments_lists_but_not_a_real_change(tiny_model):
@@ -42,8 +47,7 @@ def test_reuse_check_ignores_a_restored_experiments_lists_but_not_a_real_change(
     # The value this test is about does change in the round trip (plain == would call it a difference).
     assert P3OConfig().update_from_dict(config.to_dict()).policies != restored.policies
     assert config_differences(config, restored) == []
-    assert config_differences(config, _config(tiny_model, temperature=1.3, **METHODS["grpo_eps0.4"])) == [
-        "temperature"]
+    assert config_differences(config, _config(tiny_model, temperature=1.3, **METHODS["grpo_eps0.4"])) == ["temperature"]
 
 
 @pytest.mark.slow
@@ -76,9 +80,28 @@ def test_reset_config_starts_the_next_trial_like_a_fresh_build(ray_session, tiny
 
 
 def _sweep_args(model: str, out: str):
-    return [sys.executable, "-m", "rllib_p3o.cli", "sweep", "--out", out, "--base-model", model,
-            "--regimes", "on_policy_4_steps", "temperature_1.2", "--methods", "p3o", "grpo_eps0.2",
-            "--seeds", "0", "--iterations", "1", "--lr", "5e-4"]
+    return [
+        sys.executable,
+        "-m",
+        "rllib_p3o.cli",
+        "sweep",
+        "--out",
+        out,
+        "--base-model",
+        model,
+        "--regimes",
+        "on_policy_4_steps",
+        "temperature_1.2",
+        "--methods",
+        "p3o",
+        "grpo_eps0.2",
+        "--seeds",
+        "0",
+        "--iterations",
+        "1",
+        "--lr",
+        "5e-4",
+    ]
 
 
 def _result_lines(path: str):
@@ -110,8 +133,9 @@ def test_sweep_writes_its_table_and_a_restored_sweep_does_not_rerun_finished_tri
 
     curves = pd.read_csv(os.path.join(out, report.CURVES_CSV))
     trials = curves.groupby([report.STAGE, report.METHOD]).size()
-    assert trials.to_dict() == {(r, meth): 1 for r in ("on_policy_4_steps", "temperature_1.2")
-                                for meth in ("p3o", "grpo_eps0.2")}  # each trial trained its 1 iteration once
+    assert trials.to_dict() == {
+        (r, meth): 1 for r in ("on_policy_4_steps", "temperature_1.2") for meth in ("p3o", "grpo_eps0.2")
+    }  # each trial trained its 1 iteration once
     table = open(os.path.join(out, report.SUMMARY_MD)).read()
     assert table.count("| on_policy_4_steps |") == 2 and table.count("| temperature_1.2 |") == 2
     summary = json.load(open(os.path.join(out, report.SUMMARY_JSON)))
@@ -126,10 +150,21 @@ def test_lr_choice_is_the_peak_whose_worse_method_does_best():
     for peak, p3o, grpo in ((2e-4, 0.5, 0.4), (5e-4, 0.9, 0.6), (1e-3, 0.95, 0.3)):
         for method, last in (("p3o", p3o), ("grpo_eps0.2", grpo)):
             for it, value in ((1, 0.1), (2, last)):
-                rows.append({report.STAGE: "lr", report.METHOD: method, report.SEED: 0, report.LR_PEAK: peak,
-                             report.ITERATION: it, report.SAMPLES: (it - 1) * 512, report.HELDOUT: value,
-                             report.ESS: 1.0, report.SETUP_S: 1.0, report.ACTOR_REUSED: 0.0,
-                             report.ERROR: False})
+                rows.append(
+                    {
+                        report.STAGE: "lr",
+                        report.METHOD: method,
+                        report.SEED: 0,
+                        report.LR_PEAK: peak,
+                        report.ITERATION: it,
+                        report.SAMPLES: (it - 1) * 512,
+                        report.HELDOUT: value,
+                        report.ESS: 1.0,
+                        report.SETUP_S: 1.0,
+                        report.ACTOR_REUSED: 0.0,
+                        report.ERROR: False,
+                    }
+                )
     choice = report.choose_lr(pd.DataFrame(rows), (2e-4, 5e-4, 1e-3))
     assert choice["lr_peak"] == 5e-4
     assert lr_schedule(5e-4) == [[0, 1e-5], [5120, 5e-4]]

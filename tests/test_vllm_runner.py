@@ -13,18 +13,25 @@ from transformers import AutoModelForCausalLM
 from rllib_p3o import P3OConfig
 from rllib_p3o.runner.env_runner import VLLMEnvRunner, WeightSyncError
 from rllib_p3o.runner.episodes import episodes_to_records
-from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 from rllib_p3o.sync.payload import PackedTensors
+from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
 
 def _config(model, **training):
     task = ArithmeticTask()
-    return (P3OConfig()
-            .environment(env_config={"dataset": task.train_rows()[:64], "eval_dataset": task.heldout_rows()[:16],
-                                     "reward_fn": arithmetic_reward})
-            .training(model=model, group_size=4, prompts_per_step=4, max_tokens=6, **training)
-            .env_runners(num_env_runners=1)
-            .debugging(seed=7))
+    return (
+        P3OConfig()
+        .environment(
+            env_config={
+                "dataset": task.train_rows()[:64],
+                "eval_dataset": task.heldout_rows()[:16],
+                "reward_fn": arithmetic_reward,
+            }
+        )
+        .training(model=model, group_size=4, prompts_per_step=4, max_tokens=6, **training)
+        .env_runners(num_env_runners=1)
+        .debugging(seed=7)
+    )
 
 
 def _runner(model, **training):
@@ -37,7 +44,7 @@ def _hf_logprobs(lm, record, temperature=1.0):
     with torch.no_grad():
         logits = lm(input_ids=ids).logits[0, :-1].double() / temperature
     lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0].numpy()
-    return lp[len(record["prompt_ids"]) - 1:]
+    return lp[len(record["prompt_ids"]) - 1 :]
 
 
 def _max_diff(lm, records, temperature=1.0):
@@ -47,8 +54,9 @@ def _max_diff(lm, records, temperature=1.0):
 def _probe_logprobs(lm, probe):
     with torch.no_grad():
         ids = torch.as_tensor(probe)[None]
-        return torch.log_softmax(lm(input_ids=ids).logits[0, :-1].double(), -1).gather(
-            -1, ids[0, 1:, None])[:, 0].numpy()
+        return (
+            torch.log_softmax(lm(input_ids=ids).logits[0, :-1].double(), -1).gather(-1, ids[0, 1:, None])[:, 0].numpy()
+        )
 
 
 def _perturbed_state(path, seed):
@@ -77,9 +85,16 @@ def test_behavior_logprobs_and_in_place_weight_sync(ray_session, request, model_
         probe = ray.get(runner.probe_token_ids.remote())
         expected = _probe_logprobs(new_lm, probe).tolist()
         # As the driver sends it: packed into the object store (`WeightSync`).
-        stats = ray.get(runner.load_policy_weights.remote(
-            {"rl_module": ray.put(PackedTensors(state)), "weights_seq_no": 5,
-             "probe": {"token_ids": probe, "logprobs": expected}, "tolerance": 1e-4}))
+        stats = ray.get(
+            runner.load_policy_weights.remote(
+                {
+                    "rl_module": ray.put(PackedTensors(state)),
+                    "weights_seq_no": 5,
+                    "probe": {"token_ids": probe, "logprobs": expected},
+                    "tolerance": 1e-4,
+                }
+            )
+        )
         assert stats["probe_max_abs_diff"] < 1e-4
         split = [stats[k] for k in ("transfer_s", "engine_reload_s", "verify_s")]
         assert all(x > 0 for x in split) and sum(split) <= stats["load_s"]
@@ -92,8 +107,11 @@ def test_behavior_logprobs_and_in_place_weight_sync(ray_session, request, model_
         # back once, and the samples are those the same weights give without it.
         lm3, state3 = _perturbed_state(path, seed=3)
         groups = [(100 + k, k, 1234 + k) for k in range(4)]
-        ray.get(runner.load_policy_weights.remote({"rl_module": {"default_policy": state3}, "weights_seq_no": 7,
-                                                   "probe": {"token_ids": probe}}))
+        ray.get(
+            runner.load_policy_weights.remote(
+                {"rl_module": {"default_policy": state3}, "weights_seq_no": 7, "probe": {"token_ids": probe}}
+            )
+        )
         with_probe = episodes_to_records(ray.get(runner.sample.remote(groups=groups)))
         result = ray.get(runner.take_probe_result.remote())
         assert (result.runner_id, result.weights_seq_no) == (1, 7)
@@ -102,17 +120,26 @@ def test_behavior_logprobs_and_in_place_weight_sync(ray_session, request, model_
         ray.get(runner.load_policy_weights.remote({"rl_module": {"default_policy": state3}, "weights_seq_no": 8}))
         without = episodes_to_records(ray.get(runner.sample.remote(groups=groups)))
         assert [list(r["completion_ids"]) for r in with_probe] == [list(r["completion_ids"]) for r in without]
-        assert max(np.max(np.abs(a["behavior_logprobs"] - b["behavior_logprobs"]))
-                   for a, b in zip(with_probe, without)) < 1e-5
+        assert (
+            max(np.max(np.abs(a["behavior_logprobs"] - b["behavior_logprobs"])) for a, b in zip(with_probe, without))
+            < 1e-5
+        )
         assert _max_diff(lm3, with_probe) < 1e-4
 
         # A sync whose result does not match the learner is an error, not silent staleness.
         _, other = _perturbed_state(path, seed=2)
         with pytest.raises(WeightSyncError, match="does not hold the learner's weights"):
             try:
-                ray.get(runner.load_policy_weights.remote(
-                    {"rl_module": {"default_policy": other}, "weights_seq_no": 6,
-                     "probe": {"token_ids": probe, "logprobs": expected}, "tolerance": 1e-4}))
+                ray.get(
+                    runner.load_policy_weights.remote(
+                        {
+                            "rl_module": {"default_policy": other},
+                            "weights_seq_no": 6,
+                            "probe": {"token_ids": probe, "logprobs": expected},
+                            "tolerance": 1e-4,
+                        }
+                    )
+                )
             except ray.exceptions.RayTaskError as e:
                 raise e.as_instanceof_cause()
     finally:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rllib_p3o.sync.payload import PackedTensors, hf_weights
-from rllib_p3o.sync.push import WeightSync
 from rllib_p3o.sync.probe import WeightSyncError
+from rllib_p3o.sync.push import WeightSync
 
 
 class _Learners:
@@ -44,8 +44,11 @@ def _no_object_store(monkeypatch):
 
 def test_a_hung_runner_is_named_never_waited_for_forever():
     sync = WeightSync(_Learners(), _Runners(hung=(2,)), probe_token_ids=None, timeout_s=0.5)
-    with pytest.raises(WeightSyncError, match=r"EnvRunner 2 did not finish loading weights v1 within "
-                                              r"weight_sync_timeout_s=0.5 s"):
+    with pytest.raises(
+        WeightSyncError,
+        match=r"EnvRunner 2 did not finish loading weights v1 within "
+        r"weight_sync_timeout_s=0.5 s",
+    ):
         sync.push()
 
 
@@ -60,11 +63,13 @@ def test_packed_tensors_come_back_bit_exact_in_every_dtype_and_shape():
     import pickle
 
     g = torch.Generator().manual_seed(0)
-    state = {"lm.a.weight": torch.randn(4, 6, generator=g),
-             "lm.b.weight": torch.randn(6, 4, generator=g).t(),  # not contiguous
-             "lm.c.bias": torch.randn(5, generator=g).to(torch.bfloat16),  # numpy has no bfloat16
-             "lm.d.scale": torch.tensor(0.5, dtype=torch.float16),  # 0-d
-             "lm.lm_head.weight": torch.randn(3, 2, generator=g)}
+    state = {
+        "lm.a.weight": torch.randn(4, 6, generator=g),
+        "lm.b.weight": torch.randn(6, 4, generator=g).t(),  # not contiguous
+        "lm.c.bias": torch.randn(5, generator=g).to(torch.bfloat16),  # numpy has no bfloat16
+        "lm.d.scale": torch.tensor(0.5, dtype=torch.float16),  # 0-d
+        "lm.lm_head.weight": torch.randn(3, 2, generator=g),
+    }
     back = pickle.loads(pickle.dumps(PackedTensors(state))).unpack()
     assert set(back) == set(state)
     for k, t in state.items():
@@ -75,8 +80,8 @@ def test_packed_tensors_come_back_bit_exact_in_every_dtype_and_shape():
 
 def test_learner_probes_check_what_runners_return_against_the_same_version():
     """The driver's side of riding-along checks (`rllib_p3o.sync.push.LearnerProbes`); the learner is a function here."""
-    from rllib_p3o.sync.push import LearnerProbes
     from rllib_p3o.sync.probe import ProbeResult
+    from rllib_p3o.sync.push import LearnerProbes
 
     weights = {"v": 0.0}
     probes = LearnerProbes(lambda: [-1.0 - weights["v"], -2.0], tolerance=1e-3, keep=2)

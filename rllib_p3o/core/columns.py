@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Dict, Tuple
 
 import numpy as np
-
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO as _RLLIB_WEIGHTS_SEQ_NO
 
 

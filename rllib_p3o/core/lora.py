@@ -63,12 +63,14 @@ def validate(spec: Dict[str, Any], model_path: str, trust_remote_code: bool = Fa
     targets = spec["target_modules"] or servable
     unknown = [t for t in targets if t not in layers]
     if unknown:
-        raise ValueError(f"LoRA target_modules {unknown} are not layers of {model_path}; its linear layers are: "
-                         f"{', '.join(layers)}")
+        raise ValueError(
+            f"LoRA target_modules {unknown} are not layers of {model_path}; its linear layers are: {', '.join(layers)}"
+        )
     unservable = [t for t in targets if t not in servable]
     if unservable:
-        raise ValueError(f"LoRA target_modules {unservable}: vLLM serves no adapter on these; choose among "
-                         f"{', '.join(servable)}")
+        raise ValueError(
+            f"LoRA target_modules {unservable}: vLLM serves no adapter on these; choose among {', '.join(servable)}"
+        )
     return {**spec, "target_modules": sorted(targets)}
 
 
@@ -76,8 +78,14 @@ def peft_config(spec: Mapping[str, Any]):
     """The ``peft.LoraConfig`` of a validated spec."""
     from peft import LoraConfig
 
-    return LoraConfig(r=spec["r"], lora_alpha=spec["alpha"], lora_dropout=spec["dropout"],
-                      target_modules=list(spec["target_modules"]), bias="none", task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=spec["r"],
+        lora_alpha=spec["alpha"],
+        lora_dropout=spec["dropout"],
+        target_modules=list(spec["target_modules"]),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def vllm_max_lora_rank(r: int) -> int:
@@ -94,7 +102,7 @@ def adapter_state(module_state: Mapping[str, torch.Tensor]) -> Dict[str, torch.T
     out = {}
     for name, tensor in module_state.items():
         if is_adapter_param(name):
-            key = name[len(_MODULE_PREFIX):] if name.startswith(_MODULE_PREFIX) else name
+            key = name[len(_MODULE_PREFIX) :] if name.startswith(_MODULE_PREFIX) else name
             out[key.replace(f".{_ADAPTER_NAME}.", ".")] = tensor
     if not out:
         raise ValueError(f"no LoRA adapter tensors in the module state (keys: {list(module_state)[:5]})")

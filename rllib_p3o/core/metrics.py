@@ -19,7 +19,6 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics import LEARNER_RESULTS
 
@@ -147,9 +146,17 @@ def timed(timings: Dict[str, float], key: str) -> Iterator[None]:
     timings[key] = time.perf_counter() - t0
 
 
-def step_metrics(records: Sequence[Mapping[str, Any]], batch: Mapping[str, np.ndarray], timings: Mapping[str, float],
-                 sync_stats: Mapping[str, float], per_learner_ess: Sequence[float], *, num_offline_rows: int,
-                 weights_seq_no: int, offline_rows_skipped: Optional[int] = None) -> Dict[str, float]:
+def step_metrics(
+    records: Sequence[Mapping[str, Any]],
+    batch: Mapping[str, np.ndarray],
+    timings: Mapping[str, float],
+    sync_stats: Mapping[str, float],
+    per_learner_ess: Sequence[float],
+    *,
+    num_offline_rows: int,
+    weights_seq_no: int,
+    offline_rows_skipped: Optional[int] = None,
+) -> Dict[str, float]:
     """The ``p3o/<key>`` figures of one iteration from its online ``records`` and the trained ``batch``.
 
     Rates divide by the time of their phase (floored at 1 ns). Staleness covers the policy's records only.
@@ -170,12 +177,14 @@ def step_metrics(records: Sequence[Mapping[str, Any]], batch: Mapping[str, np.nd
     if records:
         rewards = np.asarray([r[Record.REWARD] for r in records], dtype=np.float64)
         groups = np.asarray([r[Record.GROUP_ID] for r in records], dtype=np.int64)
-        step.update({
-            REWARD_MEAN: float(rewards.mean()),
-            COMPLETION_LEN_MEAN: n_gen / len(records),
-            GROUPS_WITHOUT_SIGNAL: groups_without_signal(torch.from_numpy(rewards), torch.from_numpy(groups)),
-            GENERATED_TOKENS_PER_S: n_gen / max(timings[TIME_GENERATE_S], 1e-9),
-        })
+        step.update(
+            {
+                REWARD_MEAN: float(rewards.mean()),
+                COMPLETION_LEN_MEAN: n_gen / len(records),
+                GROUPS_WITHOUT_SIGNAL: groups_without_signal(torch.from_numpy(rewards), torch.from_numpy(groups)),
+                GENERATED_TOKENS_PER_S: n_gen / max(timings[TIME_GENERATE_S], 1e-9),
+            }
+        )
         stale = [r[Record.STALENESS] for r in records if r.get(Record.STALENESS, -1) >= 0]
         if stale:
             step.update({STALENESS_MEAN: float(np.mean(stale)), STALENESS_MAX: int(np.max(stale))})

@@ -82,8 +82,9 @@ def _log_ratio_stats(log_ratios: torch.Tensor, mask: torch.Tensor, all_reduce: b
         return {"ess": ess, "n": n, "log_ratio_max": l_max}
 
 
-def effective_sample_size_from_log_ratios(log_ratios: torch.Tensor, mask: torch.Tensor,
-                                          all_reduce: bool = True) -> torch.Tensor:
+def effective_sample_size_from_log_ratios(
+    log_ratios: torch.Tensor, mask: torch.Tensor, all_reduce: bool = True
+) -> torch.Tensor:
     """Normalized ESS of ``r = exp(log_ratios)`` over the valid tokens; see `effective_sample_size`.
 
     ``all_reduce=False`` gives the ESS of this process's tokens only (for diagnostics of a subset).
@@ -169,8 +170,14 @@ def global_token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _token_mean(x, mask.bool(), n_global)
 
 
-def _diagnostics(log_ratios: torch.Tensor, mask: torch.Tensor, kl_tok: torch.Tensor, n_global: torch.Tensor,
-                 cap: Optional[torch.Tensor], extra: Dict[str, torch.Tensor]) -> Metrics:
+def _diagnostics(
+    log_ratios: torch.Tensor,
+    mask: torch.Tensor,
+    kl_tok: torch.Tensor,
+    n_global: torch.Tensor,
+    cap: Optional[torch.Tensor],
+    extra: Dict[str, torch.Tensor],
+) -> Metrics:
     """Global token-means of the diagnostics, with one SUM all-reduce."""
     with torch.no_grad():
         r = torch.exp(log_ratios.detach().to(torch.float64))

@@ -84,4 +84,5 @@ def check_same_tokenizer(policy: str, others: List[str], trust_remote_code: bool
                 f"behavior model {other} uses a different tokenizer than the policy model {policy} "
                 f"(vocabulary sizes {len(vocab)} vs {len(ref_vocab)}, {differing} differing entries, eos "
                 f"{tok.eos_token_id} vs {ref.eos_token_id}); its sampled token ids and log-probs would not refer to "
-                f"the policy's tokens.")
+                f"the policy's tokens."
+            )

@@ -15,7 +15,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
-
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
@@ -40,8 +39,11 @@ def add_group_advantages(records: Sequence[Dict[str, Any]]) -> None:
 
 
 def _zeros(rows: int, width: int) -> Batch:
-    shapes = {**{k: (rows, width) for k in TOKEN_COLUMNS}, **{k: (rows, width - 1) for k in TARGET_COLUMNS},
-              **{k: (rows,) for k in ROW_COLUMNS}}
+    shapes = {
+        **{k: (rows, width) for k in TOKEN_COLUMNS},
+        **{k: (rows, width - 1) for k in TARGET_COLUMNS},
+        **{k: (rows,) for k in ROW_COLUMNS},
+    }
     return {k: np.zeros(shapes[k], DTYPES[k]) for k in BATCH_COLUMNS}
 
 
@@ -68,19 +70,20 @@ def pad_records(records: Sequence[Mapping[str, Any]], pad_id: int, pad_to: Optio
     for i, r in enumerate(records):
         p, c = len(r[Record.PROMPT_IDS]), len(r[Record.COMPLETION_IDS])
         if len(r[Record.BEHAVIOR_LOGPROBS]) != c:
-            raise ValueError(f"record {i}: {len(r[Record.BEHAVIOR_LOGPROBS])} behavior log-probs for {c} completion "
-                             "tokens")
+            raise ValueError(
+                f"record {i}: {len(r[Record.BEHAVIOR_LOGPROBS])} behavior log-probs for {c} completion tokens"
+            )
         out[Columns.INPUT_IDS][i, :p] = r[Record.PROMPT_IDS]
-        out[Columns.INPUT_IDS][i, p:p + c] = r[Record.COMPLETION_IDS]
-        out[Columns.ATTENTION_MASK][i, :p + c] = 1
+        out[Columns.INPUT_IDS][i, p : p + c] = r[Record.COMPLETION_IDS]
+        out[Columns.ATTENTION_MASK][i, : p + c] = 1
         loss_mask = r.get(Record.LOSS_MASK)
         if loss_mask is None:
-            out[Columns.COMPLETION_MASK][i, p - 1:p - 1 + c] = 1.0
+            out[Columns.COMPLETION_MASK][i, p - 1 : p - 1 + c] = 1.0
         elif len(loss_mask) != c:
             raise ValueError(f"record {i}: loss mask of {len(loss_mask)} entries for {c} completion tokens")
         else:  # multi-turn: environment tokens are context, not trained on
-            out[Columns.COMPLETION_MASK][i, p - 1:p - 1 + c] = loss_mask
-        out[Columns.BEHAVIOR_LOGPROBS][i, p - 1:p - 1 + c] = r[Record.BEHAVIOR_LOGPROBS]
+            out[Columns.COMPLETION_MASK][i, p - 1 : p - 1 + c] = loss_mask
+        out[Columns.BEHAVIOR_LOGPROBS][i, p - 1 : p - 1 + c] = r[Record.BEHAVIOR_LOGPROBS]
     rows = {
         Columns.ADVANTAGES: [r[Record.ADVANTAGE] for r in records],
         Columns.WEIGHTS_SEQ_NO: [r.get(Record.WEIGHTS_SEQ_NO, 0) for r in records],

@@ -56,13 +56,17 @@ def check_chat_template(tokenizer: Any, model: str) -> None:
         raise ChatTemplateError(
             f"the data has conversational prompts (lists of chat messages), but the tokenizer of {model} has no "
             "chat template: use an instruction-tuned model's tokenizer, set tokenizer.chat_template, or give the "
-            "prompts as strings.")
+            "prompts as strings."
+        )
 
 
 def _template_ids(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool) -> List[int]:
     # transformers 5 returns a BatchEncoding unless return_dict=False.
-    return list(tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                                              tokenize=True, return_dict=False))
+    return list(
+        tokenizer.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        )
+    )
 
 
 def prompt_token_ids(tokenizer: Any, prompt: Prompt) -> List[int]:
@@ -91,14 +95,15 @@ def env_turn_ids(tokenizer: Any, messages: Sequence[Message], after_token: Optio
     """
     anchor = _template_ids(tokenizer, _ANCHOR, add_generation_prompt=False)
     full = _template_ids(tokenizer, list(_ANCHOR) + list(messages), add_generation_prompt=True)
-    if full[:len(anchor)] != anchor:
+    if full[: len(anchor)] != anchor:
         raise ChatTemplateError(
             "the chat template renders a conversation's history differently once messages follow it, so environment "
-            "turns cannot be appended token-exactly; give the environment a template that only appends.")
+            "turns cannot be appended token-exactly; give the environment a template that only appends."
+        )
     tail: List[int] = []
     if after_token is not None and after_token in anchor:
-        tail = anchor[len(anchor) - anchor[::-1].index(after_token):]
-    return tail + full[len(anchor):]
+        tail = anchor[len(anchor) - anchor[::-1].index(after_token) :]
+    return tail + full[len(anchor) :]
 
 
 def text_turn_ids(tokenizer: Any, text: str) -> List[int]:

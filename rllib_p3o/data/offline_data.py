@@ -12,15 +12,14 @@ import logging
 from typing import Any, Dict, List, Set
 
 import numpy as np
-
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
-from rllib_p3o.data.batching import Batch, empty_batch, pad_records
 from rllib_p3o.core.columns import BATCH_COLUMNS, Record
 from rllib_p3o.core.objectives import group_advantages
 from rllib_p3o.core.sources import OFFLINE, offline_source_name
+from rllib_p3o.data.batching import Batch, empty_batch, pad_records
 from rllib_p3o.data.trajectories import OfflineDataError, check_row, row_to_record, validate_trajectories
 
 logger = logging.getLogger(__name__)
@@ -76,7 +75,7 @@ class BehaviorRescorer:
                 x = self.torch.as_tensor(ids)[None]
                 lp = self.torch.log_softmax(self.model(input_ids=x).logits[0, :-1].float(), -1)
                 lp = lp.gather(-1, x[0, 1:, None])[:, 0].numpy()
-            scored.append(lp[len(rec[Record.PROMPT_IDS]) - 1:].astype(np.float32))
+            scored.append(lp[len(rec[Record.PROMPT_IDS]) - 1 :].astype(np.float32))
         out = dict(batch)
         out["behavior_logprobs"] = np.array(scored + [None], dtype=object)[:-1]
         return out
@@ -100,12 +99,15 @@ class P3OOfflineData(OfflineData):
     def __init__(self, config):
         tokenizer = _tokenizer(config)
         rescore = config.offline_rescore_model
-        report = validate_trajectories(config.input_, tokenizer=tokenizer, require_behavior=not rescore,
-                                       max_seq_len=config.offline_max_seq_len)
+        report = validate_trajectories(
+            config.input_, tokenizer=tokenizer, require_behavior=not rescore, max_seq_len=config.offline_max_seq_len
+        )
         self.validation_report = report
         if not report.ok and not config.offline_skip_bad_rows:
-            raise OfflineDataError("offline dataset failed validation (set offline_skip_bad_rows=True to drop bad "
-                                   "rows instead):\n" + report.summary())
+            raise OfflineDataError(
+                "offline dataset failed validation (set offline_skip_bad_rows=True to drop bad "
+                "rows instead):\n" + report.summary()
+            )
         if report.num_rows - report.bad_rows <= 0:
             raise OfflineDataError("offline dataset has no valid rows:\n" + report.summary())
         self.rows_skipped = report.bad_rows
@@ -115,8 +117,12 @@ class P3OOfflineData(OfflineData):
         super().__init__(config)
         if rescore:
             self.data = self.data.map_batches(
-                BehaviorRescorer, fn_constructor_kwargs={"model_path": rescore, "policy_model": config.policy_model},
-                batch_format="numpy", concurrency=1, num_cpus=0.5).materialize()
+                BehaviorRescorer,
+                fn_constructor_kwargs={"model_path": rescore, "policy_model": config.policy_model},
+                batch_format="numpy",
+                concurrency=1,
+                num_cpus=0.5,
+            ).materialize()
         if "advantage" not in self.data.columns() or self._has_missing_advantages():
             if "group_id" not in self.data.columns():
                 raise OfflineDataError(f"{report.files}: rows without 'advantage' need a 'group_id' column")
@@ -150,8 +156,9 @@ class P3OOfflineData(OfflineData):
     def _has_missing_advantages(self) -> bool:
         import pyarrow.parquet as pq
 
-        return any(pq.read_table(f, columns=["advantage"]).column("advantage").null_count
-                   for f in self.validation_report.files)
+        return any(
+            pq.read_table(f, columns=["advantage"]).column("advantage").null_count for f in self.validation_report.files
+        )
 
 
 def _source_names(files: List[str]) -> Set[str]:
@@ -186,8 +193,9 @@ class P3OOfflinePreLearner(OfflinePreLearner):
         records = []
         for i in range(n):
             row = {k: batch[k][i] for k in batch}
-            if self.skip_bad_rows and check_row(row, vocab_size=len(self.tokenizer), tokenizer=self.tokenizer,
-                                                max_seq_len=self.width):
+            if self.skip_bad_rows and check_row(
+                row, vocab_size=len(self.tokenizer), tokenizer=self.tokenizer, max_seq_len=self.width
+            ):
                 continue  # counted once by the driver's validation report
             rec = row_to_record(row, self.tokenizer)
             # Every row has one by now: P3OOfflineData filled the missing ones with group z-scores.

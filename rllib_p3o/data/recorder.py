@@ -23,28 +23,40 @@ def records_to_table(records: Iterable[Mapping[str, Any]]):
     rows = []
     for r in records:
         infos = r.get(Record.INFOS) or {}
-        rows.append({
-            "prompt": infos.get(Infos.PROMPT),
-            "prompt_ids": [int(i) for i in r[Record.PROMPT_IDS]],
-            "completion": infos.get(Infos.COMPLETION),
-            "completion_ids": [int(i) for i in r[Record.COMPLETION_IDS]],
-            "reward": float(r[Record.REWARD]),
-            "behavior_logprobs": [float(v) for v in r[Record.BEHAVIOR_LOGPROBS]],
-            "group_id": str(r[Record.GROUP_ID]),
-            "advantage": float(r[Record.ADVANTAGE]) if r.get(Record.ADVANTAGE) is not None else None,
-            POLICY_VERSION: int(r.get(Record.WEIGHTS_SEQ_NO, 0)),
-            "source": str(infos.get(Infos.SOURCE, POLICY)),
-            "temperature": infos.get(Infos.TEMPERATURE),
-            "top_p": infos.get(Infos.TOP_P),
-            LOSS_MASK: [int(v) for v in r[Record.LOSS_MASK]] if r.get(Record.LOSS_MASK) is not None else None,
-        })
-    schema = pa.schema([
-        ("prompt", pa.string()), ("prompt_ids", pa.list_(pa.int32())), ("completion", pa.string()),
-        ("completion_ids", pa.list_(pa.int32())), ("reward", pa.float32()),
-        ("behavior_logprobs", pa.list_(pa.float32())), ("group_id", pa.string()), ("advantage", pa.float32()),
-        (POLICY_VERSION, pa.int64()), ("source", pa.string()), ("temperature", pa.float32()),
-        ("top_p", pa.float32()), (LOSS_MASK, pa.list_(pa.int8())),
-    ])
+        rows.append(
+            {
+                "prompt": infos.get(Infos.PROMPT),
+                "prompt_ids": [int(i) for i in r[Record.PROMPT_IDS]],
+                "completion": infos.get(Infos.COMPLETION),
+                "completion_ids": [int(i) for i in r[Record.COMPLETION_IDS]],
+                "reward": float(r[Record.REWARD]),
+                "behavior_logprobs": [float(v) for v in r[Record.BEHAVIOR_LOGPROBS]],
+                "group_id": str(r[Record.GROUP_ID]),
+                "advantage": float(r[Record.ADVANTAGE]) if r.get(Record.ADVANTAGE) is not None else None,
+                POLICY_VERSION: int(r.get(Record.WEIGHTS_SEQ_NO, 0)),
+                "source": str(infos.get(Infos.SOURCE, POLICY)),
+                "temperature": infos.get(Infos.TEMPERATURE),
+                "top_p": infos.get(Infos.TOP_P),
+                LOSS_MASK: [int(v) for v in r[Record.LOSS_MASK]] if r.get(Record.LOSS_MASK) is not None else None,
+            }
+        )
+    schema = pa.schema(
+        [
+            ("prompt", pa.string()),
+            ("prompt_ids", pa.list_(pa.int32())),
+            ("completion", pa.string()),
+            ("completion_ids", pa.list_(pa.int32())),
+            ("reward", pa.float32()),
+            ("behavior_logprobs", pa.list_(pa.float32())),
+            ("group_id", pa.string()),
+            ("advantage", pa.float32()),
+            (POLICY_VERSION, pa.int64()),
+            ("source", pa.string()),
+            ("temperature", pa.float32()),
+            ("top_p", pa.float32()),
+            (LOSS_MASK, pa.list_(pa.int8())),
+        ]
+    )
     return pa.Table.from_pylist(rows, schema=schema)
 
 

@@ -49,9 +49,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from rllib_p3o.data.chat import has_chat_template, is_conversational, message_problem, prompt_token_ids
 from rllib_p3o.core.columns import Record
 from rllib_p3o.core.sources import offline_source_name, source_id
+from rllib_p3o.data.chat import has_chat_template, is_conversational, message_problem, prompt_token_ids
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -95,8 +95,9 @@ class ValidationReport:
         return len({(p.file, p.row) for p in self.problems if p.row is not None})
 
     def summary(self, limit: int = 50) -> str:
-        head = (f"{len(self.files)} file(s), {self.num_rows} row(s): "
-                + ("OK" if self.ok else f"{len(self.problems)} problem(s) in {self.bad_rows} row(s)"))
+        head = f"{len(self.files)} file(s), {self.num_rows} row(s): " + (
+            "OK" if self.ok else f"{len(self.problems)} problem(s) in {self.bad_rows} row(s)"
+        )
         lines = [head] + [f"  {p}" for p in self.problems[:limit]]
         if len(self.problems) > limit:
             lines.append(f"  ... and {len(self.problems) - limit} more")
@@ -126,8 +127,14 @@ def _finite(x) -> bool:
         return False
 
 
-def check_row(row: Mapping[str, Any], *, vocab_size: Optional[int] = None, tokenizer=None,
-              require_behavior: bool = True, max_seq_len: Optional[int] = None) -> List[tuple]:
+def check_row(
+    row: Mapping[str, Any],
+    *,
+    vocab_size: Optional[int] = None,
+    tokenizer=None,
+    require_behavior: bool = True,
+    max_seq_len: Optional[int] = None,
+) -> List[tuple]:
     """Problems of one row as ``(column, message)`` pairs; empty when the row is valid."""
     out: List[tuple] = []
     for a, b in REQUIRED_ONE_OF:
@@ -145,8 +152,13 @@ def check_row(row: Mapping[str, Any], *, vocab_size: Optional[int] = None, token
         if problem:
             out.append(("prompt", problem))
         elif row.get("prompt_ids") is None and tokenizer is not None and not has_chat_template(tokenizer):
-            out.append(("prompt", "chat messages, but the policy's tokenizer has no chat template (give prompt_ids "
-                                  "or string prompts)"))
+            out.append(
+                (
+                    "prompt",
+                    "chat messages, but the policy's tokenizer has no chat template (give prompt_ids "
+                    "or string prompts)",
+                )
+            )
     elif prompt is not None and not isinstance(prompt, str):
         out.append(("prompt", f"must be a string or a list of chat messages, got {type(prompt).__name__}"))
     if row.get("completion") is not None and not isinstance(row["completion"], str):
@@ -170,8 +182,13 @@ def check_row(row: Mapping[str, Any], *, vocab_size: Optional[int] = None, token
     if max_seq_len is not None and n_completion:
         n_prompt = _prompt_length(row, tokenizer)
         if n_prompt is not None and n_prompt + n_completion > max_seq_len:
-            out.append(("completion", f"prompt + completion = {n_prompt + n_completion} tokens, more than "
-                                      f"offline_max_seq_len={max_seq_len}"))
+            out.append(
+                (
+                    "completion",
+                    f"prompt + completion = {n_prompt + n_completion} tokens, more than "
+                    f"offline_max_seq_len={max_seq_len}",
+                )
+            )
     mask = loss_mask(row)
     if mask is not None:
         try:
@@ -189,8 +206,12 @@ def check_row(row: Mapping[str, Any], *, vocab_size: Optional[int] = None, token
     lps = row.get("behavior_logprobs")
     if lps is None:
         if require_behavior:
-            out.append(("behavior_logprobs", "missing (set offline_rescore_model to score such rows, "
-                                             "never treat them as on-policy)"))
+            out.append(
+                (
+                    "behavior_logprobs",
+                    "missing (set offline_rescore_model to score such rows, never treat them as on-policy)",
+                )
+            )
     else:
         try:
             values = [float(v) for v in lps]
@@ -246,8 +267,14 @@ def _completion_length(row: Mapping[str, Any], tokenizer) -> Optional[int]:
     return None
 
 
-def validate_trajectories(paths: PathSpec, *, tokenizer=None, vocab_size: Optional[int] = None,
-                          require_behavior: bool = True, max_seq_len: Optional[int] = None) -> ValidationReport:
+def validate_trajectories(
+    paths: PathSpec,
+    *,
+    tokenizer=None,
+    vocab_size: Optional[int] = None,
+    require_behavior: bool = True,
+    max_seq_len: Optional[int] = None,
+) -> ValidationReport:
     """Check every file and row of a trajectory dataset against the schema (see module docstring)."""
     import pyarrow.parquet as pq
 
@@ -272,8 +299,13 @@ def validate_trajectories(paths: PathSpec, *, tokenizer=None, vocab_size: Option
             num_rows += table.num_rows
             continue
         for i, row in enumerate(table.to_pylist()):
-            for column, message in check_row(row, vocab_size=vocab_size, tokenizer=tokenizer,
-                                             require_behavior=require_behavior, max_seq_len=max_seq_len):
+            for column, message in check_row(
+                row,
+                vocab_size=vocab_size,
+                tokenizer=tokenizer,
+                require_behavior=require_behavior,
+                max_seq_len=max_seq_len,
+            ):
                 problems.append(Problem(f, i, column, message))
         num_rows += table.num_rows
     if num_rows == 0 and not problems:
@@ -289,8 +321,11 @@ def row_to_record(row: Mapping[str, Any], tokenizer) -> Dict[str, Any]:
     prompt_ids = row.get("prompt_ids")
     if prompt_ids is None:
         prompt = row["prompt"]
-        prompt_ids = (prompt_token_ids(tokenizer, list(prompt)) if is_conversational(prompt)
-                      else _tokenize(tokenizer, prompt, "prompt"))
+        prompt_ids = (
+            prompt_token_ids(tokenizer, list(prompt))
+            if is_conversational(prompt)
+            else _tokenize(tokenizer, prompt, "prompt")
+        )
     completion_ids = row.get("completion_ids")
     if completion_ids is None:
         completion_ids = _tokenize(tokenizer, row["completion"], "completion")

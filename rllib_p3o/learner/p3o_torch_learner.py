@@ -25,17 +25,15 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 import torch.distributed as dist
-
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
-from rllib_p3o.core import metrics
-from rllib_p3o.core import objectives
+from rllib_p3o.core import metrics, objectives
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.losses import LossInputs, get_loss
-from rllib_p3o.learner.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
 from rllib_p3o.core.sources import POLICY_SOURCE_ID
+from rllib_p3o.learner.rl_module import TOKEN_ENTROPY, TOKEN_LOGP, load_causal_lm
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -86,16 +84,21 @@ class P3OTorchLearner(TorchLearner):
         step at 2.44M parameters on one CPU thread). Devices or dtypes without a fused kernel get the default."""
         params = self.get_parameters(self._module[module_id])
         fused = all(p.is_floating_point() and p.device.type in _FUSED_ADAM_DEVICES for p in params) or None
-        self.register_optimizer(module_id=module_id, optimizer=torch.optim.Adam(params, fused=fused), params=params,
-                                lr_or_lr_schedule=config.lr)
+        self.register_optimizer(
+            module_id=module_id,
+            optimizer=torch.optim.Adam(params, fused=fused),
+            params=params,
+            lr_or_lr_schedule=config.lr,
+        )
 
     def apply_gradients(self, gradients_dict: ParamDict) -> None:
         """RLlib's optimizer step, unless the gradient is not finite (module docstring)."""
         grads = list(gradients_dict.values())
         # Two fused passes instead of one check per tensor: g * 0 is 0 where g is finite and NaN where it is not, so
         # its norm is NaN exactly when g has a non-finite entry (g's own norm could overflow). Per tensor on failure.
-        finite = not grads or bool(torch.isfinite(torch.stack(torch._foreach_norm(torch._foreach_mul(grads, 0.0))))
-                                   .all())
+        finite = not grads or bool(
+            torch.isfinite(torch.stack(torch._foreach_norm(torch._foreach_mul(grads, 0.0)))).all()
+        )
         bad = [] if finite else [pid for pid, g in gradients_dict.items() if not bool(torch.isfinite(g).all())]
         self.metrics.log_value((DEFAULT_MODULE_ID, metrics.SKIPPED_NONFINITE_STEPS), 1 if bad else 0, reduce="sum")
         if not bad:
@@ -109,7 +112,8 @@ class P3OTorchLearner(TorchLearner):
             raise NonFiniteStepError(
                 f"{self._consecutive_nonfinite} optimizer steps in a row were skipped because they were not finite "
                 f"(max_consecutive_nonfinite_steps={self.config.max_consecutive_nonfinite_steps}). Last step: "
-                + "; ".join(self._describe_nonfinite(len(bad), len(gradients_dict))))
+                + "; ".join(self._describe_nonfinite(len(bad), len(gradients_dict)))
+            )
 
     def _describe_nonfinite(self, bad_params: int, params: int) -> List[str]:
         what = [f"{k} = {v}" for k, v in self._loss_stats.items() if not np.isfinite(v)]
@@ -117,8 +121,7 @@ class P3OTorchLearner(TorchLearner):
         return what + self._nonfinite_inputs
 
     def compute_loss_for_module(
-        self, *, module_id: ModuleID, config: "AlgorithmConfig", batch: Dict[str, Any],
-        fwd_out: Dict[str, TensorType]
+        self, *, module_id: ModuleID, config: "AlgorithmConfig", batch: Dict[str, Any], fwd_out: Dict[str, TensorType]
     ) -> TensorType:
         """``config`` is a `P3OConfig`: its ``loss`` (with ``loss_config``), ``ess_scope`` and coefficients choose the
         objective."""
@@ -134,8 +137,15 @@ class P3OTorchLearner(TorchLearner):
             entropy_coeff=config.entropy_coeff,
         )
         groups, num_groups = self._ess_groups(config, batch) if self._loss.ess_scoped else (None, 0)
-        inputs = LossInputs(logp, batch[Columns.BEHAVIOR_LOGPROBS], batch[Columns.ADVANTAGES], mask,
-                            ess_groups=groups, num_ess_groups=num_groups, **common)
+        inputs = LossInputs(
+            logp,
+            batch[Columns.BEHAVIOR_LOGPROBS],
+            batch[Columns.ADVANTAGES],
+            mask,
+            ess_groups=groups,
+            num_ess_groups=num_groups,
+            **common,
+        )
         loss, ess, stats = self._loss.fn(inputs, self._loss_settings)
 
         self.metrics.log_dict({(module_id, k): float(v) for k, v in {**stats, metrics.ESS: ess}.items()}, window=1)
@@ -186,13 +196,16 @@ class P3OTorchLearner(TorchLearner):
                 group_ess = float(objectives.effective_sample_size_from_log_ratios(log_ratio, m, all_reduce=False))
                 cap = group_ess if own_cap else float(ess)  # ess_scope="source": each source is capped by its own
                 kl = objectives.kl_k3(log_ratio[m], torch.zeros_like(log_ratio[m]))
-                self.metrics.log_dict({
-                    key + (metrics.ESS,): group_ess,
-                    key + (metrics.RATIO_MEAN,): float(r.mean()),
-                    key + (metrics.CAP_FRACTION,): float((r > cap * (1 + objectives.CAP_RTOL)).double().mean()),
-                    key + (metrics.KL_BEHAVIOR,): float(kl.mean()),
-                    key + (metrics.NUM_TOKENS,): n,
-                }, window=1)
+                self.metrics.log_dict(
+                    {
+                        key + (metrics.ESS,): group_ess,
+                        key + (metrics.RATIO_MEAN,): float(r.mean()),
+                        key + (metrics.CAP_FRACTION,): float((r > cap * (1 + objectives.CAP_RTOL)).double().mean()),
+                        key + (metrics.KL_BEHAVIOR,): float(kl.mean()),
+                        key + (metrics.NUM_TOKENS,): n,
+                    },
+                    window=1,
+                )
 
     @torch.no_grad()
     def _reference_logprobs(self, module_id: ModuleID, config, batch) -> torch.Tensor:
@@ -202,8 +215,15 @@ class P3OTorchLearner(TorchLearner):
         if module.lora_spec:
             return module.reference_logprobs(batch[Columns.INPUT_IDS], batch[Columns.ATTENTION_MASK])
         if module_id not in self._ref_models:
-            ref = load_causal_lm(module.model_path, module.model_config.get("dtype", "float32"),
-                                 module.model_config.get("trust_remote_code", False)).to(self._device).eval()
+            ref = (
+                load_causal_lm(
+                    module.model_path,
+                    module.model_config.get("dtype", "float32"),
+                    module.model_config.get("trust_remote_code", False),
+                )
+                .to(self._device)
+                .eval()
+            )
             for p in ref.parameters():
                 p.requires_grad_(False)
             self._ref_models[module_id] = ref
@@ -218,8 +238,10 @@ def _nonfinite_inputs(batch: Dict[str, Any], mask: torch.Tensor) -> List[str]:
     out = []
     source = batch.get(Columns.SOURCE_ID)
     bad_behavior = (~torch.isfinite(batch[Columns.BEHAVIOR_LOGPROBS]) & mask).any(-1)
-    for column, bad_rows in ((Columns.ADVANTAGES, ~torch.isfinite(batch[Columns.ADVANTAGES])),
-                             (Columns.BEHAVIOR_LOGPROBS, bad_behavior)):
+    for column, bad_rows in (
+        (Columns.ADVANTAGES, ~torch.isfinite(batch[Columns.ADVANTAGES])),
+        (Columns.BEHAVIOR_LOGPROBS, bad_behavior),
+    ):
         if bool(bad_rows.any()):
             ids = sorted(set(source[bad_rows].tolist())) if source is not None else []
             names = ", ".join("policy" if i == POLICY_SOURCE_ID else f"source id {i}" for i in ids) or "unknown source"

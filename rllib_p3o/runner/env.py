@@ -88,8 +88,10 @@ def load_prompt_dataset(spec: DatasetSpec, name: str = "dataset") -> List[Row]:
             if problem:
                 raise DatasetError(f"{where}: row {i} column 'prompt': {problem}")
         elif not isinstance(prompt, str) or not prompt:
-            raise DatasetError(f"{where}: row {i} column 'prompt' must be a non-empty string or a list of chat "
-                               f"messages, got {prompt!r:.200}")
+            raise DatasetError(
+                f"{where}: row {i} column 'prompt' must be a non-empty string or a list of chat "
+                f"messages, got {prompt!r:.200}"
+            )
     return [dict(r) for r in rows]
 
 
@@ -159,19 +161,24 @@ class RewardFunction:
         except Exception as e:
             raise RewardFunctionError(
                 f"reward function {self.name} raised {type(e).__name__}: {e} "
-                f"(batch of {len(prompts)}, first prompt {prompts[0]!r})") from e
+                f"(batch of {len(prompts)}, first prompt {prompts[0]!r})"
+            ) from e
         try:
             values = [float(v) for v in out]
         except (TypeError, ValueError) as e:
-            raise RewardFunctionError(f"reward function {self.name} must return a list of floats, got {out!r:.200}") from e
+            raise RewardFunctionError(
+                f"reward function {self.name} must return a list of floats, got {out!r:.200}"
+            ) from e
         if len(values) != len(prompts):
             raise RewardFunctionError(
                 f"reward function {self.name} returned {len(values)} rewards for {len(prompts)} completions "
-                f"(first prompt {prompts[0]!r})")
+                f"(first prompt {prompts[0]!r})"
+            )
         for p, c, v in zip(prompts, completions, values):
             if not math.isfinite(v):
                 raise RewardFunctionError(
-                    f"reward function {self.name} returned {v} for prompt {p!r} and completion {c!r}")
+                    f"reward function {self.name} returned {v} for prompt {p!r} and completion {c!r}"
+                )
         return np.asarray(values, dtype=np.float32)
 
 
@@ -195,8 +202,11 @@ class TextEnv(gym.Env):
         if "reward_fn" not in config and not config.get("multi_turn_env"):
             raise ValueError("TextEnv needs env_config['reward_fn'] (TRL signature: prompts, completions, **columns).")
         self.rows = load_prompt_dataset(config["dataset"])
-        self.eval_rows = (load_prompt_dataset(config["eval_dataset"], "eval_dataset")
-                          if config.get("eval_dataset") is not None else [])
+        self.eval_rows = (
+            load_prompt_dataset(config["eval_dataset"], "eval_dataset")
+            if config.get("eval_dataset") is not None
+            else []
+        )
         # A multi-turn environment may give its own rewards (`rllib_p3o.runner.multiturn`).
         self.reward = RewardFunction(config["reward_fn"]) if "reward_fn" in config else None
         # Every runner holds all rows: which prompt a group samples is the driver's choice (`rllib_p3o.data.prompt_schedule`).

@@ -36,7 +36,6 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 import ray
-
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
@@ -49,20 +48,20 @@ from ray.rllib.utils.metrics import (
     NUM_EPISODES_LIFETIME,
 )
 
-from rllib_p3o.sync import payload as sync_payload
-from rllib_p3o.sync.probe import check_probe
-from rllib_p3o.data import chat
-from rllib_p3o.core import lora
-from rllib_p3o.core import metrics
-from rllib_p3o.runner import multiturn
-from rllib_p3o.runner import vllm_engine
-from rllib_p3o.runner.env import TextEnv, has_conversational_prompts, resolve_callable
-from rllib_p3o.sync.probe import ProbeResult
-from rllib_p3o.runner.probe_rider import ProbeRider
-from rllib_p3o.data.prompt_schedule import Group, PromptSchedule
-from rllib_p3o.runner.rollouts import Engine, MultiTurnRollouts, single_turn_episodes, turn_metrics
+from rllib_p3o.core import lora, metrics
 from rllib_p3o.core.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
-from rllib_p3o.sync.probe import WeightSyncError  # noqa: F401  (public here: raised by load_policy_weights)
+from rllib_p3o.data import chat
+from rllib_p3o.data.prompt_schedule import Group, PromptSchedule
+from rllib_p3o.runner import multiturn, vllm_engine
+from rllib_p3o.runner.env import TextEnv, has_conversational_prompts, resolve_callable
+from rllib_p3o.runner.probe_rider import ProbeRider
+from rllib_p3o.runner.rollouts import Engine, MultiTurnRollouts, single_turn_episodes, turn_metrics
+from rllib_p3o.sync import payload as sync_payload
+from rllib_p3o.sync.probe import (
+    ProbeResult,
+    WeightSyncError,  # noqa: F401  (public here: raised by load_policy_weights)
+    check_probe,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +79,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
         self.num_workers = int(config.num_env_runners)
         env_config = dict(config.env_config)
-        env_config.update(worker_index=self.worker_index, num_workers=self.num_workers,
-                          seed=env_config.get("seed", config.seed or 0))
+        env_config.update(
+            worker_index=self.worker_index, num_workers=self.num_workers, seed=env_config.get("seed", config.seed or 0)
+        )
         self.config.env_config = env_config
         self.tokenizer = AutoTokenizer.from_pretrained(config.policy_model, trust_remote_code=config.trust_remote_code)
         self._weights_seq_no = 0
@@ -103,9 +103,13 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         if self.env is not None and env_config.get("multi_turn_env"):
             multi_turn_cls = resolve_callable(env_config["multi_turn_env"])
             self._rollouts = MultiTurnRollouts(
-                tokenizer=self.tokenizer, make_env=lambda: multi_turn_cls(env_config),
-                max_turns=multiturn.max_turns(env_config), max_tokens=config.max_tokens,
-                max_total_tokens=self._max_total_tokens(), sampling_params=self._sampling_params)
+                tokenizer=self.tokenizer,
+                make_env=lambda: multi_turn_cls(env_config),
+                max_turns=multiturn.max_turns(env_config),
+                max_tokens=config.max_tokens,
+                max_total_tokens=self._max_total_tokens(),
+                sampling_params=self._sampling_params,
+            )
         # Frozen behavior models (never synced) generate their share of every prompt group beside the policy:
         # (spec, engine) pairs.
         self._behavior: List[tuple] = []
@@ -115,8 +119,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             vllm_engine.set_engine_threads(config.env_runner_threads)
             self._llm = self._make_engine(config.policy_model, lora=config.lora)
             self._policy = ProbeRider(self._llm, self.worker_index)
-            self._tied_embeddings = bool(getattr(self._llm.llm_engine.model_config.hf_config,
-                                                 "tie_word_embeddings", False))
+            self._tied_embeddings = bool(
+                getattr(self._llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
+            )
             self._behavior = [(spec, self._make_engine(spec["model"])) for spec in config.behavior_models]
         # Where this runner's start went (`startup_times`); the imports before __init__ are not in it.
         self._startup = {"init_s": time.perf_counter() - t_init, "engines_s": time.perf_counter() - t_engines}
@@ -140,8 +145,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         if limit is None:
             from transformers import AutoConfig
 
-            limit = AutoConfig.from_pretrained(self.config.policy_model,
-                                               trust_remote_code=self.config.trust_remote_code).max_position_embeddings
+            limit = AutoConfig.from_pretrained(
+                self.config.policy_model, trust_remote_code=self.config.trust_remote_code
+            ).max_position_embeddings
         return int(limit)
 
     def _encode(self, prompt: chat.Prompt) -> List[int]:
@@ -162,8 +168,16 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         from vllm import SamplingParams
 
         cfg = self.config
-        kw = dict(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                  max_tokens=cfg.max_tokens, logprobs=0, seed=seed, detokenize=vllm_engine.DETOKENIZE)
+        kw = dict(
+            n=cfg.group_size,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            max_tokens=cfg.max_tokens,
+            logprobs=0,
+            seed=seed,
+            detokenize=vllm_engine.DETOKENIZE,
+        )
         if self._stop_ids:
             kw["stop_token_ids"] = self._stop_ids
         kw.update(overrides)
@@ -213,11 +227,19 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         engines = self._engines()
         if self._rollouts is None:
             episodes, t_gen = single_turn_episodes(
-                self.tokenizer, rows, groups, engines, sampling_params=self._sampling_params, score=self.env.score,
-                weights_seq_no=self._weights_seq_no, logprobs_mode=self.config.logprobs_mode)
+                self.tokenizer,
+                rows,
+                groups,
+                engines,
+                sampling_params=self._sampling_params,
+                score=self.env.score,
+                weights_seq_no=self._weights_seq_no,
+                logprobs_mode=self.config.logprobs_mode,
+            )
         else:
-            episodes, t_gen = self._rollouts.play_groups(rows, groups, engines, weights_seq_no=self._weights_seq_no,
-                                                         logprobs_mode=self.config.logprobs_mode)
+            episodes, t_gen = self._rollouts.play_groups(
+                rows, groups, engines, weights_seq_no=self._weights_seq_no, logprobs_mode=self.config.logprobs_mode
+            )
             for key, value in turn_metrics(episodes).items():
                 self.metrics.log_value((metrics.MULTI_TURN, key), value, window=1)
         n_tokens = sum(len(a) for ep in episodes for a in ep.get_actions())
@@ -256,15 +278,33 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         rows = self.env.eval_rows[:max_prompts]
         if self._rollouts is not None:  # greedy episodes, scored by their return
             greedy = Engine(POLICY, self._policy, 1, {"temperature": 0.0}, self._lora_request)
-            episodes = self._rollouts.play(rows, [0] * len(rows), greedy, weights_seq_no=self._weights_seq_no,
-                                           group_ids=list(range(len(rows))), source_id=source_id(POLICY),
-                                           logprobs_mode=self.config.logprobs_mode)
-            return {metrics.REWARD_MEAN: float(np.mean([ep.get_return() for ep in episodes])),
-                    metrics.NUM_PROMPTS: float(len(rows)), **turn_metrics(episodes)}
-        params = SamplingParams(n=1, temperature=0.0, max_tokens=self.config.max_tokens,
-                                stop_token_ids=self._stop_ids or None, detokenize=vllm_engine.DETOKENIZE)
-        outs = self._policy.generate([TokensPrompt(prompt_token_ids=self._encode(r["prompt"])) for r in rows],
-                                  params, use_tqdm=False, lora_request=self._lora_request)
+            episodes = self._rollouts.play(
+                rows,
+                [0] * len(rows),
+                greedy,
+                weights_seq_no=self._weights_seq_no,
+                group_ids=list(range(len(rows))),
+                source_id=source_id(POLICY),
+                logprobs_mode=self.config.logprobs_mode,
+            )
+            return {
+                metrics.REWARD_MEAN: float(np.mean([ep.get_return() for ep in episodes])),
+                metrics.NUM_PROMPTS: float(len(rows)),
+                **turn_metrics(episodes),
+            }
+        params = SamplingParams(
+            n=1,
+            temperature=0.0,
+            max_tokens=self.config.max_tokens,
+            stop_token_ids=self._stop_ids or None,
+            detokenize=vllm_engine.DETOKENIZE,
+        )
+        outs = self._policy.generate(
+            [TokensPrompt(prompt_token_ids=self._encode(r["prompt"])) for r in rows],
+            params,
+            use_tqdm=False,
+            lora_request=self._lora_request,
+        )
         completions = [self.tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outs]
         rewards = self.env.score([r["prompt"] for r in rows], completions, rows)
         return {metrics.REWARD_MEAN: float(np.mean(rewards)), metrics.NUM_PROMPTS: float(len(rows))}
@@ -307,9 +347,11 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             self._policy.arm(seq, probe[sync_payload.PROBE_TOKEN_IDS])
         elif probe is not None:
             stats[metrics.PROBE_MAX_ABS_DIFF] = check_probe(
-                self.engine_logprobs(probe[sync_payload.PROBE_TOKEN_IDS]), probe[sync_payload.PROBE_LOGPROBS],
+                self.engine_logprobs(probe[sync_payload.PROBE_TOKEN_IDS]),
+                probe[sync_payload.PROBE_LOGPROBS],
                 payload.get(sync_payload.TOLERANCE, sync_payload.DEFAULT_TOLERANCE),
-                where=f"runner {self.worker_index}: after loading weights v{self._weights_seq_no}")
+                where=f"runner {self.worker_index}: after loading weights v{self._weights_seq_no}",
+            )
         stats[metrics.VERIFY_S] = time.perf_counter() - t2
         stats[metrics.LOAD_S] = time.perf_counter() - t0
         return stats
@@ -329,8 +371,12 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
     def set_state(self, state: Dict[str, Any]) -> None:
         if sync_payload.RL_MODULE in state and self._llm is not None:
-            self.load_policy_weights({sync_payload.RL_MODULE: state[sync_payload.RL_MODULE],
-                                      sync_payload.VERSION: state.get(sync_payload.VERSION, self._weights_seq_no)})
+            self.load_policy_weights(
+                {
+                    sync_payload.RL_MODULE: state[sync_payload.RL_MODULE],
+                    sync_payload.VERSION: state.get(sync_payload.VERSION, self._weights_seq_no),
+                }
+            )
         self._weights_seq_no = int(state.get(sync_payload.VERSION, self._weights_seq_no))
         self._env_steps_lifetime = int(state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, self._env_steps_lifetime))
 

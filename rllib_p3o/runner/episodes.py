@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, NamedTuple, Sequence
 
 import numpy as np
-
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from rllib_p3o.core.columns import Record
@@ -136,5 +135,8 @@ def _interleaved_turns(ep: SingleAgentEpisode) -> Dict[str, np.ndarray]:
             ids.append(env_ids)
             logps.append(np.zeros(len(env_ids), dtype=np.float32))
             mask.append(np.zeros(len(env_ids), dtype=np.int8))
-    return {Record.COMPLETION_IDS: np.concatenate(ids), Record.BEHAVIOR_LOGPROBS: np.concatenate(logps),
-            Record.LOSS_MASK: np.concatenate(mask)}
+    return {
+        Record.COMPLETION_IDS: np.concatenate(ids),
+        Record.BEHAVIOR_LOGPROBS: np.concatenate(logps),
+        Record.LOSS_MASK: np.concatenate(mask),
+    }

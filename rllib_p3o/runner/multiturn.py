@@ -138,8 +138,9 @@ class ToolEnv(MultiTurnEnv):
         return TurnResult([{"role": "tool", "content": result}])
 
     def render_text(self, messages: Messages) -> str:
-        return "".join(f"<tool_response>{m['content']}</tool_response>" if m["role"] == "tool" else m["content"]
-                       for m in messages)
+        return "".join(
+            f"<tool_response>{m['content']}</tool_response>" if m["role"] == "tool" else m["content"] for m in messages
+        )
 
     def metrics(self) -> Dict[str, float]:
         return {"tool_calls": float(self.tool_calls), "tool_errors": float(self.tool_errors)}
@@ -148,8 +149,9 @@ class ToolEnv(MultiTurnEnv):
 _TOOL_POOL: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
 
-def run_tool(tools: Mapping[str, Callable], name: str, arguments: Union[Dict[str, Any], str], *,
-             timeout_s: float) -> Tuple[str, bool]:
+def run_tool(
+    tools: Mapping[str, Callable], name: str, arguments: Union[Dict[str, Any], str], *, timeout_s: float
+) -> Tuple[str, bool]:
     """Run one tool call with a time limit; returns ``(text for the model, succeeded)``, never raises."""
     global _TOOL_POOL
     if name not in tools:
@@ -170,8 +172,9 @@ def check_turn_result(result: Any, env: MultiTurnEnv) -> TurnResult:
     """``result`` as a `TurnResult`, or `MultiTurnEnvError` naming the env class and what is wrong."""
     name = type(env).__name__
     if not isinstance(result, tuple) or len(result) < 1:
-        raise MultiTurnEnvError(f"{name}.step must return a TurnResult(messages, reward, terminated, truncated, "
-                                f"info), got {result!r:.200}")
+        raise MultiTurnEnvError(
+            f"{name}.step must return a TurnResult(messages, reward, terminated, truncated, info), got {result!r:.200}"
+        )
     result = TurnResult(*result)
     try:
         reward = float(result.reward)

@@ -37,8 +37,9 @@ class ProbeRider:
             return self.llm.generate(prompts, sampling_params, **kwargs)
         version, token_ids = self._armed
         prompts = list(prompts)
-        params = (list(sampling_params) if isinstance(sampling_params, (list, tuple))
-                  else [sampling_params] * len(prompts))
+        params = (
+            list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
+        )
         probe_prompt, probe_params = probe_request(token_ids)
         if isinstance(kwargs.get("lora_request"), (list, tuple)):  # per request: the probe uses the policy's adapter
             kwargs["lora_request"] = list(kwargs["lora_request"]) + [kwargs["lora_request"][0]]

@@ -22,12 +22,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from rllib_p3o.data import chat
 from rllib_p3o.core.columns import Infos
+from rllib_p3o.core.sources import source_id
+from rllib_p3o.data import chat
+from rllib_p3o.data.prompt_schedule import Group
 from rllib_p3o.runner.episodes import Turn, completion_episode, multi_turn_episode
 from rllib_p3o.runner.multiturn import MultiTurnEnv, MultiTurnEnvError, check_turn_result
-from rllib_p3o.data.prompt_schedule import Group
-from rllib_p3o.core.sources import source_id
 
 
 class Engine(NamedTuple):
@@ -53,9 +53,17 @@ class _Completion(NamedTuple):
     params: Any  # vllm.SamplingParams
 
 
-def single_turn_episodes(tokenizer: Any, rows: Sequence[Mapping[str, Any]], groups: Sequence[Group],
-                         engines: Sequence[Engine], *, sampling_params: Callable[..., Any],
-                         score: Callable[..., Any], weights_seq_no: int, logprobs_mode: str) -> Tuple[List, float]:
+def single_turn_episodes(
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    groups: Sequence[Group],
+    engines: Sequence[Engine],
+    *,
+    sampling_params: Callable[..., Any],
+    score: Callable[..., Any],
+    weights_seq_no: int,
+    logprobs_mode: str,
+) -> Tuple[List, float]:
     """One 1-step episode per completion of each group (module docstring); returns them and the generate seconds.
 
     Engine k samples group g with seed ``g.seed + k``: any runner samples the same completions for a group.
@@ -75,20 +83,41 @@ def single_turn_episodes(tokenizer: Any, rows: Sequence[Mapping[str, Any]], grou
             for comp in out.outputs:
                 ids = list(comp.token_ids)
                 logps = [lp[tid].logprob for tid, lp in zip(ids, comp.logprobs)]
-                completions.append(_Completion(
-                    row=i, prompt_ids=pids, completion_ids=ids, behavior_logprobs=logps,
-                    finish_reason=comp.finish_reason, text=tokenizer.decode(ids, skip_special_tokens=True),
-                    source=engine.source, params=params[i]))
+                completions.append(
+                    _Completion(
+                        row=i,
+                        prompt_ids=pids,
+                        completion_ids=ids,
+                        behavior_logprobs=logps,
+                        finish_reason=comp.finish_reason,
+                        text=tokenizer.decode(ids, skip_special_tokens=True),
+                        source=engine.source,
+                        params=params[i],
+                    )
+                )
     scored_rows = [rows[c.row] for c in completions]
     rewards = score([r["prompt"] for r in scored_rows], [c.text for c in completions], scored_rows)
-    episodes = [completion_episode(
-        prompt_ids=c.prompt_ids, completion_ids=c.completion_ids, behavior_logprobs=c.behavior_logprobs,
-        reward=float(reward), weights_seq_no=weights_seq_no, group_id=groups[c.row].group_id,
-        source_id=source_id(c.source),
-        infos={Infos.PROMPT: chat.prompt_text(tokenizer, rows[c.row]["prompt"]), Infos.COMPLETION: c.text,
-               Infos.FINISH_REASON: c.finish_reason, Infos.SOURCE: c.source, Infos.TEMPERATURE: c.params.temperature,
-               Infos.TOP_P: c.params.top_p, Infos.LOGPROBS_MODE: logprobs_mode})
-        for c, reward in zip(completions, rewards)]
+    episodes = [
+        completion_episode(
+            prompt_ids=c.prompt_ids,
+            completion_ids=c.completion_ids,
+            behavior_logprobs=c.behavior_logprobs,
+            reward=float(reward),
+            weights_seq_no=weights_seq_no,
+            group_id=groups[c.row].group_id,
+            source_id=source_id(c.source),
+            infos={
+                Infos.PROMPT: chat.prompt_text(tokenizer, rows[c.row]["prompt"]),
+                Infos.COMPLETION: c.text,
+                Infos.FINISH_REASON: c.finish_reason,
+                Infos.SOURCE: c.source,
+                Infos.TEMPERATURE: c.params.temperature,
+                Infos.TOP_P: c.params.top_p,
+                Infos.LOGPROBS_MODE: logprobs_mode,
+            },
+        )
+        for c, reward in zip(completions, rewards)
+    ]
     return episodes, t_gen
 
 
@@ -117,8 +146,16 @@ class MultiTurnRollouts:
     parameters (the runner's, with its stop tokens: a model turn ends at EOS or at one of them).
     """
 
-    def __init__(self, *, tokenizer: Any, make_env: Callable[[], MultiTurnEnv], max_turns: int, max_tokens: int,
-                 max_total_tokens: int, sampling_params: Callable[..., Any]):
+    def __init__(
+        self,
+        *,
+        tokenizer: Any,
+        make_env: Callable[[], MultiTurnEnv],
+        max_turns: int,
+        max_tokens: int,
+        max_total_tokens: int,
+        sampling_params: Callable[..., Any],
+    ):
         self.tokenizer = tokenizer
         self.make_env = make_env
         self.max_turns = max_turns
@@ -127,20 +164,42 @@ class MultiTurnRollouts:
         self.sampling_params = sampling_params
         self.templated = chat.has_chat_template(tokenizer)
 
-    def play_groups(self, rows: Sequence[Mapping[str, Any]], groups: Sequence[Group], engines: Sequence[Engine], *,
-                    weights_seq_no: int, logprobs_mode: str) -> Tuple[List, float]:
+    def play_groups(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        groups: Sequence[Group],
+        engines: Sequence[Engine],
+        *,
+        weights_seq_no: int,
+        logprobs_mode: str,
+    ) -> Tuple[List, float]:
         """Every engine plays its share of each group (engine k: seeds from ``g.seed + k``); returns the episodes and
         the seconds it took."""
         t0 = time.perf_counter()
         episodes = []
         for k, engine in enumerate(engines):
-            episodes += self.play(rows, [g.seed + k for g in groups], engine, weights_seq_no=weights_seq_no,
-                                  group_ids=[g.group_id for g in groups], source_id=source_id(engine.source),
-                                  logprobs_mode=logprobs_mode)
+            episodes += self.play(
+                rows,
+                [g.seed + k for g in groups],
+                engine,
+                weights_seq_no=weights_seq_no,
+                group_ids=[g.group_id for g in groups],
+                source_id=source_id(engine.source),
+                logprobs_mode=logprobs_mode,
+            )
         return episodes, time.perf_counter() - t0
 
-    def play(self, rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], engine: Engine, *, weights_seq_no: int,
-             group_ids: Sequence[int], source_id: int, logprobs_mode: str) -> List[Any]:
+    def play(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        seeds: Sequence[int],
+        engine: Engine,
+        *,
+        weights_seq_no: int,
+        group_ids: Sequence[int],
+        source_id: int,
+        logprobs_mode: str,
+    ) -> List[Any]:
         """Every episode of ``engine`` (``engine.samples`` per row) to its end; returns RLlib episodes."""
         live = []
         for g, row in enumerate(rows):
@@ -150,8 +209,17 @@ class MultiTurnRollouts:
                 if chat.is_conversational(prompt) and not self.templated:
                     chat.check_chat_template(self.tokenizer, "the policy")
                 ids = chat.prompt_token_ids(self.tokenizer, prompt)
-                live.append(_Live(env=env, group=g, row=row, prompt=prompt, prompt_ids=list(ids), ids=list(ids),
-                                  seed=(int(seeds[g]) * 1_000_003 + j * 7919) % (2**31)))
+                live.append(
+                    _Live(
+                        env=env,
+                        group=g,
+                        row=row,
+                        prompt=prompt,
+                        prompt_ids=list(ids),
+                        ids=list(ids),
+                        seed=(int(seeds[g]) * 1_000_003 + j * 7919) % (2**31),
+                    )
+                )
         from vllm.inputs import TokensPrompt
 
         params_used = None
@@ -171,8 +239,9 @@ class MultiTurnRollouts:
                 params.append(self.sampling_params((e.seed + turn) % (2**31), n=1, max_tokens=budget, **overrides))
             if not requests:
                 break
-            outputs = engine.llm.generate([r for _, r in requests], params, use_tqdm=False,
-                                          lora_request=engine.lora_request)
+            outputs = engine.llm.generate(
+                [r for _, r in requests], params, use_tqdm=False, lora_request=engine.lora_request
+            )
             params_used = params[0]
             for (e, _), out in zip(requests, outputs):
                 self._advance(e, out.outputs[0], last_turn=turn == self.max_turns - 1)
@@ -180,16 +249,29 @@ class MultiTurnRollouts:
         for e in live:
             if not e.turns:  # the prompt alone filled max_total_tokens: nothing to train on
                 continue
-            info = {Infos.PROMPT: chat.prompt_text(self.tokenizer, e.prompt),
-                    Infos.COMPLETION: self.tokenizer.decode(e.ids[len(e.prompt_ids):], skip_special_tokens=False),
-                    Infos.FINISH_REASON: e.finish_reason, Infos.SOURCE: engine.source,
-                    Infos.TEMPERATURE: getattr(params_used, "temperature", None),
-                    Infos.TOP_P: getattr(params_used, "top_p", None), Infos.LOGPROBS_MODE: logprobs_mode,
-                    Infos.TURNS: len(e.turns), Infos.TRUNCATED: bool(e.truncated and not e.terminated),
-                    **e.env.metrics()}
-            episodes.append(multi_turn_episode(prompt_ids=e.prompt_ids, turns=e.turns, terminated=e.terminated,
-                                               weights_seq_no=weights_seq_no, group_id=group_ids[e.group],
-                                               source_id=source_id, infos=info))
+            info = {
+                Infos.PROMPT: chat.prompt_text(self.tokenizer, e.prompt),
+                Infos.COMPLETION: self.tokenizer.decode(e.ids[len(e.prompt_ids) :], skip_special_tokens=False),
+                Infos.FINISH_REASON: e.finish_reason,
+                Infos.SOURCE: engine.source,
+                Infos.TEMPERATURE: getattr(params_used, "temperature", None),
+                Infos.TOP_P: getattr(params_used, "top_p", None),
+                Infos.LOGPROBS_MODE: logprobs_mode,
+                Infos.TURNS: len(e.turns),
+                Infos.TRUNCATED: bool(e.truncated and not e.terminated),
+                **e.env.metrics(),
+            }
+            episodes.append(
+                multi_turn_episode(
+                    prompt_ids=e.prompt_ids,
+                    turns=e.turns,
+                    terminated=e.terminated,
+                    weights_seq_no=weights_seq_no,
+                    group_id=group_ids[e.group],
+                    source_id=source_id,
+                    infos=info,
+                )
+            )
         return episodes
 
     def _advance(self, e: _Live, completion: Any, last_turn: bool) -> None:
@@ -201,8 +283,9 @@ class MultiTurnRollouts:
         text = self.tokenizer.decode(action, skip_special_tokens=True)
         result = check_turn_result(self._call(e.env, "step", {"role": "assistant", "content": text}, e.row), e.env)
         e.terminated = bool(result.terminated)
-        e.truncated = bool(result.truncated) or (not e.terminated and (completion.finish_reason == "length"
-                                                                       or last_turn))
+        e.truncated = bool(result.truncated) or (
+            not e.terminated and (completion.finish_reason == "length" or last_turn)
+        )
         env_ids: List[int] = []
         if not (e.terminated or e.truncated):
             env_ids = self._env_ids(e.env, result.messages, action[-1] if action else None)
@@ -226,8 +309,9 @@ class MultiTurnRollouts:
         except MultiTurnEnvError:
             raise
         except Exception as e:
-            raise MultiTurnEnvError(f"{type(env).__name__}.{method} raised {type(e).__name__}: {e} "
-                                    f"(prompt {row.get('prompt')!r:.200})") from e
+            raise MultiTurnEnvError(
+                f"{type(env).__name__}.{method} raised {type(e).__name__}: {e} (prompt {row.get('prompt')!r:.200})"
+            ) from e
 
 
 def turn_metrics(episodes: Sequence[Any]) -> Dict[str, float]:

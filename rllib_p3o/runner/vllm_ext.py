@@ -29,8 +29,9 @@ class WeightSyncExtension:
         self._p3o_refresh_tied_lm_head()
         return {"num_tensors": float(len(weights)), "engine_reload_s": time.perf_counter() - t0}
 
-    def p3o_load_lora(self, lora_id: int, weights: Union[bytes, Mapping[str, Any]], r: int, alpha: float,
-                      target_modules: List[str]) -> Dict[str, float]:
+    def p3o_load_lora(
+        self, lora_id: int, weights: Union[bytes, Mapping[str, Any]], r: int, alpha: float, target_modules: List[str]
+    ) -> Dict[str, float]:
         """Make ``weights`` (peft names, `rllib_p3o.core.lora.adapter_state`) the adapter with id ``lora_id``."""
         import time
 
@@ -46,9 +47,14 @@ class WeightSyncExtension:
         mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
         # Cloned: vLLM scales lora_B in place, and the received tensors may be the learner's own or read-only.
         lora = LoRAModel.from_lora_tensors(
-            lora_id, {k: v.detach().clone() for k, v in weights.items()}, helper, device="cpu",
-            dtype=worker_manager.lora_config.lora_dtype, model_vocab_size=worker_manager.vocab_size,
-            weights_mapper=mapper.get_rename_mapper() if mapper is not None else None)
+            lora_id,
+            {k: v.detach().clone() for k, v in weights.items()},
+            helper,
+            device="cpu",
+            dtype=worker_manager.lora_config.lora_dtype,
+            model_vocab_size=worker_manager.vocab_size,
+            weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
+        )
         if not lora.loras:
             raise ValueError(f"none of the {len(weights)} adapter tensors matched a LoRA layer of the engine's model")
         for old in list(manager.list_adapters()):

@@ -67,27 +67,51 @@ def _behavior(model: str, name: str) -> Dict[str, Any]:
     return {"model": model, "name": name, "samples": 4}
 
 
-REGIMES: Dict[str, Regime] = {r.name: r for r in (
-    Regime("on_policy_4_steps", "on-policy rollouts, 4 optimizer steps per iteration (minibatches of 128 of 512)",
-           lambda c, p: c.training(minibatch_size=128)),
-    Regime("temperature_1.2", "rollouts sampled at temperature 1.2 (behavior log-probs of the tempered policy)",
-           lambda c, p: c.training(temperature=1.2)),
-    Regime("async_staleness_2", "async sampling: the runner keeps generating while the learner updates, "
-           "samples up to 2 weight versions old", lambda c, p: c.training(async_sampling=True, max_staleness=2)),
-    Regime("behavior_stronger", "4 of each group's 8 completions from a frozen stronger checkpoint",
-           lambda c, p: c.training(behavior_models=[_behavior(p.stronger_model, "stronger")]),
-           needs=("stronger_model",)),
-    Regime("behavior_weaker", "4 of each group's 8 completions from a frozen weaker checkpoint",
-           lambda c, p: c.training(behavior_models=[_behavior(p.weaker_model, "weaker")]),
-           needs=("weaker_model",)),
-    Regime("offline_stale", "offline only: trajectories recorded by the frozen base policy (staler as the "
-           "learner improves), read once in recorded order",
-           lambda c, p: c.training(offline_fraction=1.0).offline_data(
-               input_=[p.stale_recording],
-               # A small dataset on 2 cores: one reader, one preprocessing actor (Ray Data's defaults start many).
-               input_read_method_kwargs={"override_num_blocks": 1}, map_batches_kwargs={"concurrency": 1}),
-           needs=("stale_recording",)),
-)}
+REGIMES: Dict[str, Regime] = {
+    r.name: r
+    for r in (
+        Regime(
+            "on_policy_4_steps",
+            "on-policy rollouts, 4 optimizer steps per iteration (minibatches of 128 of 512)",
+            lambda c, p: c.training(minibatch_size=128),
+        ),
+        Regime(
+            "temperature_1.2",
+            "rollouts sampled at temperature 1.2 (behavior log-probs of the tempered policy)",
+            lambda c, p: c.training(temperature=1.2),
+        ),
+        Regime(
+            "async_staleness_2",
+            "async sampling: the runner keeps generating while the learner updates, "
+            "samples up to 2 weight versions old",
+            lambda c, p: c.training(async_sampling=True, max_staleness=2),
+        ),
+        Regime(
+            "behavior_stronger",
+            "4 of each group's 8 completions from a frozen stronger checkpoint",
+            lambda c, p: c.training(behavior_models=[_behavior(p.stronger_model, "stronger")]),
+            needs=("stronger_model",),
+        ),
+        Regime(
+            "behavior_weaker",
+            "4 of each group's 8 completions from a frozen weaker checkpoint",
+            lambda c, p: c.training(behavior_models=[_behavior(p.weaker_model, "weaker")]),
+            needs=("weaker_model",),
+        ),
+        Regime(
+            "offline_stale",
+            "offline only: trajectories recorded by the frozen base policy (staler as the "
+            "learner improves), read once in recorded order",
+            lambda c, p: c.training(offline_fraction=1.0).offline_data(
+                input_=[p.stale_recording],
+                # A small dataset on 2 cores: one reader, one preprocessing actor (Ray Data's defaults start many).
+                input_read_method_kwargs={"override_num_blocks": 1},
+                map_batches_kwargs={"concurrency": 1},
+            ),
+            needs=("stale_recording",),
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -109,13 +133,14 @@ class Grid:
 
     def num_trials(self) -> int:
         return len(self.regimes) * len(self.methods) * len(self.seeds) + (
-            len(self.lr_peaks) * len(self.lr_methods) * len(self.lr_seeds))
+            len(self.lr_peaks) * len(self.lr_methods) * len(self.lr_seeds)
+        )
 
 
-QUICK = Grid(regimes=("on_policy_4_steps", "temperature_1.2"), methods=("p3o", "grpo_eps0.2"), seeds=(0,),
-             iterations=15)
-FULL = Grid(regimes=tuple(REGIMES), methods=tuple(METHODS), seeds=(0, 1, 2), iterations=40,
-            lr_peaks=(2e-4, 5e-4, 1e-3))
+QUICK = Grid(
+    regimes=("on_policy_4_steps", "temperature_1.2"), methods=("p3o", "grpo_eps0.2"), seeds=(0,), iterations=15
+)
+FULL = Grid(regimes=tuple(REGIMES), methods=tuple(METHODS), seeds=(0, 1, 2), iterations=40, lr_peaks=(2e-4, 5e-4, 1e-3))
 
 
 def regime_config(regime: Regime, prepared: Prepared, grid: Grid) -> P3OConfig:
@@ -124,7 +149,12 @@ def regime_config(regime: Regime, prepared: Prepared, grid: Grid) -> P3OConfig:
     config = demo_config(prepared.base_model, eval_interval=grid.eval_interval, **grid.extra)
     # Prompts by path and the reward by import path: Tune saves every trial's config (with rows, ~0.7 MB each),
     # and a reused actor compares configs.
-    config.environment(env_config={**config.env_config, "dataset": prepared.train_prompts,
-                                   "eval_dataset": prepared.heldout_prompts,
-                                   "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward"})
+    config.environment(
+        env_config={
+            **config.env_config,
+            "dataset": prepared.train_prompts,
+            "eval_dataset": prepared.heldout_prompts,
+            "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward",
+        }
+    )
     return regime.apply(config, prepared)

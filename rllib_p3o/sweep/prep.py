@@ -28,8 +28,9 @@ WEAKER_PRETRAIN_STEPS = 300
 STRONGER_HELDOUT = 0.8
 
 
-def prepare(out: str, grid: Grid, needs: set, base_model: Optional[str] = None,
-            say: Callable[[str], None] = print) -> Prepared:
+def prepare(
+    out: str, grid: Grid, needs: set, base_model: Optional[str] = None, say: Callable[[str], None] = print
+) -> Prepared:
     """Build (or reuse) what ``needs`` (names of `Prepared` fields) asks for; ``base_model`` skips building one."""
     prep_dir = os.path.join(out, "prep")
     os.makedirs(prep_dir, exist_ok=True)
@@ -46,8 +47,9 @@ def prepare(out: str, grid: Grid, needs: set, base_model: Optional[str] = None,
             f.writelines(json.dumps(r) + "\n" for r in rows)
     if "weaker_model" in needs and "weaker_model" not in done:
         say(f"[prep] weaker model: the same pretraining stopped after {WEAKER_PRETRAIN_STEPS} steps")
-        done["weaker_model"] = build_demo_model(os.path.join(prep_dir, "weaker_model"), seed=0,
-                                                pretrain_steps=WEAKER_PRETRAIN_STEPS)
+        done["weaker_model"] = build_demo_model(
+            os.path.join(prep_dir, "weaker_model"), seed=0, pretrain_steps=WEAKER_PRETRAIN_STEPS
+        )
     if ({"stale_recording", "stronger_model"} & needs) - set(done):
         done.update(_record_then_train(base_model, prep_dir, grid, say))
     with open(stamp, "w") as f:
@@ -67,8 +69,9 @@ def _record_then_train(base_model: str, prep_dir: str, grid: Grid, say: Callable
         say(f"[prep] stale recording: {grid.iterations} iterations sampled by the frozen base policy → {recording}")
         for _ in range(grid.iterations):
             algo.train()
-        trained = frozen.copy(copy_frozen=False).training(lr=lr_schedule(grid.default_lr), eval_interval=5,
-                                                          record_rollouts=None)
+        trained = frozen.copy(copy_frozen=False).training(
+            lr=lr_schedule(grid.default_lr), eval_interval=5, record_rollouts=None
+        )
         algo.reset_config(trained.to_dict())
         algo._iteration = 0  # (Tune resets this itself when it reuses an actor)
         heldout, max_iterations = 0.0, 10 * grid.iterations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,8 +28,7 @@ FIGURES = "figures"
 COLLAPSE_DROP = 0.1
 # Columns of curves.csv.
 STAGE, METHOD, SEED, LR_PEAK, ITERATION, SAMPLES = "stage", "method", "seed", "lr_peak", "iteration", "samples"
-HELDOUT, ESS, REWARD, SETUP_S, ACTOR_REUSED, ERROR = ("heldout", "ess", "reward", "setup_s", "actor_reused",
-                                                      "error")
+HELDOUT, ESS, REWARD, SETUP_S, ACTOR_REUSED, ERROR = ("heldout", "ess", "reward", "setup_s", "actor_reused", "error")
 PER_ITERATION = "completions_per_iteration"
 _SOURCES = {
     HELDOUT: metrics.column(metrics.P3O, metrics.HELDOUT_REWARD_MEAN),
@@ -49,9 +48,14 @@ def collect(results, stage: str, samples_per_iteration: int) -> pd.DataFrame:
     for result in results:
         cfg = result.config or {}
         lr = cfg.get("lr")
-        ident = {STAGE: stage, METHOD: cfg.get(METHOD_KEY), SEED: cfg.get("seed"),
-                 LR_PEAK: lr[-1][-1] if isinstance(lr, list) else lr, ERROR: result.error is not None,
-                 PER_ITERATION: samples_per_iteration}
+        ident = {
+            STAGE: stage,
+            METHOD: cfg.get(METHOD_KEY),
+            SEED: cfg.get("seed"),
+            LR_PEAK: lr[-1][-1] if isinstance(lr, list) else lr,
+            ERROR: result.error is not None,
+            PER_ITERATION: samples_per_iteration,
+        }
         df = result.metrics_dataframe
         if df is None or df.empty:
             frames.append(pd.DataFrame([{**ident, ITERATION: 0, SAMPLES: 0}]))
@@ -79,13 +83,23 @@ def per_trial(curves: pd.DataFrame, target: float) -> pd.DataFrame:
         last = float(ev[HELDOUT].iloc[-1]) if len(ev) else math.nan
         hit = ev[ev[HELDOUT] >= target]
         errored = bool(t[ERROR].any())
-        out.append({STAGE: stage, METHOD: method, SEED: seed, LR_PEAK: lr, "heldout_first": first,
-                    "heldout_last": last, "samples_at_last_eval": float(ev[SAMPLES].iloc[-1]) if len(ev) else math.nan,
-                    "samples_to_target": float(hit[SAMPLES].iloc[0]) if len(hit) else math.nan,
-                    "collapsed": errored or not len(ev) or last < first - COLLAPSE_DROP, ERROR: errored,
-                    "ess_mean": float(t[ESS].mean()), SETUP_S: float(t[SETUP_S].dropna().iloc[0])
-                    if t[SETUP_S].notna().any() else math.nan,
-                    ACTOR_REUSED: bool(t[ACTOR_REUSED].fillna(0).max() > 0)})
+        out.append(
+            {
+                STAGE: stage,
+                METHOD: method,
+                SEED: seed,
+                LR_PEAK: lr,
+                "heldout_first": first,
+                "heldout_last": last,
+                "samples_at_last_eval": float(ev[SAMPLES].iloc[-1]) if len(ev) else math.nan,
+                "samples_to_target": float(hit[SAMPLES].iloc[0]) if len(hit) else math.nan,
+                "collapsed": errored or not len(ev) or last < first - COLLAPSE_DROP,
+                ERROR: errored,
+                "ess_mean": float(t[ESS].mean()),
+                SETUP_S: float(t[SETUP_S].dropna().iloc[0]) if t[SETUP_S].notna().any() else math.nan,
+                ACTOR_REUSED: bool(t[ACTOR_REUSED].fillna(0).max() > 0),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -94,27 +108,41 @@ def summarize(trials: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (stage, method), t in trials.groupby([STAGE, METHOD], sort=False):
         reached = t["samples_to_target"].dropna()
-        rows.append({STAGE: stage, METHOD: method, "seeds": len(t),
-                     "heldout_at_budget_mean": float(t["heldout_last"].mean()),
-                     "heldout_at_budget_std": float(t["heldout_last"].std(ddof=1)) if len(t) > 1 else 0.0,
-                     "heldout_start_mean": float(t["heldout_first"].mean()),
-                     "reached_target": int(len(reached)),
-                     "samples_to_target_median": float(reached.median()) if len(reached) else math.nan,
-                     "collapses": int(t["collapsed"].sum()), "errors": int(t[ERROR].sum()),
-                     "ess_mean": float(t["ess_mean"].mean()),
-                     "budget_samples": float(t["samples_at_last_eval"].max())})
+        rows.append(
+            {
+                STAGE: stage,
+                METHOD: method,
+                "seeds": len(t),
+                "heldout_at_budget_mean": float(t["heldout_last"].mean()),
+                "heldout_at_budget_std": float(t["heldout_last"].std(ddof=1)) if len(t) > 1 else 0.0,
+                "heldout_start_mean": float(t["heldout_first"].mean()),
+                "reached_target": int(len(reached)),
+                "samples_to_target_median": float(reached.median()) if len(reached) else math.nan,
+                "collapses": int(t["collapsed"].sum()),
+                "errors": int(t[ERROR].sum()),
+                "ess_mean": float(t["ess_mean"].mean()),
+                "budget_samples": float(t["samples_at_last_eval"].max()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def choose_lr(curves: pd.DataFrame, peaks: Sequence[float], target: float = 0.8) -> Dict[str, Any]:
     """The peak lr whose worse method (mean last held-out over seeds) is best: fair to both losses."""
     trials = per_trial(curves, target)
-    scores = {float(p): {m: float(t["heldout_last"].mean()) for m, t in trials[np.isclose(trials[LR_PEAK], p)]
-                         .groupby(METHOD)} for p in peaks}
+    scores = {
+        float(p): {
+            m: float(t["heldout_last"].mean()) for m, t in trials[np.isclose(trials[LR_PEAK], p)].groupby(METHOD)
+        }
+        for p in peaks
+    }
     best = max(scores, key=lambda p: (min(scores[p].values()) if scores[p] else -1.0, -p))
-    return {"lr_peak": best, "scores": {f"{p:g}": s for p, s in scores.items()},
-            "why": "mean held-out at the budget of the worse method, per peak: " +
-                   ", ".join(f"{p:g} → {min(s.values()):.3f}" for p, s in scores.items() if s)}
+    return {
+        "lr_peak": best,
+        "scores": {f"{p:g}": s for p, s in scores.items()},
+        "why": "mean held-out at the budget of the worse method, per peak: "
+        + ", ".join(f"{p:g} → {min(s.values()):.3f}" for p, s in scores.items() if s),
+    }
 
 
 def _fmt_samples(x: float) -> str:
@@ -122,12 +150,17 @@ def _fmt_samples(x: float) -> str:
 
 
 def markdown_table(summary: pd.DataFrame, target: float) -> str:
-    lines = [f"| regime | method | held-out at budget (mean ± std, n) | reached {target:g} | samples to {target:g} "
-             "(median) | collapses | mean ESS |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| regime | method | held-out at budget (mean ± std, n) | reached {target:g} | samples to {target:g} "
+        "(median) | collapses | mean ESS |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for _, r in summary.iterrows():
-        lines.append(f"| {r[STAGE]} | {r[METHOD]} | {r['heldout_at_budget_mean']:.3f} ± "
-                     f"{r['heldout_at_budget_std']:.3f} (n={r['seeds']}) | {r['reached_target']}/{r['seeds']} | "
-                     f"{_fmt_samples(r['samples_to_target_median'])} | {r['collapses']} | {r['ess_mean']:.3f} |")
+        lines.append(
+            f"| {r[STAGE]} | {r[METHOD]} | {r['heldout_at_budget_mean']:.3f} ± "
+            f"{r['heldout_at_budget_std']:.3f} (n={r['seeds']}) | {r['reached_target']}/{r['seeds']} | "
+            f"{_fmt_samples(r['samples_to_target_median'])} | {r['collapses']} | {r['ess_mean']:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -148,9 +181,8 @@ def plot_regime(curves: pd.DataFrame, regime: str, path: str, samples_per_iterat
             x = d[SAMPLES] + shift * (samples_per_iteration or 0)
             g = d.assign(x=x).groupby("x")[col]
             mean, std = g.mean(), g.std(ddof=1).fillna(0.0)
-            line, = ax.plot(mean.index, mean.values, label=method)
-            ax.fill_between(mean.index, (mean - std).values, (mean + std).values, alpha=0.15,
-                            color=line.get_color())
+            (line,) = ax.plot(mean.index, mean.values, label=method)
+            ax.fill_between(mean.index, (mean - std).values, (mean + std).values, alpha=0.15, color=line.get_color())
     for ax, label in zip(axes, ("held-out accuracy (greedy)", "ESS of the training batch")):
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("completions trained")
@@ -174,21 +206,34 @@ def write_report(out: str, curves: pd.DataFrame, grid, *, lr_peak: float, wall_s
     os.makedirs(os.path.join(out, FIGURES), exist_ok=True)
     figures = [plot_regime(regime_curves, r, os.path.join(out, FIGURES, f"{r}.png"), rows_per_it) for r in regimes]
     fresh, reused = (trials[trials[ACTOR_REUSED] == flag][SETUP_S].dropna() for flag in (False, True))
-    startup = {"fresh_actor_setup_s_mean": float(fresh.mean()) if len(fresh) else None, "fresh_trials": len(fresh),
-               "reused_actor_setup_s_mean": float(reused.mean()) if len(reused) else None,
-               "reused_trials": len(reused)}
+    startup = {
+        "fresh_actor_setup_s_mean": float(fresh.mean()) if len(fresh) else None,
+        "fresh_trials": len(fresh),
+        "reused_actor_setup_s_mean": float(reused.mean()) if len(reused) else None,
+        "reused_trials": len(reused),
+    }
     table = markdown_table(summary, grid.target)
     md = os.path.join(out, SUMMARY_MD)
     with open(md, "w") as f:
-        f.write(f"Peak lr {lr_peak:g} for every method; {grid.iterations} iterations of {rows_per_it} completions "
-                f"per trial; target held-out {grid.target:g}; collapse: errored or last held-out more than "
-                f"{COLLAPSE_DROP:g} below the first.\n\n{table}\nStart-up per trial: fresh actor "
-                f"{_s(startup['fresh_actor_setup_s_mean'])} (n={len(fresh)}), reused actor "
-                f"{_s(startup['reused_actor_setup_s_mean'])} (n={len(reused)}).\n")
-    facts = {"lr_peak": lr_peak, "iterations": grid.iterations, "target": grid.target,
-             "completions_per_iteration": rows_per_it, "wall_s": wall_s, "startup": startup,
-             "table": md, "figures": figures, "summary": summary.to_dict(orient="records"),
-             "trials": trials.to_dict(orient="records")}
+        f.write(
+            f"Peak lr {lr_peak:g} for every method; {grid.iterations} iterations of {rows_per_it} completions "
+            f"per trial; target held-out {grid.target:g}; collapse: errored or last held-out more than "
+            f"{COLLAPSE_DROP:g} below the first.\n\n{table}\nStart-up per trial: fresh actor "
+            f"{_s(startup['fresh_actor_setup_s_mean'])} (n={len(fresh)}), reused actor "
+            f"{_s(startup['reused_actor_setup_s_mean'])} (n={len(reused)}).\n"
+        )
+    facts = {
+        "lr_peak": lr_peak,
+        "iterations": grid.iterations,
+        "target": grid.target,
+        "completions_per_iteration": rows_per_it,
+        "wall_s": wall_s,
+        "startup": startup,
+        "table": md,
+        "figures": figures,
+        "summary": summary.to_dict(orient="records"),
+        "trials": trials.to_dict(orient="records"),
+    }
     with open(os.path.join(out, SUMMARY_JSON), "w") as f:
         json.dump(facts, f, indent=2, default=float)
     return facts

@@ -31,8 +31,19 @@ from ray import tune
 
 from rllib_p3o.core import metrics
 from rllib_p3o.sweep import report
-from rllib_p3o.sweep.grid import FULL, METHOD, METHOD_KEYS, METHODS, QUICK, REGIMES, Grid, Prepared, lr_schedule
-from rllib_p3o.sweep.grid import method_value, regime_config
+from rllib_p3o.sweep.grid import (
+    FULL,
+    METHOD,
+    METHOD_KEYS,
+    METHODS,
+    QUICK,
+    REGIMES,
+    Grid,
+    Prepared,
+    lr_schedule,
+    method_value,
+    regime_config,
+)
 
 LR_STAGE = "lr"
 LR_CHOICE = "lr_choice.json"
@@ -59,15 +70,17 @@ class StageProgress(tune.Callback):
         done = sum(t is trial or t.status in ("TERMINATED", "ERROR") for t in self._trials)
         left = self.num_trials - max(done, self.finished_here)
         eta = (time.time() - self.t0) / self.finished_here * left
-        print(f"[{self.stage}] {_trial_name(trial)}: {text}; "
-              f"{left} trials left, ~{eta / 60:.1f} min", flush=True)
+        print(f"[{self.stage}] {_trial_name(trial)}: {text}; {left} trials left, ~{eta / 60:.1f} min", flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._trials = trials
         r = trial.last_result or {}
-        self._line(trial, f"{r.get('training_iteration', 0)} it, held-out "
-                          f"{self.heldout.get(trial.trial_id, float('nan')):.3f} at the last eval, "
-                          f"{r.get('time_total_s', 0):.0f} s")
+        self._line(
+            trial,
+            f"{r.get('training_iteration', 0)} it, held-out "
+            f"{self.heldout.get(trial.trial_id, float('nan')):.3f} at the last eval, "
+            f"{r.get('time_total_s', 0):.0f} s",
+        )
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._trials = trials
@@ -86,25 +99,38 @@ def run_stage(out: str, stage: str, param_space: Dict, iterations: int, cells: L
     if trials is not None:
         found = sorted(_cell(t.config) for t in trials)
         if not set(found) <= set(cells):
-            raise SystemExit(f"{path} holds another grid ({len(found)} trials: {found[:3]}...) than this command's "
-                             f"({len(cells)}: {sorted(cells)[:3]}...); pass --fresh, or another --out.")
+            raise SystemExit(
+                f"{path} holds another grid ({len(found)} trials: {found[:3]}...) than this command's "
+                f"({len(cells)}: {sorted(cells)[:3]}...); pass --fresh, or another --out."
+            )
         if found == sorted(cells) and all(t.status == "TERMINATED" for t in trials):
             say(f"[{stage}] finished earlier: {len(cells)} trials, not run again")
             return tune.Tuner.restore(path, trainable="P3O", param_space=param_space).get_results()
         say(f"[{stage}] continuing the interrupted experiment (finished trials are kept)")
         # The param space again: Tune stores objects it cannot serialize as placeholders that need it.
-        tuner = tune.Tuner.restore(path, trainable="P3O", resume_errored=False, restart_errored=True,
-                                   param_space=param_space)
+        tuner = tune.Tuner.restore(
+            path, trainable="P3O", resume_errored=False, restart_errored=True, param_space=param_space
+        )
     else:
         say(f"[{stage}] {len(cells)} trials × {iterations} iterations")
         tuner = tune.Tuner(
-            "P3O", param_space=param_space,
-            tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=1, trial_dirname_creator=_trial_name,
-                                        trial_name_creator=_trial_name),
-            run_config=tune.RunConfig(name=stage, storage_path=out, verbose=0,
-                                      callbacks=[StageProgress(stage, len(cells))],
-                                      stop={"training_iteration": iterations},
-                                      failure_config=tune.FailureConfig(max_failures=0)))
+            "P3O",
+            param_space=param_space,
+            tune_config=tune.TuneConfig(
+                reuse_actors=True,
+                max_concurrent_trials=1,
+                trial_dirname_creator=_trial_name,
+                trial_name_creator=_trial_name,
+            ),
+            run_config=tune.RunConfig(
+                name=stage,
+                storage_path=out,
+                verbose=0,
+                callbacks=[StageProgress(stage, len(cells))],
+                stop={"training_iteration": iterations},
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
+        )
     return tuner.fit()
 
 
@@ -136,8 +162,9 @@ def stage_space(config, methods: List[str], seeds: List[int], lr_peaks: List[flo
     for key in METHOD_KEYS:
         space[key] = tune.sample_from(functools.partial(method_value, key))
     space["seed"] = tune.grid_search(list(seeds))
-    space["lr"] = tune.grid_search([lr_schedule(p) for p in lr_peaks]) if len(lr_peaks) > 1 else \
-        lr_schedule(lr_peaks[0])
+    space["lr"] = (
+        tune.grid_search([lr_schedule(p) for p in lr_peaks]) if len(lr_peaks) > 1 else lr_schedule(lr_peaks[0])
+    )
     return space
 
 
@@ -150,8 +177,9 @@ def choose_lr(out: str, grid: Grid, prepared: Prepared, say=print) -> float:
         return float(json.load(open(path))["lr_peak"])
     config = regime_config(REGIMES[grid.lr_regime], prepared, grid)
     space = stage_space(config, list(grid.lr_methods), list(grid.lr_seeds), list(grid.lr_peaks))
-    results = run_stage(out, LR_STAGE, space, grid.iterations,
-                        _cells(grid.lr_methods, grid.lr_seeds, grid.lr_peaks), say)
+    results = run_stage(
+        out, LR_STAGE, space, grid.iterations, _cells(grid.lr_methods, grid.lr_seeds, grid.lr_peaks), say
+    )
     curves = report.collect(results, LR_STAGE, config.train_batch_rows)
     choice = report.choose_lr(curves, grid.lr_peaks)
     with open(path, "w") as f:
@@ -171,20 +199,29 @@ def run_sweep(out: str, grid: Grid, *, base_model: Optional[str] = None, say=pri
     frames = []
     for name in grid.regimes:
         config = regime_config(REGIMES[name], prepared, grid)
-        results = run_stage(out, name, stage_space(config, list(grid.methods), list(grid.seeds), [lr_peak]),
-                            grid.iterations, _cells(grid.methods, grid.seeds, [lr_peak]), say)
+        results = run_stage(
+            out,
+            name,
+            stage_space(config, list(grid.methods), list(grid.seeds), [lr_peak]),
+            grid.iterations,
+            _cells(grid.methods, grid.seeds, [lr_peak]),
+            say,
+        )
         frames.append(report.collect(results, name, config.train_batch_rows))
     curves = report.concat(frames)
     curves.to_csv(os.path.join(out, report.CURVES_CSV), index=False)
     summary = report.write_report(out, curves, grid, lr_peak=lr_peak, wall_s=time.time() - t0)
-    say(f"[sweep] done in {(time.time() - t0) / 60:.1f} min: {summary['table']} and {len(summary['figures'])} "
-        f"figures under {out}")
+    say(
+        f"[sweep] done in {(time.time() - t0) / 60:.1f} min: {summary['table']} and {len(summary['figures'])} "
+        f"figures under {out}"
+    )
     return summary
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="rllib-p3o sweep", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="rllib-p3o sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help=f"{QUICK.num_trials()} trials, ≤ 10 min on 2 cores")
     size.add_argument("--full", action="store_true", help=f"{FULL.num_trials()} trials (default), ≤ 90 min")
@@ -200,8 +237,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     grid = QUICK if args.quick else FULL
-    changes = {k: tuple(v) for k, v in (("regimes", args.regimes), ("methods", args.methods),
-                                         ("seeds", args.seeds)) if v}
+    changes = {
+        k: tuple(v) for k, v in (("regimes", args.regimes), ("methods", args.methods), ("seeds", args.seeds)) if v
+    }
     if args.iterations:
         changes["iterations"] = args.iterations
     if args.lr:
@@ -212,8 +250,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         import pandas
 
         lr_peak = json.load(open(os.path.join(out, LR_CHOICE)))["lr_peak"] if grid.lr_peaks else grid.default_lr
-        summary = report.write_report(out, pandas.read_csv(os.path.join(out, report.CURVES_CSV)), grid,
-                                      lr_peak=lr_peak, wall_s=None)
+        summary = report.write_report(
+            out, pandas.read_csv(os.path.join(out, report.CURVES_CSV)), grid, lr_peak=lr_peak, wall_s=None
+        )
         print(open(summary["table"]).read())
         return 0
     if args.fresh and os.path.isdir(out):
@@ -228,14 +267,20 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     env = quiet_library_output()
     # Logical CPUs beyond the cores: a trial holds 2 (its actor and the runner), Ray Data reads need their own.
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-             runtime_env={"env_vars": env})
+    ray.init(
+        num_cpus=8,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+        runtime_env={"env_vars": env},
+    )
     try:
-        print(f"[sweep] {grid.num_trials()} trials: regimes {', '.join(grid.regimes)}; methods "
-              f"{', '.join(grid.methods)}; seeds {list(grid.seeds)}; {grid.iterations} iterations each → {out}",
-              flush=True)
-        summary = run_sweep(out, grid, base_model=args.base_model,
-                            say=lambda line: print(line, flush=True))
+        print(
+            f"[sweep] {grid.num_trials()} trials: regimes {', '.join(grid.regimes)}; methods "
+            f"{', '.join(grid.methods)}; seeds {list(grid.seeds)}; {grid.iterations} iterations each → {out}",
+            flush=True,
+        )
+        summary = run_sweep(out, grid, base_model=args.base_model, say=lambda line: print(line, flush=True))
     finally:
         ray.shutdown()
     print(open(summary["table"]).read())

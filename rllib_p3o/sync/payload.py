@@ -18,7 +18,6 @@ import warnings
 from typing import Any, Dict, Mapping, Union
 
 import torch
-
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
@@ -48,14 +47,16 @@ class PackedTensors:
 
     def __init__(self, tensors: Mapping[str, torch.Tensor]):
         self.specs = {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
-        self.arrays = {k: t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-                       for k, t in tensors.items()}
+        self.arrays = {
+            k: t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy() for k, t in tensors.items()
+        }
 
     def unpack(self) -> Dict[str, torch.Tensor]:
         with warnings.catch_warnings():  # torch warns that the object store's buffers are read-only
             warnings.simplefilter("ignore", UserWarning)
-            return {k: torch.from_numpy(a).view(self.specs[k][0]).reshape(self.specs[k][1])
-                    for k, a in self.arrays.items()}
+            return {
+                k: torch.from_numpy(a).view(self.specs[k][0]).reshape(self.specs[k][1]) for k, a in self.arrays.items()
+            }
 
 
 def module_tensors(module_state: Union[Mapping[str, Any], PackedTensors]) -> Mapping[str, Any]:
@@ -68,7 +69,7 @@ def module_tensors(module_state: Union[Mapping[str, Any], PackedTensors]) -> Map
 def hf_weights(module_state: Union[Mapping[str, Any], PackedTensors], tied_embeddings: bool) -> Dict[str, Any]:
     """The learner module's weights under Hugging Face checkpoint names (what vLLM's reload expects)."""
     state = module_tensors(module_state)
-    hf = {k[len(LM_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(LM_PREFIX)}
+    hf = {k[len(LM_PREFIX) :]: v.contiguous() for k, v in state.items() if k.startswith(LM_PREFIX)}
     if not hf:
         raise WeightSyncError(f"weight payload has no '{LM_PREFIX}*' tensors (keys: {list(state)[:5]})")
     if tied_embeddings:

@@ -20,7 +20,6 @@ from typing import List, NamedTuple, Sequence
 import numpy as np
 
 
-
 class WeightSyncError(RuntimeError):
     """The engine does not hold the weights the learner sent (a silent sync failure would look like staleness)."""
 
@@ -30,12 +29,14 @@ def check_probe(engine_logprobs: np.ndarray, learner_logprobs: Sequence[float], 
 
     ``where`` opens the error message (e.g. "runner 1: after loading weights v7").
     """
-    diff = float(np.max(np.abs(np.asarray(engine_logprobs, dtype=np.float64)
-                                - np.asarray(learner_logprobs, dtype=np.float64))))
+    diff = float(
+        np.max(np.abs(np.asarray(engine_logprobs, dtype=np.float64) - np.asarray(learner_logprobs, dtype=np.float64)))
+    )
     if not diff <= tolerance:
         raise WeightSyncError(
             f"{where} the engine's log-probs differ from the learner's by up to {diff:.3g} (tolerance {tolerance}); "
-            f"the engine does not hold the learner's weights.")
+            f"the engine does not hold the learner's weights."
+        )
     return diff
 
 

@@ -22,7 +22,6 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 import ray
-
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.learner_group import LearnerGroup
 
@@ -72,8 +71,9 @@ class LearnerProbes:
         self._score = score
         self.tolerance = tolerance
         self.keep = max(2, int(keep))
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p3o-learner-probe",
-                                        initializer=_torch_single_threaded)
+        self._pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="p3o-learner-probe", initializer=_torch_single_threaded
+        )
         self._versions: "collections.OrderedDict[int, Future]" = collections.OrderedDict()
         # The newest version each runner has been verified with (at load, or by a returned probe).
         self.verified: Dict[int, int] = {}
@@ -107,14 +107,19 @@ class LearnerProbes:
         if future is None:
             return None
         learner_logprobs, learner_s = future.result()
-        diff = check_probe(result.logprobs, learner_logprobs, self.tolerance,
-                           where=f"EnvRunner {result.runner_id}: with weights v{result.weights_seq_no}")
+        diff = check_probe(
+            result.logprobs,
+            learner_logprobs,
+            self.tolerance,
+            where=f"EnvRunner {result.runner_id}: with weights v{result.weights_seq_no}",
+        )
         self.mark_verified(result.runner_id, result.weights_seq_no)
         self.last_stats = {metrics.PROBE_MAX_ABS_DIFF: diff, metrics.PROBE_LEARNER_S: learner_s}
         return diff
 
-    def checked_at_load(self, runner_ids: List[int], weights_seq_no: int, max_abs_diff: Optional[float],
-                        learner_s: float) -> None:
+    def checked_at_load(
+        self, runner_ids: List[int], weights_seq_no: int, max_abs_diff: Optional[float], learner_s: float
+    ) -> None:
         """Record checks the runners did at load (they raise on a mismatch): they are verified with that version,
         and their worst difference is the latest check's until one rides along."""
         for runner_id in runner_ids:
@@ -130,8 +135,10 @@ class LearnerProbes:
         if self._versions and weights_seq_no < next(iter(self._versions)):
             return  # older than any kept version: too stale to be used (the sampler drops it)
         if self.verified.get(runner_id, 0) < weights_seq_no:
-            raise WeightSyncError(f"EnvRunner {runner_id} returned samples of weights v{weights_seq_no} without a "
-                                  f"probe check of them (verified up to v{self.verified.get(runner_id, 0)}).")
+            raise WeightSyncError(
+                f"EnvRunner {runner_id} returned samples of weights v{weights_seq_no} without a "
+                f"probe check of them (verified up to v{self.verified.get(runner_id, 0)})."
+            )
 
     def _timed_score(self) -> tuple:
         t0 = time.perf_counter()
@@ -154,9 +161,17 @@ class WeightSync:
     weights change or the learner is used otherwise.
     """
 
-    def __init__(self, learner_group: LearnerGroup, runners: EngineRunners, *,
-                 probe_token_ids: Optional[List[int]], tolerance: float = DEFAULT_TOLERANCE,
-                 push_async: bool = False, timeout_s: Optional[float] = None, max_staleness: int = 0):
+    def __init__(
+        self,
+        learner_group: LearnerGroup,
+        runners: EngineRunners,
+        *,
+        probe_token_ids: Optional[List[int]],
+        tolerance: float = DEFAULT_TOLERANCE,
+        push_async: bool = False,
+        timeout_s: Optional[float] = None,
+        max_staleness: int = 0,
+    ):
         self.learner_group = learner_group
         self.runners = runners
         self.probe_token_ids = probe_token_ids
@@ -168,8 +183,11 @@ class WeightSync:
         self._last_stats: Dict[str, float] = {}
         # The driver's part of the latest push (`rllib_p3o.core.metrics`: gather, learner probe, bytes).
         self.driver_stats: Dict[str, float] = {}
-        self.probes = (LearnerProbes(self._learner_probe, tolerance, keep=max_staleness + 2)
-                       if probe_token_ids is not None else None)
+        self.probes = (
+            LearnerProbes(self._learner_probe, tolerance, keep=max_staleness + 2)
+            if probe_token_ids is not None
+            else None
+        )
 
     def push(self, blocking: Optional[bool] = None) -> Dict[str, float]:
         """Push the learner's current weights as the next version, to be checked with the runners' next generate
@@ -182,8 +200,9 @@ class WeightSync:
             payload = self._payload(check_at_load=False)
             for _, stats in self.runners.fetch_ready(SYNC_TAG, timeout_s=0.0):
                 self._last_stats = stats
-            self.runners.start({i: lambda r: r.load_policy_weights(payload) for i in self.runners.healthy_ids()},
-                               tag=SYNC_TAG)
+            self.runners.start(
+                {i: lambda r: r.load_policy_weights(payload) for i in self.runners.healthy_ids()}, tag=SYNC_TAG
+            )
             stats = {**self._last_stats, **self.driver_stats}
         else:
             stats = self._push_to(self.runners.healthy_ids(), check_at_load=False)
@@ -241,26 +260,33 @@ class WeightSync:
         if not runner_ids:
             return {}
         payload = self._payload(check_at_load)
-        results = self.runners.call({i: lambda r: r.load_policy_weights(payload) for i in runner_ids},
-                                    timeout_s=self.timeout_s)
+        results = self.runners.call(
+            {i: lambda r: r.load_policy_weights(payload) for i in runner_ids}, timeout_s=self.timeout_s
+        )
         hung = sorted((set(runner_ids) - set(results)) & set(self.runners.healthy_ids()))
         if hung:
             raise WeightSyncError(
                 f"EnvRunner {', '.join(map(str, hung))} did not finish loading weights v{self.weights_seq_no} within "
-                f"weight_sync_timeout_s={self.timeout_s} s.")
+                f"weight_sync_timeout_s={self.timeout_s} s."
+            )
         stats = [r for r in results.values() if r]
         worst = {k: float(np.max([r[k] for r in stats])) for k in stats[0]} if stats else {}
         if check_at_load and self.probes is not None:
-            self.probes.checked_at_load(list(results), self.weights_seq_no, worst.get(metrics.PROBE_MAX_ABS_DIFF),
-                                        self.driver_stats[metrics.PROBE_LEARNER_S])
+            self.probes.checked_at_load(
+                list(results),
+                self.weights_seq_no,
+                worst.get(metrics.PROBE_MAX_ABS_DIFF),
+                self.driver_stats[metrics.PROBE_LEARNER_S],
+            )
         return {**worst, **self.driver_stats}
 
     def _payload(self, check_at_load: bool) -> Dict[str, Any]:
         """The next version's payload; its driver-side time split goes to `driver_stats`. With ``check_at_load`` the
         learner's probe is scored before the payload leaves (else `push` has it scored in the background)."""
         t0 = time.perf_counter()
-        state = self.learner_group.get_state(components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE,
-                                             inference_only=True)[COMPONENT_LEARNER][COMPONENT_RL_MODULE]
+        state = self.learner_group.get_state(
+            components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE, inference_only=True
+        )[COMPONENT_LEARNER][COMPONENT_RL_MODULE]
         state = state.get(DEFAULT_MODULE_ID, state)
         payload: Dict[str, Any] = {RL_MODULE: ray.put(PackedTensors(state)), VERSION: self.weights_seq_no}
         t1 = time.perf_counter()
@@ -278,11 +304,15 @@ class WeightSync:
         """The learner's log-probs of the probe with its current weights (the first learner's: they all agree)."""
         probe_ids = self.probe_token_ids  # a local: the lambda must not capture self (it is shipped to learners)
         results = self.learner_group.foreach_learner(
-            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().sequence_logprobs(probe_ids))
+            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().sequence_logprobs(probe_ids)
+        )
         return [r.get() for r in results][0]
 
 
 def _num_bytes(state: Mapping[str, Any]) -> int:
     """Bytes of the tensors of a (possibly nested) module state."""
-    return sum(_num_bytes(v) if isinstance(v, Mapping) else int(v.numel() * v.element_size())
-               for v in state.values() if isinstance(v, Mapping) or hasattr(v, "element_size"))
+    return sum(
+        _num_bytes(v) if isinstance(v, Mapping) else int(v.numel() * v.element_size())
+        for v in state.values()
+        if isinstance(v, Mapping) or hasattr(v, "element_size")
+    )

@@ -49,8 +49,9 @@ class ArithmeticTask(HeldOutSplit):
         """The classic slip of carrying a spurious 1: ``(a + b + 1) % modulus``, never the right answer."""
         return str((a + b + 1) % self.modulus)
 
-    def pretraining_corpus(self, format_fraction: float = 0.3, correct_fraction: float = 0.4,
-                           seed: int = 0) -> List[str]:
+    def pretraining_corpus(
+        self, format_fraction: float = 0.3, correct_fraction: float = 0.4, seed: int = 0
+    ) -> List[str]:
         """Plain sums ``"37+45=82"`` of the *training* pairs, plus the task's format for some of them.
 
         The demo's base model is pretrained on this (next-token prediction) before RL; no held-out pair appears.
@@ -74,8 +75,11 @@ class ArithmeticTask(HeldOutSplit):
         random.Random(seed).shuffle(rows)
         formatted = rows[: round(format_fraction * len(rows))]
         num_correct = round(correct_fraction * len(formatted))
-        return (sums + [r["prompt"] + r["answer"] for r in formatted[:num_correct]]
-                + [r["prompt"] + self.carry_slip(*self._operands(r)) for r in formatted[num_correct:]])
+        return (
+            sums
+            + [r["prompt"] + r["answer"] for r in formatted[:num_correct]]
+            + [r["prompt"] + self.carry_slip(*self._operands(r)) for r in formatted[num_correct:]]
+        )
 
     @staticmethod
     def _operands(row: Dict[str, str]) -> Tuple[int, int]:

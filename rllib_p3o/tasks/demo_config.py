@@ -21,13 +21,27 @@ def demo_config(model_path: str, **training: Any) -> P3OConfig:
     steps move every weight by ~lr, which at full lr can wreck a small model before any learning happens.
     """
     task = ArithmeticTask()
-    options = dict(model=model_path, loss="p3o", group_size=8, prompts_per_step=64, max_tokens=3,
-                   lr=[[0, 1e-5], [5120, 5e-4]], minibatch_size=256, eval_interval=5, eval_max_prompts=200)
+    options = dict(
+        model=model_path,
+        loss="p3o",
+        group_size=8,
+        prompts_per_step=64,
+        max_tokens=3,
+        lr=[[0, 1e-5], [5120, 5e-4]],
+        minibatch_size=256,
+        eval_interval=5,
+        eval_max_prompts=200,
+    )
     options.update(training)
     return (
         P3OConfig()
-        .environment(env_config={"dataset": task.train_rows(), "eval_dataset": task.heldout_rows(),
-                                 "reward_fn": arithmetic_reward})
+        .environment(
+            env_config={
+                "dataset": task.train_rows(),
+                "eval_dataset": task.heldout_rows(),
+                "reward_fn": arithmetic_reward,
+            }
+        )
         .training(**options)
         .env_runners(num_env_runners=1)
         .learners(num_learners=0)

@@ -15,9 +15,16 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def pretrain_causal_lm(path: str, corpus: Sequence[str], *, steps: int = 600, batch_size: int = 128,
-                       lr: float = 1e-3, seed: int = 0,
-                       progress: Optional[Callable[[int, float], None]] = None) -> str:
+def pretrain_causal_lm(
+    path: str,
+    corpus: Sequence[str],
+    *,
+    steps: int = 600,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    seed: int = 0,
+    progress: Optional[Callable[[int, float], None]] = None,
+) -> str:
     """Next-token training of the model at ``path`` on ``corpus`` (each line + EOS), saved back in place."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -28,8 +35,8 @@ def pretrain_causal_lm(path: str, corpus: Sequence[str], *, steps: int = 600, ba
     ids = torch.full((len(enc), width), tok.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, e in enumerate(enc):
-        ids[i, :len(e)] = torch.as_tensor(e)
-        mask[i, :len(e)] = 1
+        ids[i, : len(e)] = torch.as_tensor(e)
+        mask[i, : len(e)] = 1
     labels = ids.masked_fill(mask == 0, -100)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)

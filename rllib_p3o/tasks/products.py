@@ -80,8 +80,15 @@ class ProductTask(HeldOutSplit):
         return [tool_line(a, op, b) for a in (10, 47, 99) for b in (10, 86, 99) for op in "+*"] + ["calc"] * 10
 
 
-def build_tool_model(path: str, *, pretrain_steps: int = 2000, seed: int = 0, tool_fraction: float = 0.05,
-                     overwrite: bool = False, progress: Optional[Callable[[int, float], None]] = None) -> str:
+def build_tool_model(
+    path: str,
+    *,
+    pretrain_steps: int = 2000,
+    seed: int = 0,
+    tool_fraction: float = 0.05,
+    overwrite: bool = False,
+    progress: Optional[Callable[[int, float], None]] = None,
+) -> str:
     """The tool-use example's base model: a tiny model whose tokenizer has the tool tags as single tokens, pretrained
     on `ProductTask.pretraining_corpus`. Cached like `rllib_p3o.tasks.build_demo_model`."""
     import torch
@@ -91,15 +98,21 @@ def build_tool_model(path: str, *, pretrain_steps: int = 2000, seed: int = 0, to
 
     task = ProductTask()
     stamp = os.path.join(path, "pretrain_args.json")
-    args = {"pretrain_steps": pretrain_steps, "seed": seed, "tool_fraction": tool_fraction,
-            "threads": torch.get_num_threads(), "version": 1}
+    args = {
+        "pretrain_steps": pretrain_steps,
+        "seed": seed,
+        "tool_fraction": tool_fraction,
+        "threads": torch.get_num_threads(),
+        "version": 1,
+    }
     if not overwrite and os.path.exists(stamp):
         with open(stamp) as f:
             if json.load(f) == args:
                 return path
     build_tiny_model(path, task.tokenizer_corpus(), vocab_size=48, added_tokens=TOOL_TAGS, seed=seed, overwrite=True)
-    pretrain_causal_lm(path, task.pretraining_corpus(tool_fraction, seed=seed), steps=pretrain_steps, seed=seed,
-                       progress=progress)
+    pretrain_causal_lm(
+        path, task.pretraining_corpus(tool_fraction, seed=seed), steps=pretrain_steps, seed=seed, progress=progress
+    )
     with open(stamp, "w") as f:
         json.dump(args, f)
     return path

@@ -20,7 +20,7 @@ class HeldOutSplit:
         """``{"train": rows, "heldout": rows}``: disjoint by prompt; each row has ``prompt`` and ``answer``."""
         rows = self._rows()
         random.Random(self.seed).shuffle(rows)
-        return {"heldout": rows[: self.num_heldout], "train": rows[self.num_heldout:]}
+        return {"heldout": rows[: self.num_heldout], "train": rows[self.num_heldout :]}
 
     def train_rows(self) -> List[Dict[str, str]]:
         return self.splits()["train"]

@@ -16,12 +16,19 @@ PAD, EOS = "<pad>", "<eos>"
 # ChatML-style turn markers, and a chat template over them, for tiny models that take conversational prompts.
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 CHAT_TOKENS = (IM_START, IM_END)
-CHAT_TEMPLATE = ("{% for m in messages %}" + IM_START + "{{ m['role'] }} {{ m['content'] }}" + IM_END + "{% endfor %}"
-                 "{% if add_generation_prompt %}" + IM_START + "assistant {% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}" + IM_START + "{{ m['role'] }} {{ m['content'] }}" + IM_END + "{% endfor %}"
+    "{% if add_generation_prompt %}" + IM_START + "assistant {% endif %}"
+)
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 64, special_tokens: Sequence[str] = (),
-                    added_tokens: Sequence[str] = (), chat_template: Optional[str] = None):
+def build_tokenizer(
+    corpus: Iterable[str],
+    vocab_size: int = 64,
+    special_tokens: Sequence[str] = (),
+    added_tokens: Sequence[str] = (),
+    chat_template: Optional[str] = None,
+):
     """A byte-free BPE tokenizer trained on ``corpus``, with digits always split into single tokens.
 
     Each of ``special_tokens`` (e.g. `CHAT_TOKENS`) and ``added_tokens`` is one token, never split; special tokens
@@ -32,16 +39,20 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 64, special_tokens:
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.WhitespaceSplit(),
-        pre_tokenizers.Digits(individual_digits=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
     tok.decoder = decoders.BPEDecoder()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, *special_tokens],
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[PAD, EOS, *special_tokens], show_progress=False
+    )
     tok.train_from_iterator(list(corpus), trainer=trainer)
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
-                                  additional_special_tokens=list(special_tokens))
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, additional_special_tokens=list(special_tokens)
+    )
     out.add_tokens(list(added_tokens))
     if chat_template is not None:
         out.chat_template = chat_template
@@ -76,11 +87,22 @@ def build_tiny_model(
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    args = dict(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings,
-                max_position_embeddings=max_position_embeddings, vocab_size=vocab_size, init_std=init_std,
-                seed=seed, custom_corpus=corpus is not None, special_tokens=list(special_tokens),
-                added_tokens=list(added_tokens), chat_template=chat_template)
+    args = dict(
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        tie_word_embeddings=tie_word_embeddings,
+        max_position_embeddings=max_position_embeddings,
+        vocab_size=vocab_size,
+        init_std=init_std,
+        seed=seed,
+        custom_corpus=corpus is not None,
+        special_tokens=list(special_tokens),
+        added_tokens=list(added_tokens),
+        chat_template=chat_template,
+    )
     stamp = os.path.join(path, "build_args.json")
     if not overwrite and corpus is None and os.path.exists(stamp):
         with open(stamp) as f:
@@ -90,8 +112,13 @@ def build_tiny_model(
         from rllib_p3o.tasks.arithmetic import ArithmeticTask
 
         corpus = ArithmeticTask().corpus()
-    tokenizer = build_tokenizer(corpus, vocab_size=vocab_size, special_tokens=special_tokens,
-                                added_tokens=added_tokens, chat_template=chat_template)
+    tokenizer = build_tokenizer(
+        corpus,
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
+        added_tokens=added_tokens,
+        chat_template=chat_template,
+    )
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -111,8 +138,7 @@ def build_tiny_model(
         raise ValueError(f"head_dim = hidden_size / num_heads must be 64 for vLLM on CPU, got {config.head_dim}")
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -121,9 +147,16 @@ def build_tiny_model(
     return path
 
 
-def build_demo_model(path: str, *, pretrain_steps: int = 1500, seed: int = 0, format_fraction: float = 0.3,
-                     correct_fraction: float = 0.4, overwrite: bool = False,
-                     progress: Optional[Callable[[int, float], None]] = None) -> str:
+def build_demo_model(
+    path: str,
+    *,
+    pretrain_steps: int = 1500,
+    seed: int = 0,
+    format_fraction: float = 0.3,
+    correct_fraction: float = 0.4,
+    overwrite: bool = False,
+    progress: Optional[Callable[[int, float], None]] = None,
+) -> str:
     """The demo's base model: `build_tiny_model` + a short pretraining on `ArithmeticTask.pretraining_corpus`.
 
     ``seed`` sets the initialization, the format lines and the pretraining batches. Cached: a directory already
@@ -136,15 +169,22 @@ def build_demo_model(path: str, *, pretrain_steps: int = 1500, seed: int = 0, fo
     import torch
 
     # The thread count changes the pretraining's floats (reduction order), so a build is only reused with the same.
-    args = {"pretrain_steps": pretrain_steps, "seed": seed, "format_fraction": format_fraction,
-            "correct_fraction": correct_fraction, "threads": torch.get_num_threads(), "version": 3}
+    args = {
+        "pretrain_steps": pretrain_steps,
+        "seed": seed,
+        "format_fraction": format_fraction,
+        "correct_fraction": correct_fraction,
+        "threads": torch.get_num_threads(),
+        "version": 3,
+    }
     if not overwrite and os.path.exists(stamp):
         with open(stamp) as f:
             if json.load(f) == args:
                 return path
     build_tiny_model(path, seed=seed, overwrite=True)
-    corpus = ArithmeticTask().pretraining_corpus(format_fraction=format_fraction,
-                                                 correct_fraction=correct_fraction, seed=seed)
+    corpus = ArithmeticTask().pretraining_corpus(
+        format_fraction=format_fraction, correct_fraction=correct_fraction, seed=seed
+    )
     pretrain_causal_lm(path, corpus, steps=pretrain_steps, seed=seed, progress=progress)
     with open(stamp, "w") as f:
         json.dump(args, f)

@@ -25,7 +25,12 @@ class GRPOSettings:
 def grpo(inputs: LossInputs, settings: GRPOSettings) -> LossOutput:
     """``ℓ_t = -min(r_t·A_t, clip(r_t, 1 - ε_low, 1 + ε_high)·A_t)``, token-mean over the global batch."""
     loss, metrics = grpo_loss(
-        inputs.logprobs, inputs.behavior_logprobs, inputs.advantages, inputs.mask, **inputs.common(),
-        clip_low=settings.clip_low, clip_high=settings.clip_high,
+        inputs.logprobs,
+        inputs.behavior_logprobs,
+        inputs.advantages,
+        inputs.mask,
+        **inputs.common(),
+        clip_low=settings.clip_low,
+        clip_high=settings.clip_high,
     )
     return output(loss, metrics)

@@ -7,8 +7,15 @@ from rllib_p3o.core.objectives import p3o_loss
 
 def _p3o(inputs: LossInputs, cap: bool = True, behavior_kl: bool = True) -> LossOutput:
     loss, metrics = p3o_loss(
-        inputs.logprobs, inputs.behavior_logprobs, inputs.advantages, inputs.mask, **inputs.common(),
-        ess_groups=inputs.ess_groups, num_ess_groups=inputs.num_ess_groups, cap=cap, behavior_kl=behavior_kl,
+        inputs.logprobs,
+        inputs.behavior_logprobs,
+        inputs.advantages,
+        inputs.mask,
+        **inputs.common(),
+        ess_groups=inputs.ess_groups,
+        num_ess_groups=inputs.num_ess_groups,
+        cap=cap,
+        behavior_kl=behavior_kl,
     )
     return output(loss, metrics)
 

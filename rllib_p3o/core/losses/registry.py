@@ -43,8 +43,12 @@ class LossInputs:
 
     def common(self) -> Dict[str, Any]:
         """The regularizer and ESS-scope arguments the objectives' functions share, as keyword arguments."""
-        return dict(ref_logprobs=self.ref_logprobs, kl_ref_coeff=self.kl_ref_coeff, entropy=self.entropy,
-                    entropy_coeff=self.entropy_coeff)
+        return dict(
+            ref_logprobs=self.ref_logprobs,
+            kl_ref_coeff=self.kl_ref_coeff,
+            entropy=self.entropy,
+            entropy_coeff=self.entropy_coeff,
+        )
 
 
 class LossOutput(NamedTuple):
@@ -74,7 +78,9 @@ class LossSpec(NamedTuple):
         unknown = sorted(set(loss_config) - fields)
         if unknown:
             known = ", ".join(sorted(fields)) or "none"
-            raise ValueError(f"loss {self.name!r} has no setting {', '.join(map(repr, unknown))} (its settings: {known}).")
+            raise ValueError(
+                f"loss {self.name!r} has no setting {', '.join(map(repr, unknown))} (its settings: {known})."
+            )
         try:
             return self.settings(**loss_config)
         except (TypeError, ValueError) as e:
@@ -84,9 +90,7 @@ class LossSpec(NamedTuple):
 LOSSES: Dict[str, LossSpec] = {}
 
 
-def register_loss(
-    name: str, settings: Type[Any] = NoSettings, ess_scoped: bool = False
-) -> Callable[[LossFn], LossFn]:
+def register_loss(name: str, settings: Type[Any] = NoSettings, ess_scoped: bool = False) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn(inputs, settings) -> LossOutput`` under ``name``.
 
     ``settings``: the loss's frozen settings dataclass (defaults = the loss's defaults). ``ess_scoped``: the loss
