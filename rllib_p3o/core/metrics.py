@@ -69,6 +69,8 @@ SKIPPED_NONFINITE_STEPS = "skipped_nonfinite_steps"
 # A trial's start (with its first result): seconds from the actor's setup (or Tune's reset of a reused actor) to
 # the first sync of the initial weights, and whether Tune reused the previous trial's actor (`P3O.reset_config`).
 SETUP_S = "setup_s"
+# 1.0 when the rollouts' FP8 is simulated (weights rounded through float8_e4m3fn; `rollout_quantization`).
+ROLLOUT_FP8_SIMULATED = "rollout_fp8_simulated"
 ACTOR_REUSED = "actor_reused"
 # Where the iteration's time went.
 TIME_GENERATE_S = "time_generate_s"
@@ -112,6 +114,15 @@ PG_LOSS = "pg_loss"
 LOSS = "loss"
 CLIP_FRACTION = "clip_fraction"  # GRPO only
 KL_REF = "kl_ref"  # with kl_ref_coeff > 0
+
+# -- learners/default_policy/<key>: the training-inference mismatch, on fresh samples -------------------------------
+# Measured on the policy's own tokens of staleness 0 in the first minibatch of each update (the learner's weights are
+# then the ones that sampled them), so what they show is engine vs learner numerics and rollout precision alone:
+# ~0 with float32 on both sides. Names after peers' (prime-rl's mismatch_kl, verl's rollout-IS ESS).
+MISMATCH_KL = "mismatch_kl"  # token-mean k3 estimate of KL(π_engine || π_learner), samples from the engine
+MISMATCH_PROB_ABS_DIFF = "mismatch_prob_abs_diff"  # token-mean |π_learner(y_t) - π_engine(y_t)|
+MISMATCH_ESS = "mismatch_ess"  # ESS of the ratios π_learner / π_engine of those tokens
+MISMATCH_NUM_TOKENS = "mismatch_num_tokens"
 
 # -- env_runners/<key> ---------------------------------------------------------------------------------------------
 GENERATE_TIME_S = "generate_time_s"

@@ -170,6 +170,36 @@ def global_token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _token_mean(x, mask.bool(), n_global)
 
 
+def mismatch_metrics(logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor) -> Metrics:
+    """The training-inference mismatch on tokens the engine sampled with the learner's current weights.
+
+    With ``l_t = logπ_learner(y_t) - logπ_engine(y_t)`` over the ``n`` valid tokens of the global batch::
+
+        mismatch_kl            = (1/n) Σ_t (exp(l_t) - 1 - l_t)     k3 estimate of KL(π_engine || π_learner)
+        mismatch_prob_abs_diff = (1/n) Σ_t |exp(logπ_learner) - exp(logπ_engine)|
+        mismatch_ess           = ESS of r_t = exp(l_t)               (`effective_sample_size`)
+
+    All three are 0, 0 and 1 when learner and engine agree exactly. No gradient; all-reduced like the objectives.
+    """
+    with torch.no_grad():
+        mask = mask.bool()
+        learner = logprobs.detach().to(torch.float64)
+        engine = torch.where(mask, engine_logprobs.to(torch.float64), learner)
+        log_ratio = learner - engine
+        stats = _log_ratio_stats(log_ratio, mask)
+        k3 = torch.expm1(log_ratio) - log_ratio
+        sums = _all_reduce(
+            torch.stack([_masked_sum(k3, mask), _masked_sum((learner.exp() - engine.exp()).abs(), mask)])
+        )
+        n = stats["n"].clamp(min=1.0)
+        return {
+            "mismatch_kl": (sums[0] / n).to(torch.float32),
+            "mismatch_prob_abs_diff": (sums[1] / n).to(torch.float32),
+            "mismatch_ess": stats["ess"].to(torch.float32),
+            "mismatch_num_tokens": stats["n"].to(torch.float32),
+        }
+
+
 def _diagnostics(
     log_ratios: torch.Tensor,
     mask: torch.Tensor,

@@ -72,6 +72,12 @@ class P3OTorchLearner(TorchLearner):
         # The objective (`rllib_p3o.core.losses`) and its settings, resolved once (validated with the config).
         self._loss = get_loss(self.config.loss)
         self._loss_settings = self.config.loss_settings()
+        self._measure_mismatch = False  # set at the start of each update, for its first minibatch
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        # The first minibatch of an update meets the weights that sampled the fresh rows: measure the mismatch there.
+        self._measure_mismatch = True
+        return super().update(*args, **kwargs)
 
     def get_parameters(self, module) -> List[torch.nn.Parameter]:
         """The parameters that train: all of them, or under LoRA the adapter's (the frozen base gets no gradient,
@@ -151,6 +157,11 @@ class P3OTorchLearner(TorchLearner):
         self.metrics.log_dict({(module_id, k): float(v) for k, v in {**stats, metrics.ESS: ess}.items()}, window=1)
         self._loss_stats = {metrics.LOSS: float(loss.detach()), metrics.ESS: float(ess)}
         self._nonfinite_inputs = _nonfinite_inputs(batch, mask)
+        if self._measure_mismatch and Columns.STALENESS in batch:
+            self._measure_mismatch = False
+            fresh = mask & (batch[Columns.STALENESS] == 0).unsqueeze(-1)
+            mismatch = objectives.mismatch_metrics(logp, batch[Columns.BEHAVIOR_LOGPROBS], fresh)
+            self.metrics.log_dict({(module_id, k): float(v) for k, v in mismatch.items()}, window=1)
         for column, label in _GROUPINGS:
             if column in batch:
                 own_cap = label == metrics.BY_SOURCE and groups is not None

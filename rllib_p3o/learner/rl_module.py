@@ -27,6 +27,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch.utils.checkpoint import checkpoint
 
 from rllib_p3o.core import lora
+from rllib_p3o.core.precision import MODEL_DTYPE_PRECISION, RolloutWeights, autocast_dtype, compute_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,10 @@ def _softcap(logits: torch.Tensor, cap: Optional[float]) -> torch.Tensor:
 class HFCausalLMRLModule(TorchRLModule):
     """RLModule holding ``self.lm``, an ``AutoModelForCausalLM``.
 
-    ``model_config`` keys: ``model`` (local directory or hub id; required), ``dtype`` ("float32" | "bfloat16" |
-    "float16"), ``trust_remote_code`` (False), ``logprob_chunk_size`` (sequences per LM-head chunk, 8),
+    ``model_config`` keys: ``model`` (local directory or hub id; required), ``dtype`` (of the weights: "float32" |
+    "bfloat16" | "float16"), ``precision`` (`rllib_p3o.core.precision`; "bf16-mixed" runs the forward under bfloat16
+    autocast), ``rollout_dtype`` and ``rollout_fp8_simulated`` (how the engines hold the weights, for
+    `rollout_logprobs`), ``trust_remote_code`` (False), ``logprob_chunk_size`` (sequences per LM-head chunk, 8),
     ``compute_entropy`` (False; needed only for an entropy bonus), ``gradient_checkpointing`` (False), ``lora``
     (None, or a validated `rllib_p3o.core.lora` spec: ``self.lm`` is then a peft model whose adapter alone trains; the
     module state, the weight sync and checkpoints hold the adapter only, and the frozen base doubles as the
@@ -76,7 +79,15 @@ class HFCausalLMRLModule(TorchRLModule):
         if not cfg.get("model"):
             raise ValueError("HFCausalLMRLModule needs model_config['model']: a Hugging Face causal-LM directory.")
         self.model_path: str = cfg["model"]
-        self.lm = load_causal_lm(self.model_path, cfg.get("dtype", "float32"), cfg.get("trust_remote_code", False))
+        dtype = cfg.get("dtype", "float32")
+        self.lm = load_causal_lm(self.model_path, dtype, cfg.get("trust_remote_code", False))
+        precision = cfg.get("precision") or MODEL_DTYPE_PRECISION.get(dtype, "fp32")
+        # bf16-mixed: float32 weights here (and in the optimizer and checkpoints), bfloat16 compute.
+        self._autocast = autocast_dtype(precision)
+        self._param_dtype = dtype
+        self.rollout_weights = RolloutWeights(
+            cfg.get("rollout_dtype") or compute_dtype(precision), bool(cfg.get("rollout_fp8_simulated", False))
+        )
         if cfg.get("gradient_checkpointing"):
             self.lm.gradient_checkpointing_enable()
         self.lora_spec: Optional[Dict[str, Any]] = cfg.get("lora")
@@ -102,7 +113,16 @@ class HFCausalLMRLModule(TorchRLModule):
     def token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = False
     ) -> Dict[str, torch.Tensor]:
-        """Log-prob (and optionally entropy) of every target token; see the module docstring for alignment."""
+        """Log-prob (and optionally entropy) of every target token; see the module docstring for alignment. Under
+        "bf16-mixed" the model runs under bfloat16 autocast; log-softmax and what follows run in float32."""
+        if self._autocast is None:
+            return self._token_logprobs(input_ids, attention_mask, with_entropy)
+        with torch.autocast(device_type=input_ids.device.type, dtype=self._autocast):
+            return self._token_logprobs(input_ids, attention_mask, with_entropy)
+
+    def _token_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool
+    ) -> Dict[str, torch.Tensor]:
         input_ids = input_ids.long()
         targets = input_ids[:, 1:]
         attention_mask = _mask_unless_right_padded(attention_mask)
@@ -156,6 +176,27 @@ class HFCausalLMRLModule(TorchRLModule):
             return self.token_logprobs(ids, torch.ones_like(ids))[TOKEN_LOGP][0].double().cpu().tolist()
         finally:
             self.train(was_training)
+
+    @torch.no_grad()
+    def rollout_logprobs(self, token_ids) -> list:
+        """Log-prob of each token of one sequence given its prefix, computed with the weights as the rollout engines
+        hold them (`RolloutWeights`: cast to the rollout dtype and FP8-rounded if simulated) and in that dtype:
+        the learner's side of the weight-sync probe, so that the check compares like with like in every precision
+        and what is left is the engine's kernel numerics. The module's own weights are not touched."""
+        if not self.rollout_weights.changes(self._param_dtype) and self._autocast is None:
+            return self.sequence_logprobs(token_ids)
+        was_training = self.lm.training
+        self.lm.eval()
+        try:
+            weights = self.rollout_weights.apply(self.lm.state_dict())
+            ids = torch.as_tensor(token_ids, dtype=torch.long, device=next(self.parameters()).device)[None]
+            logits = torch.func.functional_call(
+                self.lm, weights, args=(), kwargs={"input_ids": ids, "use_cache": False}
+            )
+            logp = F.log_softmax(logits.logits[0, :-1].float(), dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+            return logp.double().cpu().tolist()
+        finally:
+            self.lm.train(was_training)
 
     def _head_from_hidden(self, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
         logits = self._causal_lm().get_output_embeddings()(hidden)

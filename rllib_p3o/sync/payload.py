@@ -21,6 +21,7 @@ import torch
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
+from rllib_p3o.core.precision import RolloutWeights
 from rllib_p3o.sync.probe import WeightSyncError
 
 # Payload keys (see the module docstring); the first two are RLlib's own names for a runner's state.
@@ -30,7 +31,14 @@ PROBE = "probe"
 PROBE_TOKEN_IDS = "token_ids"
 PROBE_LOGPROBS = "logprobs"
 TOLERANCE = "tolerance"
+# Largest |learner - engine| probe log-prob difference allowed, by the engines' precision (`default_tolerance`).
+# The learner scores the probe with the weights exactly as sent, in the engine's dtype, so these bound kernel
+# numerics only. float32: vLLM and transformers agree to ~1e-5. bfloat16: measured up to 2e-2 on the test models
+# (`tests/test_precision.py`, `benchmarks/precision.py`); a stale, missed or corrupted tensor moves them by far more.
 DEFAULT_TOLERANCE = 1e-3
+DEFAULT_TOLERANCES = {"float32": DEFAULT_TOLERANCE, "bfloat16": 0.1, "float16": 0.05}
+# vLLM's FP8 (GPU) also quantizes activations, which the learner's probe does not imitate.
+FP8_ENGINE_TOLERANCE = 0.5
 
 # `HFCausalLMRLModule` holds the Hugging Face model as ``self.lm``: its state names are "lm." + the HF names.
 LM_PREFIX = "lm."
@@ -75,3 +83,8 @@ def hf_weights(module_state: Union[Mapping[str, Any], PackedTensors], tied_embed
     if tied_embeddings:
         hf.pop("lm_head.weight", None)  # shares storage with the embedding; vLLM re-ties it
     return hf
+
+
+def default_tolerance(rollout: RolloutWeights) -> float:
+    """The probe tolerance for engines that hold the weights as ``rollout`` says (`DEFAULT_TOLERANCES`)."""
+    return FP8_ENGINE_TOLERANCE if rollout.fp8_in_engine else DEFAULT_TOLERANCES[rollout.dtype]

@@ -26,6 +26,7 @@ from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODUL
 from ray.rllib.core.learner.learner_group import LearnerGroup
 
 from rllib_p3o.core import metrics
+from rllib_p3o.core.precision import RolloutWeights
 from rllib_p3o.engine_runners import EngineRunners
 from rllib_p3o.sync.payload import (
     DEFAULT_TOLERANCE,
@@ -168,6 +169,7 @@ class WeightSync:
         *,
         probe_token_ids: Optional[List[int]],
         tolerance: float = DEFAULT_TOLERANCE,
+        rollout_weights: Optional[RolloutWeights] = None,
         push_async: bool = False,
         timeout_s: Optional[float] = None,
         max_staleness: int = 0,
@@ -176,6 +178,8 @@ class WeightSync:
         self.runners = runners
         self.probe_token_ids = probe_token_ids
         self.tolerance = tolerance
+        # How the engines hold the weights, when that differs from the learner's (None: sent as they are).
+        self.rollout_weights = rollout_weights
         self.push_async = push_async
         self.timeout_s = timeout_s
         # The version of the weights the runners hold (or are loading); 0 before the first push.
@@ -288,6 +292,8 @@ class WeightSync:
             components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE, inference_only=True
         )[COMPONENT_LEARNER][COMPONENT_RL_MODULE]
         state = state.get(DEFAULT_MODULE_ID, state)
+        if self.rollout_weights is not None:  # as the engines hold them: cast (and FP8-rounded if simulated)
+            state = self.rollout_weights.apply(state)
         payload: Dict[str, Any] = {RL_MODULE: ray.put(PackedTensors(state)), VERSION: self.weights_seq_no}
         t1 = time.perf_counter()
         self.driver_stats = {metrics.GATHER_S: t1 - t0, metrics.SYNC_BYTES: float(_num_bytes(state))}
@@ -304,7 +310,7 @@ class WeightSync:
         """The learner's log-probs of the probe with its current weights (the first learner's: they all agree)."""
         probe_ids = self.probe_token_ids  # a local: the lambda must not capture self (it is shipped to learners)
         results = self.learner_group.foreach_learner(
-            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().sequence_logprobs(probe_ids)
+            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().rollout_logprobs(probe_ids)
         )
         return [r.get() for r in results][0]
 
