@@ -112,9 +112,10 @@ class P3OConfig(AlgorithmConfig):
         self.trust_remote_code = False
         self.loss = "p3o"
         self.loss_config: Dict[str, Any] = {}  # the loss's own settings (`rllib_p3o.core.losses`)
-        # GRPO's clip range as top-level keys (before `loss_config`): still read by losses that have these settings.
-        self.clip_low = 0.2
-        self.clip_high = 0.2
+        # GRPO's clip range as top-level keys (before `loss_config`): read, when set, by losses that have these
+        # settings; None leaves each loss its own default (GRPO's 0.2, CISPO's 1.0 and 0.28).
+        self.clip_low: Optional[float] = None
+        self.clip_high: Optional[float] = None
         self.kl_ref_coeff = 0.0
         self.entropy_coeff = 0.0
         self.ess_scope = "batch"
@@ -435,6 +436,7 @@ class P3OConfig(AlgorithmConfig):
             self.loss_settings()
         except ValueError as e:
             self._value_error(f"loss_config: {e}")
+        self._check_untruncated_sampling()
         if self.ess_scope not in ESS_SCOPES:
             self._value_error(f"ess_scope must be one of {ESS_SCOPES}, got {self.ess_scope!r}.")
         if self.logprobs_mode not in LOGPROBS_MODES:
@@ -495,12 +497,40 @@ class P3OConfig(AlgorithmConfig):
             except ValueError as e:
                 self._value_error(f"lora: {e}")
 
+    def _check_untruncated_sampling(self) -> None:
+        """P3O's losses read the behavior log-probs as the full sampling distribution's. With processed log-probs and
+        top-p/top-k truncation they are the truncated distribution's, renormalized, hence higher than the policy's own
+        on every sampled token: fresh samples would look off-policy (ratio < 1), lower the ESS and pull the policy
+        toward the truncated distribution. Refused, for the policy's sampling and each behavior model's."""
+        if self.loss not in LOSSES or not get_loss(self.loss).needs_untruncated_sampling:
+            return
+        if self.logprobs_mode != "processed":
+            return
+        samplers = [("the policy", self.top_p, self.top_k)] + [
+            (
+                f"behavior model {s.get('name') or s.get('model')}",
+                s.get("top_p", self.top_p),
+                s.get("top_k", self.top_k),
+            )
+            for s in self.behavior_models
+        ]
+        for who, top_p, top_k in samplers:
+            if (top_p is not None and top_p < 1.0) or (top_k is not None and top_k > 0):
+                self._value_error(
+                    f"loss={self.loss!r} needs untruncated sampling, but {who} samples with top_p={top_p}, "
+                    f"top_k={top_k}: the behavior log-probs would be those of the truncated distribution, so even "
+                    "fresh samples would look off-policy. Sample with top_p=1.0 and top_k=-1 (temperature is fine), "
+                    "or use a loss without this requirement (e.g. 'grpo')."
+                )
+
     def loss_settings(self) -> Any:
         """The settings dataclass of ``loss``: ``loss_config`` over the loss's defaults, with the top-level
         ``clip_low``/``clip_high`` applied first where the loss has such settings. ValueError on a bad setting."""
         spec = get_loss(self.loss)
         fields = {f.name for f in dataclasses.fields(spec.settings)}
-        legacy = {key: getattr(self, key) for key in LEGACY_LOSS_KEYS if key in fields}
+        legacy = {
+            key: getattr(self, key) for key in LEGACY_LOSS_KEYS if key in fields and getattr(self, key) is not None
+        }
         return spec.make_settings({**legacy, **(self.loss_config or {})})
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:

@@ -21,8 +21,9 @@ def _batch():
     torch.manual_seed(0)
     logp = (torch.randn(2, 5) * 0.3 - 1.0).requires_grad_(True)
     behavior = logp.detach() + torch.randn(2, 5) * 0.2
+    old = logp.detach() + torch.randn(2, 5) * 0.05  # π_old, for the losses that read it
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
-    return LossInputs(logp, behavior, torch.tensor([1.0, -0.5]), mask)
+    return LossInputs(logp, behavior, torch.tensor([1.0, -0.5]), mask, old_logprobs=old)
 
 
 def test_every_module_of_the_losses_package_is_imported_and_registers():

@@ -268,7 +268,9 @@ def test_unknown_loss_lists_the_registered_names():
     from rllib_p3o.core.losses import LOSSES, get_loss
 
     assert {"p3o", "grpo", "p3o_no_cap", "p3o_no_kl"} <= set(LOSSES)
-    with pytest.raises(ValueError, match="Unknown loss 'ppo'; registered losses: grpo, p3o, p3o_no_cap, p3o_no_kl"):
+    with pytest.raises(
+        ValueError, match="Unknown loss 'ppo'; registered losses: cispo, grpo, grpo_seq_mask, grpo_tis, p3o,"
+    ):
         get_loss("ppo")
-    with pytest.raises(ValueError, match="Unknown loss 'ppo'; registered losses: grpo, p3o"):
+    with pytest.raises(ValueError, match="Unknown loss 'ppo'; registered losses: cispo, grpo"):
         P3OConfig().training(model="/some/model", loss="ppo").validate()

@@ -181,10 +181,11 @@ def test_mismatch_metrics_read_zero_in_fp32_and_clearly_more_with_bf16_rollouts(
     assert bf16["sync_bytes"] == pytest.approx(fp32["sync_bytes"] / 2, rel=0.01)  # bf16 halves the payload
 
 
-def test_a_bf16_rollout_run_trains_and_a_corrupted_bf16_sync_is_refused(ray_session, tiny_untied_model, monkeypatch):
+def test_a_bf16_rollout_run_trains_and_a_corrupted_bf16_sync_is_refused(ray_session, tiny_model, monkeypatch):
+    """On the tied-embedding model (vLLM's tied-LM-head reload trap included)."""
     import rllib_p3o.sync.push as push
 
-    algo = _algo_config(tiny_untied_model, precision="bf16-mixed", rollout_dtype="bfloat16").build_algo()
+    algo = _algo_config(tiny_model, precision="bf16-mixed", rollout_dtype="bfloat16").build_algo()
     try:
         before = (
             algo.learner_group._learner.module[DEFAULT_MODULE_ID]
@@ -220,8 +221,8 @@ def test_a_bf16_rollout_run_trains_and_a_corrupted_bf16_sync_is_refused(ray_sess
         algo.stop()
 
 
-def test_fp8_simulated_rollouts_are_rounded_and_checked(ray_session, tiny_untied_model):
-    algo = _algo_config(tiny_untied_model, rollout_quantization="fp8_simulated").build_algo()
+def test_fp8_simulated_rollouts_are_rounded_and_checked(ray_session, tiny_model):
+    algo = _algo_config(tiny_model, precision="bf16-mixed", rollout_quantization="fp8_simulated").build_algo()
     try:
         result = algo.train()
         assert result[m.P3O][m.ROLLOUT_FP8_SIMULATED] == 1.0

@@ -41,6 +41,8 @@ class Columns:
     STALENESS = "staleness"
     # Optional and never built by this package: reference-model log-probs [B, T-1] (else the learner computes them).
     REF_LOGPROBS = "ref_logprobs"
+    # Log-probs of the learner's policy before the update [B, T-1], for losses that need π_old; added by the learner.
+    OLD_LOGPROBS = "old_logprobs"
 
 
 TOKEN_COLUMNS: Tuple[str, ...] = (Columns.INPUT_IDS, Columns.ATTENTION_MASK)

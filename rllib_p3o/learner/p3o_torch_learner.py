@@ -20,6 +20,7 @@ rows held non-finite advantages or behavior log-probs.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
 from rllib_p3o.core import metrics, objectives
@@ -44,6 +46,9 @@ _GROUPINGS = ((Columns.SOURCE_ID, metrics.BY_SOURCE), (Columns.STALENESS, metric
 
 # Where torch has a fused Adam kernel (its default elsewhere is the per-tensor loop on CPU, foreach on CUDA).
 _FUSED_ADAM_DEVICES = ("cpu", "cuda")
+
+# Rows per forward pass when the learner recomputes π_old (`P3OTorchLearner._add_old_logprobs`).
+OLD_LOGPROBS_CHUNK_ROWS = 64
 
 # Torch's own thread count in this process, before any learner set one (the learner default in sync mode).
 _TORCH_DEFAULT_THREADS = torch.get_num_threads()
@@ -74,10 +79,32 @@ class P3OTorchLearner(TorchLearner):
         self._loss_settings = self.config.loss_settings()
         self._measure_mismatch = False  # set at the start of each update, for its first minibatch
 
-    def update(self, *args: Any, **kwargs: Any) -> Any:
+    def update(self, *args: Any, batch: Any = None, training_data: Any = None, **kwargs: Any) -> Any:
         # The first minibatch of an update meets the weights that sampled the fresh rows: measure the mismatch there.
         self._measure_mismatch = True
-        return super().update(*args, **kwargs)
+        if self._loss.needs_old_logprobs:
+            if training_data is None:
+                training_data = TrainingData(batch=batch)
+            training_data.solve_refs()
+            self._add_old_logprobs(training_data.batch)
+            return super().update(*args, training_data=training_data, **kwargs)
+        return super().update(*args, batch=batch, training_data=training_data, **kwargs)
+
+    @torch.no_grad()
+    def _add_old_logprobs(self, batch: Any) -> None:
+        """π_old for losses that need it: the log-probs of the whole batch under the weights before this update, one
+        forward pass in chunks of ``OLD_LOGPROBS_CHUNK_ROWS`` rows, added as the column ``old_logprobs``."""
+        t0 = time.perf_counter()
+        for module_id, rows in batch.policy_batches.items():
+            module = self.module[module_id].unwrapped()
+            ids = torch.as_tensor(np.asarray(rows[Columns.INPUT_IDS]), device=self._device)
+            attention = torch.as_tensor(np.asarray(rows[Columns.ATTENTION_MASK]), device=self._device)
+            chunks = [
+                module.token_logprobs(ids[s : s + OLD_LOGPROBS_CHUNK_ROWS], attention[s : s + OLD_LOGPROBS_CHUNK_ROWS])
+                for s in range(0, ids.shape[0], OLD_LOGPROBS_CHUNK_ROWS)
+            ]
+            rows[Columns.OLD_LOGPROBS] = torch.cat([c[TOKEN_LOGP] for c in chunks]).float().cpu().numpy()
+            self.metrics.log_value((module_id, metrics.OLD_LOGPROBS_S), time.perf_counter() - t0, window=1)
 
     def get_parameters(self, module) -> List[torch.nn.Parameter]:
         """The parameters that train: all of them, or under LoRA the adapter's (the frozen base gets no gradient,
@@ -150,6 +177,7 @@ class P3OTorchLearner(TorchLearner):
             mask,
             ess_groups=groups,
             num_ess_groups=num_groups,
+            old_logprobs=batch.get(Columns.OLD_LOGPROBS),
             **common,
         )
         loss, ess, stats = self._loss.fn(inputs, self._loss_settings)

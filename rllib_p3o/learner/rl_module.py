@@ -188,7 +188,8 @@ class HFCausalLMRLModule(TorchRLModule):
         was_training = self.lm.training
         self.lm.eval()
         try:
-            weights = self.rollout_weights.apply(self.lm.state_dict())
+            # named_parameters lists a tied embedding/LM head once (functional_call refuses both names of a tie).
+            weights = self.rollout_weights.apply({**dict(self.lm.named_parameters()), **dict(self.lm.named_buffers())})
             ids = torch.as_tensor(token_ids, dtype=torch.long, device=next(self.parameters()).device)[None]
             logits = torch.func.functional_call(
                 self.lm, weights, args=(), kwargs={"input_ids": ids, "use_cache": False}

@@ -20,13 +20,13 @@ def _p3o(inputs: LossInputs, cap: bool = True, behavior_kl: bool = True) -> Loss
     return output(loss, metrics)
 
 
-@register_loss("p3o", ess_scoped=True)
+@register_loss("p3o", ess_scoped=True, needs_untruncated_sampling=True)
 def p3o(inputs: LossInputs, settings: NoSettings) -> LossOutput:
     """``ℓ_t = -sg(min(r_t, ESS))·logπθ_t·A_t + (1 - ESS)·K(logπθ_t - logπ_b_t)``: the paper's objective."""
     return _p3o(inputs)
 
 
-@register_loss("p3o_no_cap", ess_scoped=True)
+@register_loss("p3o_no_cap", ess_scoped=True, needs_untruncated_sampling=True)
 def p3o_no_cap(inputs: LossInputs, settings: NoSettings) -> LossOutput:
     """Ablation of P3O without the cap: ``ℓ_t = -sg(r_t)·logπθ_t·A_t + (1 - ESS)·K(logπθ_t - logπ_b_t)``.
 
@@ -34,7 +34,7 @@ def p3o_no_cap(inputs: LossInputs, settings: NoSettings) -> LossOutput:
     return _p3o(inputs, cap=False)
 
 
-@register_loss("p3o_no_kl", ess_scoped=True)
+@register_loss("p3o_no_kl", ess_scoped=True, needs_untruncated_sampling=True)
 def p3o_no_kl(inputs: LossInputs, settings: NoSettings) -> LossOutput:
     """Ablation of P3O without the KL term: ``ℓ_t = -sg(min(r_t, ESS))·logπθ_t·A_t``.
 

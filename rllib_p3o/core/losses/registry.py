@@ -40,6 +40,9 @@ class LossInputs:
     entropy_coeff: float = 0.0
     ess_groups: Optional[torch.Tensor] = None  # [B] group index per row, for ess_scope="source" (ESS-scoped losses)
     num_ess_groups: int = 0
+    # log π_old: the learner's policy before this update, recomputed once per update (losses registered with
+    # needs_old_logprobs=True; None otherwise).
+    old_logprobs: Optional[torch.Tensor] = None
 
     def common(self) -> Dict[str, Any]:
         """The regularizer and ESS-scope arguments the objectives' functions share, as keyword arguments."""
@@ -63,12 +66,18 @@ LossFn = Callable[[LossInputs, Any], LossOutput]
 
 
 class LossSpec(NamedTuple):
-    """A registered loss: its function, its settings dataclass, and whether it takes ``ess_groups``."""
+    """A registered loss: its function, its settings dataclass, whether it takes ``ess_groups`` and whether it needs
+    ``old_logprobs`` (the learner then recomputes them with one forward pass per update)."""
 
     name: str
     fn: LossFn
     settings: Type[Any]
     ess_scoped: bool
+    needs_old_logprobs: bool = False
+    # The loss's statistics (P3O's ESS, cap and KL) read the behavior log-probs as the full sampling distribution's:
+    # the config refuses top-p/top-k truncation for it (the truncated distribution's log-probs are higher than any
+    # untruncated policy's, so even fresh samples would look off-policy).
+    needs_untruncated_sampling: bool = False
 
     def make_settings(self, loss_config: Optional[Mapping[str, Any]] = None) -> Any:
         """The settings dataclass from a ``loss_config`` dict; ValueError naming the loss on an unknown key or a
@@ -90,17 +99,25 @@ class LossSpec(NamedTuple):
 LOSSES: Dict[str, LossSpec] = {}
 
 
-def register_loss(name: str, settings: Type[Any] = NoSettings, ess_scoped: bool = False) -> Callable[[LossFn], LossFn]:
+def register_loss(
+    name: str,
+    settings: Type[Any] = NoSettings,
+    ess_scoped: bool = False,
+    needs_old_logprobs: bool = False,
+    needs_untruncated_sampling: bool = False,
+) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn(inputs, settings) -> LossOutput`` under ``name``.
 
     ``settings``: the loss's frozen settings dataclass (defaults = the loss's defaults). ``ess_scoped``: the loss
-    uses ``inputs.ess_groups`` (``ess_scope="source"``), so the learner computes them.
+    uses ``inputs.ess_groups`` (``ess_scope="source"``), so the learner computes them. ``needs_old_logprobs``: the
+    loss reads ``inputs.old_logprobs``, which the learner then computes before each update (one forward pass).
+    ``needs_untruncated_sampling``: the config refuses top-p/top-k sampling with this loss (`LossSpec`).
     """
     if not dataclasses.is_dataclass(settings):
         raise TypeError(f"settings of loss {name!r} must be a dataclass, got {settings!r}")
 
     def register(fn: LossFn) -> LossFn:
-        LOSSES[name] = LossSpec(name, fn, settings, ess_scoped)
+        LOSSES[name] = LossSpec(name, fn, settings, ess_scoped, needs_old_logprobs, needs_untruncated_sampling)
         return fn
 
     return register
