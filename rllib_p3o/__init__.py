@@ -16,7 +16,7 @@ __all__ = [
     "kl_k3",
     "p3o_loss",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 
 _moved.install()

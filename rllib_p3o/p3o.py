@@ -135,6 +135,7 @@ class P3OConfig(AlgorithmConfig):
         self.verify_weight_sync = True
         # Max |learner - engine| log-prob on the probe; fp32 engines agree to ~1e-5, bf16 needs ~5e-2.
         self.weight_sync_tolerance: Optional[float] = None  # None: by the rollout precision (`sync.payload`)
+        self.weight_sync_rtol: Optional[float] = None  # likewise
         self.weight_sync_timeout_s = 300.0  # a runner that has not loaded new weights by then is hung: raise
         self.max_consecutive_nonfinite_steps = 3  # non-finite steps in a row (each skipped) before the run stops
         # Asynchronous sampling: runners keep generating (with weights up to `max_staleness` versions old).
@@ -211,6 +212,7 @@ class P3OConfig(AlgorithmConfig):
         vllm_kwargs: Optional[Dict[str, Any]] = NotProvided,
         verify_weight_sync: Optional[bool] = NotProvided,
         weight_sync_tolerance: Optional[float] = NotProvided,
+        weight_sync_rtol: Optional[float] = NotProvided,
         weight_sync_timeout_s: Optional[float] = NotProvided,
         max_consecutive_nonfinite_steps: Optional[int] = NotProvided,
         eval_interval: Optional[int] = NotProvided,
@@ -272,8 +274,11 @@ class P3OConfig(AlgorithmConfig):
                 learner's (raises on a silent sync failure).
             weight_sync_tolerance: Largest allowed |learner - engine| log-prob on that probe. The learner scores
                 the probe with the weights exactly as sent (cast to ``rollout_dtype``, FP8-rounded if simulated),
-                so what is left is the engine's kernel numerics. Default: by the engine's precision (see
-                `rllib_p3o.sync.payload.DEFAULT_TOLERANCES`).
+                so what is left is the engine's kernel numerics. Default: by the engine's precision, 1e-3 for
+                float32 and 0.03 for bfloat16 (see `rllib_p3o.sync.payload.DEFAULT_TOLERANCES`).
+            weight_sync_rtol: Added to that tolerance per probe token, times the token's |log-prob|: a
+                low-precision engine's error grows with the magnitude. Default: 0 for float32 engines, 0.03 for
+                bfloat16.
             weight_sync_timeout_s: A runner that has not loaded new weights within this many seconds raises
                 `WeightSyncError` naming it (default 300), instead of a silent hang.
             max_consecutive_nonfinite_steps: An optimizer step whose loss or gradient is not finite is skipped
@@ -334,6 +339,7 @@ class P3OConfig(AlgorithmConfig):
             vllm_kwargs=vllm_kwargs,
             verify_weight_sync=verify_weight_sync,
             weight_sync_tolerance=weight_sync_tolerance,
+            weight_sync_rtol=weight_sync_rtol,
             weight_sync_timeout_s=weight_sync_timeout_s,
             max_consecutive_nonfinite_steps=max_consecutive_nonfinite_steps,
             async_sampling=async_sampling,
@@ -399,7 +405,14 @@ class P3OConfig(AlgorithmConfig):
         """``weight_sync_tolerance``, else the default for the engines' precision."""
         if self.weight_sync_tolerance is not None:
             return float(self.weight_sync_tolerance)
-        return default_tolerance(self.rollout_weights)
+        return default_tolerance(self.rollout_weights)[0]
+
+    @property
+    def resolved_weight_sync_rtol(self) -> float:
+        """``weight_sync_rtol``, else the default for the engines' precision."""
+        if self.weight_sync_rtol is not None:
+            return float(self.weight_sync_rtol)
+        return default_tolerance(self.rollout_weights)[1]
 
     @property
     def learner_threads(self) -> Optional[int]:
@@ -601,6 +614,7 @@ class P3O(Algorithm):
             runners,
             probe_token_ids=self._probe_ids,
             tolerance=config.resolved_weight_sync_tolerance,
+            rtol=config.resolved_weight_sync_rtol,
             rollout_weights=config.rollout_weights
             if config.rollout_weights.changes(param_dtype(config.resolved_precision))
             else None,

@@ -44,6 +44,21 @@ def test_rollout_weights_round_linear_weights_only_and_cast_every_float():
     assert not RolloutWeights("float32").changes("float32") and RolloutWeights("bfloat16").changes("float32")
 
 
+def test_the_probe_check_allows_more_on_unlikely_tokens_by_rtol_and_names_the_token():
+    from rllib_p3o.sync.probe import check_probe
+
+    learner = [-10.0, -1.0]
+    assert check_probe([-10.3, -1.05], learner, 0.03, "runner 1:", rtol=0.03) == pytest.approx(0.3)
+    with pytest.raises(WeightSyncError, match=r"runner 1: the engine's log-prob of probe token 1 differs .* by 0\.4"):
+        check_probe([-10.4, -1.0], learner, 0.03, "runner 1:", rtol=0.03)  # allowed there: 0.03 + 0.03 * 10
+    with pytest.raises(WeightSyncError, match=r"probe token 2 differs from the learner's by 0\.1 "):
+        check_probe([-10.0, -1.1], learner, 0.03, "runner 1:", rtol=0.03)  # allowed there: 0.06
+    with pytest.raises(WeightSyncError, match="probe token 2"):
+        check_probe([-10.0, float("nan")], learner, 0.03, "runner 1:", rtol=0.03)
+    assert P3OConfig().training(rollout_dtype="bfloat16").resolved_weight_sync_rtol == 0.03
+    assert P3OConfig().resolved_weight_sync_rtol == 0.0 and P3OConfig().resolved_weight_sync_tolerance == 1e-3
+
+
 def test_precision_settings_are_validated_and_model_dtype_still_works():
     assert P3OConfig().training(model_dtype="bfloat16").resolved_precision == "bf16"
     cfg = P3OConfig().training(precision="bf16-mixed")
@@ -164,8 +179,8 @@ def test_mismatch_metrics_read_zero_in_fp32_and_clearly_more_with_bf16_rollouts(
             for _ in range(2):
                 result = algo.train()
                 p3o = result[m.P3O]
-                assert (
-                    p3o[m.SYNC_PROBE_MAX_ABS_DIFF] <= algo.config.resolved_weight_sync_tolerance
+                assert p3o[m.SYNC_PROBE_MAX_ABS_DIFF] < (
+                    1e-3 if rollout_dtype == "float32" else 0.5
                 )  # every sync checked
             figures[rollout_dtype] = {
                 key: _learner_metric(result, key)
@@ -195,7 +210,7 @@ def test_a_bf16_rollout_run_trains_and_a_corrupted_bf16_sync_is_refused(ray_sess
         )
         for _ in range(2):
             result = algo.train()
-            assert result[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] <= algo.config.resolved_weight_sync_tolerance
+            assert result[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] < 0.5
         after = (
             algo.learner_group._learner.module[DEFAULT_MODULE_ID]
             .unwrapped()
@@ -226,7 +241,7 @@ def test_fp8_simulated_rollouts_are_rounded_and_checked(ray_session, tiny_model)
     try:
         result = algo.train()
         assert result[m.P3O][m.ROLLOUT_FP8_SIMULATED] == 1.0
-        assert result[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] <= algo.config.resolved_weight_sync_tolerance
+        assert result[m.P3O][m.SYNC_PROBE_MAX_ABS_DIFF] < 0.5
         assert _learner_metric(result, m.MISMATCH_KL) > 1e-6  # FP8-rounded weights are a real policy gap
         assert np.isfinite(_learner_metric(result, m.LOSS))
     finally:

@@ -93,7 +93,9 @@ def test_learner_probes_check_what_runners_return_against_the_same_version():
     probes.require_verified(3, 2)
     with pytest.raises(WeightSyncError, match=r"EnvRunner 4 returned samples of weights v2 without a probe check"):
         probes.require_verified(4, 2)
-    with pytest.raises(WeightSyncError, match=r"EnvRunner 4: with weights v1 the engine's log-probs differ .* 0\.5"):
+    with pytest.raises(
+        WeightSyncError, match=r"EnvRunner 4: with weights v1 the engine's log-prob of probe token 1 differs .* 0\.5"
+    ):
         probes.check(ProbeResult(4, 1, [-1.5, -2.0]))  # v2's log-probs reported as v1's
     probes.start(3)  # keep=2: v1 is dropped; its samples are too stale to be used
     assert probes.check(ProbeResult(4, 1, [0.0, 0.0])) is None

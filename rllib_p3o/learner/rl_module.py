@@ -167,13 +167,16 @@ class HFCausalLMRLModule(TorchRLModule):
             return self.token_logprobs(input_ids, attention_mask)[TOKEN_LOGP]
 
     @torch.no_grad()
-    def sequence_logprobs(self, token_ids) -> list:
-        """Log-prob of each token of one sequence given its prefix, in eval mode (for weight-sync probes)."""
+    def sequence_logprobs(self, token_ids, autocast: bool = True) -> list:
+        """Log-prob of each token of one sequence given its prefix, in eval mode (for weight-sync probes); without
+        ``autocast`` in the weights' own dtype even under "bf16-mixed"."""
         was_training = self.training
         self.eval()
         try:
             ids = torch.as_tensor(token_ids, dtype=torch.long, device=next(self.parameters()).device)[None]
-            return self.token_logprobs(ids, torch.ones_like(ids))[TOKEN_LOGP][0].double().cpu().tolist()
+            if autocast:
+                return self.token_logprobs(ids, torch.ones_like(ids))[TOKEN_LOGP][0].double().cpu().tolist()
+            return self._token_logprobs(ids, torch.ones_like(ids), False)[TOKEN_LOGP][0].double().cpu().tolist()
         finally:
             self.train(was_training)
 
@@ -182,9 +185,13 @@ class HFCausalLMRLModule(TorchRLModule):
         """Log-prob of each token of one sequence given its prefix, computed with the weights as the rollout engines
         hold them (`RolloutWeights`: cast to the rollout dtype and FP8-rounded if simulated) and in that dtype:
         the learner's side of the weight-sync probe, so that the check compares like with like in every precision
-        and what is left is the engine's kernel numerics. The module's own weights are not touched."""
-        if not self.rollout_weights.changes(self._param_dtype) and self._autocast is None:
-            return self.sequence_logprobs(token_ids)
+        and what is left is the engine's kernel numerics.
+
+        Where the engines hold other weights than the module's (another dtype, FP8-rounded), the module's weights are
+        swapped for those during the call (``torch.func.functional_call``): nothing else may use the module meanwhile
+        (`rllib_p3o.sync.push` scores these on the driver's own thread)."""
+        if not self.rollout_weights.changes(self._param_dtype):
+            return self.sequence_logprobs(token_ids, autocast=False)
         was_training = self.lm.training
         self.lm.eval()
         try:

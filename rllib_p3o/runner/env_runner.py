@@ -351,6 +351,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                 probe[sync_payload.PROBE_LOGPROBS],
                 payload.get(sync_payload.TOLERANCE, sync_payload.DEFAULT_TOLERANCE),
                 where=f"runner {self.worker_index}: after loading weights v{self._weights_seq_no}",
+                rtol=payload.get(sync_payload.RTOL, 0.0),
             )
         stats[metrics.VERIFY_S] = time.perf_counter() - t2
         stats[metrics.LOAD_S] = time.perf_counter() - t0

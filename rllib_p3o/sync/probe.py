@@ -24,20 +24,27 @@ class WeightSyncError(RuntimeError):
     """The engine does not hold the weights the learner sent (a silent sync failure would look like staleness)."""
 
 
-def check_probe(engine_logprobs: np.ndarray, learner_logprobs: Sequence[float], tolerance: float, where: str) -> float:
-    """``max |engine - learner|`` over the probe's log-probs; raises `WeightSyncError` above ``tolerance`` (or NaN).
+def check_probe(
+    engine_logprobs: np.ndarray, learner_logprobs: Sequence[float], tolerance: float, where: str, rtol: float = 0.0
+) -> float:
+    """``max_t |engine_t - learner_t|`` over the probe's log-probs; raises `WeightSyncError` where a token's difference
+    exceeds ``tolerance + rtol · |learner_t|`` (or is NaN).
 
-    ``where`` opens the error message (e.g. "runner 1: after loading weights v7").
+    The relative part is for low-precision engines: their error grows with the log-prob's magnitude (a bf16 engine's
+    log-probs of unlikely tokens, around -10, differ by ~0.05 from the same weights' bf16 forward in torch, likely
+    ones by ~0.005). ``where`` opens the error message (e.g. "runner 1: after loading weights v7").
     """
-    diff = float(
-        np.max(np.abs(np.asarray(engine_logprobs, dtype=np.float64) - np.asarray(learner_logprobs, dtype=np.float64)))
-    )
-    if not diff <= tolerance:
+    learner = np.asarray(learner_logprobs, dtype=np.float64)
+    diff = np.abs(np.asarray(engine_logprobs, dtype=np.float64) - learner)
+    allowed = tolerance + rtol * np.abs(learner)
+    worst = int(np.argmax(np.where(np.isnan(diff), np.inf, diff - allowed)))
+    if not diff[worst] <= allowed[worst]:
+        bound = f"tolerance {tolerance}" + (f" + {rtol} x |log-prob| = {allowed[worst]:.3g}" if rtol else "")
         raise WeightSyncError(
-            f"{where} the engine's log-probs differ from the learner's by up to {diff:.3g} (tolerance {tolerance}); "
-            f"the engine does not hold the learner's weights."
+            f"{where} the engine's log-prob of probe token {worst + 1} differs from the learner's by {diff[worst]:.3g} "
+            f"(learner {learner[worst]:.3f}; {bound}); the engine does not hold the learner's weights."
         )
-    return diff
+    return float(np.max(diff))
 
 
 class ProbeResult(NamedTuple):

@@ -34,6 +34,7 @@ from rllib_p3o.sync.payload import (
     PROBE_LOGPROBS,
     PROBE_TOKEN_IDS,
     RL_MODULE,
+    RTOL,
     TOLERANCE,
     VERSION,
     PackedTensors,
@@ -66,11 +67,18 @@ class LearnerProbes:
     version's weights are gathered, and `settle` before the learner's weights change again (the next update) or the
     learner is used otherwise (checkpoints, export). The newest ``keep`` versions are kept: async samples may come
     back with older weights than the learner's, up to ``max_staleness`` versions.
+
+    ``background=False`` scores in `start` itself, on the caller's thread: for scoring that swaps the module's
+    weights while it runs (the rollout precision's `rollout_logprobs`), which nothing else may see.
     """
 
-    def __init__(self, score: Callable[[], List[float]], tolerance: float, keep: int):
+    def __init__(
+        self, score: Callable[[], List[float]], tolerance: float, keep: int, rtol: float = 0.0, background: bool = True
+    ):
         self._score = score
+        self.background = background
         self.tolerance = tolerance
+        self.rtol = rtol
         self.keep = max(2, int(keep))
         self._pool = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="p3o-learner-probe", initializer=_torch_single_threaded
@@ -81,8 +89,12 @@ class LearnerProbes:
         self.last_stats: Dict[str, float] = {}
 
     def start(self, weights_seq_no: int) -> None:
-        """Score the probe with the learner's current weights as ``weights_seq_no``, in the background."""
-        self._versions[weights_seq_no] = self._pool.submit(self._timed_score)
+        """Score the probe with the learner's current weights as ``weights_seq_no``, in the background (or now)."""
+        if self.background:
+            self._versions[weights_seq_no] = self._pool.submit(self._timed_score)
+        else:
+            self._versions[weights_seq_no] = done = Future()
+            done.set_result(self._timed_score())
         while len(self._versions) > self.keep:
             self._versions.popitem(last=False)
 
@@ -113,6 +125,7 @@ class LearnerProbes:
             learner_logprobs,
             self.tolerance,
             where=f"EnvRunner {result.runner_id}: with weights v{result.weights_seq_no}",
+            rtol=self.rtol,
         )
         self.mark_verified(result.runner_id, result.weights_seq_no)
         self.last_stats = {metrics.PROBE_MAX_ABS_DIFF: diff, metrics.PROBE_LEARNER_S: learner_s}
@@ -169,6 +182,7 @@ class WeightSync:
         *,
         probe_token_ids: Optional[List[int]],
         tolerance: float = DEFAULT_TOLERANCE,
+        rtol: float = 0.0,
         rollout_weights: Optional[RolloutWeights] = None,
         push_async: bool = False,
         timeout_s: Optional[float] = None,
@@ -188,7 +202,11 @@ class WeightSync:
         # The driver's part of the latest push (`rllib_p3o.core.metrics`: gather, learner probe, bytes).
         self.driver_stats: Dict[str, float] = {}
         self.probes = (
-            LearnerProbes(self._learner_probe, tolerance, keep=max_staleness + 2)
+            # Scoring the probe as the engines hold the weights swaps the module's weights while it runs: not in the
+            # background, where the driver could read the module meanwhile.
+            LearnerProbes(
+                self._learner_probe, tolerance, keep=max_staleness + 2, rtol=rtol, background=rollout_weights is None
+            )
             if probe_token_ids is not None
             else None
         )
@@ -303,6 +321,7 @@ class WeightSync:
                 self.probes.start(self.weights_seq_no)
                 payload[PROBE][PROBE_LOGPROBS] = self.probes.logprobs(self.weights_seq_no)
                 payload[TOLERANCE] = self.tolerance
+                payload[RTOL] = self.probes.rtol
                 self.driver_stats[metrics.PROBE_LEARNER_S] = time.perf_counter() - t1
         return payload
 
