@@ -274,11 +274,12 @@ class P3OConfig(AlgorithmConfig):
                 learner's (raises on a silent sync failure).
             weight_sync_tolerance: Largest allowed |learner - engine| log-prob on that probe. The learner scores
                 the probe with the weights exactly as sent (cast to ``rollout_dtype``, FP8-rounded if simulated),
-                so what is left is the engine's kernel numerics. Default: by the engine's precision, 1e-3 for
-                float32 and 0.03 for bfloat16 (see `rllib_p3o.sync.payload.DEFAULT_TOLERANCES`).
-            weight_sync_rtol: Added to that tolerance per probe token, times the token's |log-prob|: a
-                low-precision engine's error grows with the magnitude. Default: 0 for float32 engines, 0.03 for
-                bfloat16.
+                so what is left is the engine's kernel numerics. It bounds the mean difference over the probe's
+                tokens, and each token's together with ``weight_sync_rtol``. Default: by the engine's precision,
+                1e-3 for float32 and 0.08 for bfloat16 (see `rllib_p3o.sync.payload.DEFAULT_TOLERANCES`).
+            weight_sync_rtol: A probe token may differ by ``weight_sync_tolerance`` plus this times its |log-prob|:
+                a low-precision engine's rounding error grows with the magnitude and varies from token to token.
+                Default: 0 for float32 engines, 0.1 for bfloat16.
             weight_sync_timeout_s: A runner that has not loaded new weights within this many seconds raises
                 `WeightSyncError` naming it (default 300), instead of a silent hang.
             max_consecutive_nonfinite_steps: An optimizer step whose loss or gradient is not finite is skipped

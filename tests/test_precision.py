@@ -44,18 +44,29 @@ def test_rollout_weights_round_linear_weights_only_and_cast_every_float():
     assert not RolloutWeights("float32").changes("float32") and RolloutWeights("bfloat16").changes("float32")
 
 
-def test_the_probe_check_allows_more_on_unlikely_tokens_by_rtol_and_names_the_token():
+def test_the_probe_check_bounds_each_token_by_rtol_and_the_mean_by_atol():
     from rllib_p3o.sync.probe import check_probe
 
-    learner = [-10.0, -1.0]
-    assert check_probe([-10.3, -1.05], learner, 0.03, "runner 1:", rtol=0.03) == pytest.approx(0.3)
-    with pytest.raises(WeightSyncError, match=r"runner 1: the engine's log-prob of probe token 1 differs .* by 0\.4"):
-        check_probe([-10.4, -1.0], learner, 0.03, "runner 1:", rtol=0.03)  # allowed there: 0.03 + 0.03 * 10
-    with pytest.raises(WeightSyncError, match=r"probe token 2 differs from the learner's by 0\.1 "):
-        check_probe([-10.0, -1.1], learner, 0.03, "runner 1:", rtol=0.03)  # allowed there: 0.06
+    learner = np.array([-10.0, -1.0] + [-2.0] * 10)  # 12 tokens, as the demo's probe
+
+    def engine(*changes):
+        out = learner.copy()
+        for i, delta in changes:
+            out[i] += delta
+        return out
+
+    # One unlikely token off by 0.5 (allowed there: 0.08 + 0.1 * 10), the others close: rounding, accepted.
+    assert check_probe(engine((0, -0.5), (2, 0.01)), learner, 0.08, "runner 1:", rtol=0.1) == pytest.approx(0.5)
+    with pytest.raises(WeightSyncError, match=r"runner 1: the engine's log-prob of probe token 1 differs .* by 1\.2"):
+        check_probe(engine((0, -1.2)), learner, 0.08, "runner 1:", rtol=0.1)
+    with pytest.raises(WeightSyncError, match=r"probe token 2 differs from the learner's by 0\.2 "):
+        check_probe(engine((1, -0.2)), learner, 0.08, "runner 1:", rtol=0.1)  # allowed there: 0.18
+    # Every token a little off (each within its bound): a wrong sync, caught by the mean.
+    with pytest.raises(WeightSyncError, match=r"the 12 probe tokens differ from the learner's by 0\.15 on average"):
+        check_probe(learner - 0.15, learner, 0.08, "runner 1:", rtol=0.1)
     with pytest.raises(WeightSyncError, match="probe token 2"):
-        check_probe([-10.0, float("nan")], learner, 0.03, "runner 1:", rtol=0.03)
-    assert P3OConfig().training(rollout_dtype="bfloat16").resolved_weight_sync_rtol == 0.03
+        check_probe(engine((1, float("nan"))), learner, 0.08, "runner 1:", rtol=0.1)
+    assert P3OConfig().training(rollout_dtype="bfloat16").resolved_weight_sync_rtol == 0.1
     assert P3OConfig().resolved_weight_sync_rtol == 0.0 and P3OConfig().resolved_weight_sync_tolerance == 1e-3
 
 

@@ -7,8 +7,8 @@ The payload, a dict:
     probe           optional: ``{"token_ids": [int, ...], "logprobs": [float, ...]}``, the probe and the learner's
                     log-prob of each token after the first: the runner checks at load; or ``{"token_ids": [...]}``
                     alone: the runner scores the probe with its next generate call and returns it (`ProbeResult`)
-    tolerance       largest allowed |learner - engine| log-prob on the probe (checks at load) ...
-    rtol            ... plus this times |learner log-prob|, token by token (low-precision engines)
+    tolerance       largest allowed mean |learner - engine| log-prob on the probe (checks at load), and per token ...
+    rtol            ... plus this times |learner log-prob| (low-precision engines)
 
 The driver builds and sends it (`rllib_p3o.sync.push`); a runner loads it (`VLLMEnvRunner.load_policy_weights`).
 """
@@ -33,16 +33,16 @@ PROBE_TOKEN_IDS = "token_ids"
 PROBE_LOGPROBS = "logprobs"
 TOLERANCE = "tolerance"
 RTOL = "rtol"
-# The probe check's tolerance, by the engines' precision (`default_tolerance`): a token's |learner - engine| log-prob
-# may be at most ``atol + rtol * |learner log-prob|``. The learner scores the probe with the weights exactly as sent,
-# in the engine's dtype, so this bounds kernel numerics only. float32: vLLM and transformers agree to ~1e-5.
-# bfloat16, measured on the demo model (`docs/guide/precision.md`): up to 0.006 x (|log-prob| + 1), so differences of
-# ~0.06 on unlikely tokens (log-prob ~ -10) and ~0.015 on likely ones; these allow 5x that. A corrupted, missed or
-# mis-mapped tensor moves the probe by far more.
+# The probe check's tolerance ``(atol, rtol)``, by the engines' precision (`default_tolerance`): each token's
+# |learner - engine| log-prob may be at most ``atol + rtol * |learner log-prob|``, and their mean at most ``atol``
+# (`rllib_p3o.sync.probe.check_probe`). The learner scores the probe with the weights exactly as sent, in the
+# engine's dtype, so this bounds kernel numerics only. float32: vLLM and transformers agree to ~1e-5. bfloat16,
+# measured on the demo model over 3 x 30 iterations (`benchmarks/precision.py`): mean differences 0.003-0.02,
+# single tokens up to 0.26 (at log-prob -4.5). A corrupted, missed or mis-mapped tensor moves every token.
 DEFAULT_TOLERANCE = 1e-3
-DEFAULT_TOLERANCES = {"float32": (DEFAULT_TOLERANCE, 0.0), "bfloat16": (0.03, 0.03), "float16": (0.01, 0.005)}
+DEFAULT_TOLERANCES = {"float32": (DEFAULT_TOLERANCE, 0.0), "bfloat16": (0.08, 0.1), "float16": (0.02, 0.03)}
 # vLLM's FP8 (GPU) also quantizes activations, which the learner's probe does not imitate (not measured: no GPU).
-FP8_ENGINE_TOLERANCE = (0.2, 0.1)
+FP8_ENGINE_TOLERANCE = (0.3, 0.2)
 
 # `HFCausalLMRLModule` holds the Hugging Face model as ``self.lm``: its state names are "lm." + the HF names.
 LM_PREFIX = "lm."
