@@ -99,6 +99,9 @@ def _engine_benchmark(model: str, prompts: list, n: int, max_tokens: int, repeat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument(
+        "--loss", default="p3o", help="a registered loss (grpo_tis etc. also time π_old's recomputation)"
+    )
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--model-dir", default="runs/demo/base_model")
     parser.add_argument("--out", default="benchmarks/results/iteration.json")
@@ -112,7 +115,7 @@ def main() -> None:
 
     model = build_demo_model(args.model_dir)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    config = demo_config(model, eval_interval=0)
+    config = demo_config(model, eval_interval=0, loss=args.loss)
     t0 = time.perf_counter()
     algo = config.build_algo()
     build_s = time.perf_counter() - t0
@@ -123,6 +126,7 @@ def main() -> None:
         wall = time.perf_counter() - t
         if i >= args.warmup:
             p = res[metrics.P3O]
+            learner = res[metrics.LEARNER[0]][metrics.LEARNER[1]]
             gen, train, sync = p[metrics.TIME_GENERATE_S], p[metrics.TIME_TRAIN_S], p[metrics.TIME_SYNC_S]
             rows.append(
                 {
@@ -134,6 +138,8 @@ def main() -> None:
                     "generated_tokens_per_s": p[metrics.GENERATED_TOKENS_PER_S],
                     "trained_tokens_per_s": p[metrics.TRAINED_TOKENS_PER_S],
                     "completions": p[metrics.NUM_COMPLETIONS],
+                    # π_old's forward pass, part of the learner update (losses that need it)
+                    "old_logprobs_s": learner.get(metrics.OLD_LOGPROBS_S, 0.0),
                 }
             )
         print(
@@ -156,6 +162,7 @@ def main() -> None:
     report = {
         "setting": "demo: 64 prompts x 8 completions, max_tokens 3, tiny Qwen2 (0.3M), 1 vLLM runner, "
         "local learner, 2 CPU cores",
+        "loss": args.loss,
         "build_algo_s": build_s,
         "iterations": len(rows),
         "mean_per_iteration": mean,
