@@ -156,9 +156,11 @@ class P3OConfig(AlgorithmConfig):
         self.input_read_method = "read_parquet"
         self.offline_data_class = P3OOfflineData
         self.prelearner_class = P3OOfflinePreLearner
-        # Held-out evaluation (greedy), every `eval_interval` iterations; 0 disables.
+        # Held-out evaluation, every `eval_interval` iterations; 0 disables. Greedy unless `eval_temperature` > 0.
         self.eval_interval = 1
         self.eval_max_prompts = 200
+        self.eval_temperature = 0.0
+        self.eval_samples_per_prompt = 1
         # RLlib settings this algorithm relies on.
         self.lr = 1e-5
         self.grad_clip = 1.0
@@ -217,6 +219,8 @@ class P3OConfig(AlgorithmConfig):
         max_consecutive_nonfinite_steps: Optional[int] = NotProvided,
         eval_interval: Optional[int] = NotProvided,
         eval_max_prompts: Optional[int] = NotProvided,
+        eval_temperature: Optional[float] = NotProvided,
+        eval_samples_per_prompt: Optional[int] = NotProvided,
         async_sampling: Optional[bool] = NotProvided,
         max_staleness: Optional[int] = NotProvided,
         num_threads_per_learner: Optional[int] = NotProvided,
@@ -285,9 +289,14 @@ class P3OConfig(AlgorithmConfig):
             max_consecutive_nonfinite_steps: An optimizer step whose loss or gradient is not finite is skipped
                 (nothing reaches the weights) and counted in ``p3o/skipped_nonfinite_steps``; after this many in a
                 row (default 3) the run stops with an error naming what was not finite.
-            eval_interval: Greedy held-out evaluation every this many iterations (needs ``eval_dataset`` in
+            eval_interval: Held-out evaluation every this many iterations (needs ``eval_dataset`` in
                 env_config); 0 disables.
             eval_max_prompts: At most this many held-out prompts per evaluation.
+            eval_temperature: Sampling temperature of the held-out evaluation; 0 (default) answers greedily. Above
+                0, the reported held-out reward is the mean over ``eval_samples_per_prompt`` samples per prompt (the
+                "avg@k" of LLM-RL papers): it measures the policy's distribution, which greedy answers hide when
+                the right answer is already the most likely one but far from certain.
+            eval_samples_per_prompt: Completions per held-out prompt when ``eval_temperature`` > 0 (default 1).
             async_sampling: Runners keep generating while the learners update; weights reach them without a
                 pause (each runner loads them after its current sample).
             max_staleness: In async mode, policy samples more than this many weight versions behind the learner
@@ -355,6 +364,8 @@ class P3OConfig(AlgorithmConfig):
             record_rollouts=record_rollouts,
             eval_interval=eval_interval,
             eval_max_prompts=eval_max_prompts,
+            eval_temperature=eval_temperature,
+            eval_samples_per_prompt=eval_samples_per_prompt,
         ).items():
             if value is not NotProvided:
                 setattr(self, name, value)
@@ -478,6 +489,10 @@ class P3OConfig(AlgorithmConfig):
             )
         if self.group_size < 2:
             self._value_error("group_size must be >= 2: advantages are normalized within each prompt group.")
+        if self.eval_temperature is None or self.eval_temperature < 0:
+            self._value_error(f"eval_temperature must be >= 0 (0: greedy), got {self.eval_temperature!r}.")
+        if int(self.eval_samples_per_prompt) < 1:
+            self._value_error(f"eval_samples_per_prompt must be >= 1, got {self.eval_samples_per_prompt!r}.")
         if not 0.0 <= self.resolved_offline_fraction <= 1.0:
             self._value_error(f"offline_fraction must be in [0, 1], got {self.offline_fraction}.")
         if self.resolved_offline_fraction > 0 and not self.is_offline:
@@ -794,12 +809,16 @@ class P3O(Algorithm):
             self.metrics.log_value((metrics.P3O, metrics.BY_SOURCE, name, key), value, window=1)
 
     def evaluate_heldout(self) -> Optional[Dict[str, float]]:
-        """Greedy completions of the current policy on ``env_config["eval_dataset"]``, scored by the reward function."""
+        """The current policy's completions on ``env_config["eval_dataset"]`` (greedy unless ``eval_temperature`` > 0),
+        scored by the reward function."""
         if not self._has_engine:
             return None
-        n = self.config.eval_max_prompts
+        cfg = self.config
+        n, temperature, k = cfg.eval_max_prompts, cfg.eval_temperature, cfg.eval_samples_per_prompt
+        # Seeded by the iteration: a rerun (or a restored run) evaluates with the same samples.
+        seed = (cfg.seed or 0) * 1_000_003 + int(self.iteration or 0)
         result, probe = self._runners.call_first(
-            lambda runner: (runner.evaluate_heldout(n), runner.take_probe_result())
+            lambda runner: (runner.evaluate_heldout(n, temperature, k, seed), runner.take_probe_result())
         )
         self._weight_sync.check(probe)  # the evaluation may be the first use of the weights last pushed
         return result

@@ -30,6 +30,8 @@ RESETTABLE_KEYS = (
     "max_consecutive_nonfinite_steps",
     "eval_interval",
     "eval_max_prompts",
+    "eval_temperature",
+    "eval_samples_per_prompt",
     "record_rollouts",
 )
 

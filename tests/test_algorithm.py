@@ -94,6 +94,16 @@ def test_tuner_runs_p3o_and_checkpoint_restores(ray_session, tiny_model, tmp_pat
         algo.evaluate_heldout()  # the updated weights' probe rides along with the evaluation, and is checked
         assert algo._weight_sync.probes.verified[1] == algo._weight_sync.weights_seq_no
         assert algo._weight_sync.probes.last_stats[m.PROBE_MAX_ABS_DIFF] < 1e-3
+
+        # Sampled held-out evaluation (avg@k): every sample is scored, and a seed gives the same samples again.
+        def sampled(seed):
+            return algo._runners.call_first(lambda runner: runner.evaluate_heldout(20, 1.0, 3, seed))
+
+        first, again = sampled(7), sampled(7)
+        assert first[m.NUM_PROMPTS] == 20 and first[m.NUM_COMPLETIONS] == 60
+        assert first == again
+        greedy = algo._runners.call_first(lambda runner: runner.evaluate_heldout(20))
+        assert greedy[m.NUM_COMPLETIONS] == 20
     finally:
         algo.stop()
 

@@ -140,6 +140,15 @@ def test_unknown_ess_scope_is_refused(tiny_model):
         P3OConfig().training(model=tiny_model, ess_scope="token").validate()
 
 
+def test_bad_heldout_sampling_settings_are_refused(tiny_model):
+    for bad, match in [
+        (dict(eval_temperature=-0.5), "eval_temperature must be >= 0"),
+        (dict(eval_samples_per_prompt=0), "eval_samples_per_prompt must be >= 1"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            P3OConfig().training(model=tiny_model, **bad).validate()
+
+
 def test_nonfinite_step_is_skipped_weights_unchanged_and_repeated_ones_stop_the_run(ray_session, tiny_model):
     config = P3OConfig().training(model=tiny_model, lr=3e-3, max_consecutive_nonfinite_steps=2).learners(num_learners=0)
     lg = config.build_learner_group(spaces=SPACES)

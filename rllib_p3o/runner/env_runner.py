@@ -268,20 +268,25 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     def get_metrics(self):
         return self.metrics.reduce()
 
-    def evaluate_heldout(self, max_prompts: int = 200) -> Optional[Dict[str, float]]:
-        """Greedy completions on the held-out rows, scored by the reward function."""
+    def evaluate_heldout(
+        self, max_prompts: int = 200, temperature: float = 0.0, samples_per_prompt: int = 1, seed: int = 0
+    ) -> Optional[Dict[str, float]]:
+        """The policy's completions on the held-out rows, scored by the reward function: greedy (one per prompt) at
+        ``temperature`` 0, else ``samples_per_prompt`` samples per prompt, seeded by ``seed``."""
         if self._llm is None or not self.env.eval_rows:
             return None
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         rows = self.env.eval_rows[:max_prompts]
-        if self._rollouts is not None:  # greedy episodes, scored by their return
-            greedy = Engine(POLICY, self._policy, 1, {"temperature": 0.0}, self._lora_request)
+        k = 1 if temperature == 0 else int(samples_per_prompt)
+        sampling = {"temperature": float(temperature), "top_p": 1.0, "top_k": 0}
+        if self._rollouts is not None:  # episodes, scored by their return
+            engine = Engine(POLICY, self._policy, k, sampling, self._lora_request)
             episodes = self._rollouts.play(
                 rows,
-                [0] * len(rows),
-                greedy,
+                [seed + i for i in range(len(rows))],
+                engine,
                 weights_seq_no=self._weights_seq_no,
                 group_ids=list(range(len(rows))),
                 source_id=source_id(POLICY),
@@ -290,11 +295,13 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             return {
                 metrics.REWARD_MEAN: float(np.mean([ep.get_return() for ep in episodes])),
                 metrics.NUM_PROMPTS: float(len(rows)),
+                metrics.NUM_COMPLETIONS: float(len(episodes)),
                 **turn_metrics(episodes),
             }
         params = SamplingParams(
-            n=1,
-            temperature=0.0,
+            n=k,
+            **sampling,
+            seed=seed if temperature > 0 else None,
             max_tokens=self.config.max_tokens,
             stop_token_ids=self._stop_ids or None,
             detokenize=vllm_engine.DETOKENIZE,
@@ -305,9 +312,14 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             use_tqdm=False,
             lora_request=self._lora_request,
         )
-        completions = [self.tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outs]
-        rewards = self.env.score([r["prompt"] for r in rows], completions, rows)
-        return {metrics.REWARD_MEAN: float(np.mean(rewards)), metrics.NUM_PROMPTS: float(len(rows))}
+        completions = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for o in outs for c in o.outputs]
+        scored = [r for r in rows for _ in range(k)]
+        rewards = self.env.score([r["prompt"] for r in scored], completions, scored)
+        return {
+            metrics.REWARD_MEAN: float(np.mean(rewards)),
+            metrics.NUM_PROMPTS: float(len(rows)),
+            metrics.NUM_COMPLETIONS: float(len(rewards)),
+        }
 
     # -- weights ------------------------------------------------------------------------------------------------
 
