@@ -4,6 +4,7 @@ table, and its resume after the driver is killed. Real Ray, RLlib, Tune and vLLM
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,6 +146,55 @@ def test_sweep_writes_its_table_and_a_restored_sweep_does_not_rerun_finished_tri
     assert sorted(t[report.ACTOR_REUSED] for t in summary["trials"]) == [False, False, True, True]
 
 
+@pytest.fixture(scope="module")
+def tiny_sorting_model(tmp_path_factory):
+    """An untrained tiny Qwen2 with the sorting task's tokenizer (no pretraining: the test is about the pipeline)."""
+    from rllib_p3o.tasks import build_tiny_model
+    from rllib_p3o.tasks.sorting import SortingTask
+
+    return build_tiny_model(
+        str(tmp_path_factory.mktemp("models") / "tiny_sorting"), SortingTask().corpus(), max_position_embeddings=64
+    )
+
+
+@pytest.mark.slow
+def test_bench_quick_grid_chooses_an_lr_per_method_and_a_rerun_runs_only_missing_trials(tiny_sorting_model, tmp_path):
+    # The claims bench's quick grid (`--task sorting --quick`), at 1 iteration per trial: the lr stage per method,
+    # its trials reused as the on-policy stage's seeds, then the fp8-rollout stage.
+    out = str(tmp_path / "bench")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
+    args = [sys.executable, "-m", "rllib_p3o.cli", "sweep", "--task", "sorting", "--quick", "--out", out]
+    args += ["--base-model", tiny_sorting_model, "--iterations", "1"]
+    first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    choice = json.load(open(os.path.join(out, "lr_choice.json")))
+    assert set(choice["lr_peak"]) == {"p3o", "grpo_tis_eps0.2"}
+    assert all(p in (5e-4, 1e-3) for p in choice["lr_peak"].values())
+    curves = pd.read_csv(os.path.join(out, report.CURVES_CSV))
+    per_stage = curves.groupby(report.STAGE).size().to_dict()
+    assert per_stage == {"lr_on_policy": 4, "on_policy": 2, "fp8_rollouts": 2}  # 1 iteration per trial
+    # The on-policy stage is the lr stage's trials at each method's chosen peak: not run twice.
+    on_policy = curves[curves[report.STAGE] == "on_policy"]
+    assert {(r[report.METHOD], r[report.LR_PEAK]) for _, r in on_policy.iterrows()} == set(choice["lr_peak"].items())
+    assert not os.path.isdir(os.path.join(out, "on_policy"))
+    assert curves[report.HELDOUT].notna().all()  # evaluated before the first update (sampled, avg@4)
+    summary = json.load(open(os.path.join(out, report.SUMMARY_JSON)))
+    assert "| p3o |" in summary["lr_table"] and len(summary["figures"]) == 2
+
+    # Resume from the trial files alone (as in a new session from a copy of <out>/trials): the Tune folders and one
+    # trial's file gone, a rerun runs that one trial.
+    for stage in ("lr_on_policy", "fp8_rollouts"):
+        shutil.rmtree(os.path.join(out, stage))
+    lost = sorted(glob.glob(os.path.join(out, report.TRIALS_DIR, "fp8_rollouts", "*.csv")))[0]
+    os.remove(lost)
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "[lr_on_policy] finished earlier: 4 trials, not run again" in again.stdout
+    assert "[fp8_rollouts] continuing: 1 of 2 trials finished earlier are kept" in again.stdout
+    assert os.path.exists(lost)
+    assert len(glob.glob(os.path.join(out, "fp8_rollouts", "*", "result.json"))) == 1
+
+
 def test_lr_choice_is_the_peak_whose_worse_method_does_best():
     rows = []
     for peak, p3o, grpo in ((2e-4, 0.5, 0.4), (5e-4, 0.9, 0.6), (1e-3, 0.95, 0.3)):
@@ -168,3 +218,31 @@ def test_lr_choice_is_the_peak_whose_worse_method_does_best():
     choice = report.choose_lr(pd.DataFrame(rows), (2e-4, 5e-4, 1e-3))
     assert choice["lr_peak"] == 5e-4
     assert lr_schedule(5e-4) == [[0, 1e-5], [5120, 5e-4]]
+
+
+def test_lr_choice_per_method_is_each_methods_best_peak():
+    rows = []
+    for regime, shift in (("lr_on_policy", 0.0), ("lr_bf16_rollouts", -0.05)):
+        for peak, p3o, tis in ((2.5e-4, 0.5 + shift, 0.7), (5e-4, 0.9 + shift, 0.6), (1e-3, 0.8, 0.3 + shift)):
+            for method, last in (("p3o", p3o), ("grpo_tis_eps0.2", tis)):
+                for it, value in ((1, 0.1), (2, last)):
+                    rows.append(
+                        {
+                            report.STAGE: regime,
+                            report.METHOD: method,
+                            report.SEED: 0,
+                            report.LR_PEAK: peak,
+                            report.ITERATION: it,
+                            report.SAMPLES: (it - 1) * 512,
+                            report.HELDOUT: value,
+                            report.ESS: 1.0,
+                            report.SETUP_S: 1.0,
+                            report.ACTOR_REUSED: 0.0,
+                            report.ERROR: False,
+                        }
+                    )
+    curves = pd.DataFrame(rows)
+    choice = report.choose_lr_per_method(curves, (2.5e-4, 5e-4, 1e-3), target=0.7)
+    assert choice["lr_peak"] == {"p3o": 5e-4, "grpo_tis_eps0.2": 2.5e-4}
+    table = report.lr_spread_table(curves, target=0.7)
+    assert "| p3o | 0.900 (on_policy, 0.0005) | 0.450 (bf16_rollouts, 0.00025) | 0.450 |" in table

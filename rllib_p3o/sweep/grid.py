@@ -1,5 +1,5 @@
-"""What the claims sweep compares: methods (losses and their settings), regimes (how off-policy the data are) and
-the quick and full grids. Pure configuration: no Ray, no Tune.
+"""What the claims sweep compares: tasks (the demo's, and the claims bench's sorting task), methods (losses and their
+settings), regimes (how off-policy the data are) and the grids. Pure configuration: no Ray, no Tune.
 
 A regime is one Tune experiment (its trials differ only in method, seed and learning rate, which `P3O.reset_config`
 can change in a reused actor); a method is a set of `RESETTABLE_KEYS` overrides.
@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rllib_p3o.p3o import P3OConfig
+from rllib_p3o.tasks.arithmetic import ArithmeticTask
+from rllib_p3o.tasks.bench_config import EVAL_SAMPLES_PER_PROMPT, bench_config
 from rllib_p3o.tasks.demo_config import demo_config
+from rllib_p3o.tasks.sorting import SortingTask
 
 # Methods: name -> config overrides (all keys in `rllib_p3o.trial_reuse.RESETTABLE_KEYS`).
 METHODS: Dict[str, Dict[str, Any]] = {
@@ -21,11 +24,35 @@ METHODS: Dict[str, Dict[str, Any]] = {
     "grpo_eps0.6": {"loss": "grpo", "loss_config": {"clip_low": 0.6, "clip_high": 0.6}},
     "p3o_no_cap": {"loss": "p3o_no_cap"},
     "p3o_no_kl": {"loss": "p3o_no_kl"},
+    # The baselines peers ship (π_old recomputed by the learner; see the losses guide), at verl's defaults.
+    "grpo_tis_eps0.2": {"loss": "grpo_tis", "loss_config": {"clip_low": 0.2, "clip_high": 0.2}},
+    "grpo_tis_eps0.4": {"loss": "grpo_tis", "loss_config": {"clip_low": 0.4, "clip_high": 0.4}},
+    "grpo_seq_mask_eps0.2": {"loss": "grpo_seq_mask", "loss_config": {"clip_low": 0.2, "clip_high": 0.2}},
+    "grpo_seq_mask_eps0.4": {"loss": "grpo_seq_mask", "loss_config": {"clip_low": 0.4, "clip_high": 0.4}},
+    "cispo": {"loss": "cispo"},
+    "p3o_proximal": {"loss": "p3o_proximal"},
 }
+# The demo sweep's methods (its table predates the baselines above and stays as it is).
+DEMO_METHODS: Tuple[str, ...] = ("p3o", "grpo_eps0.2", "grpo_eps0.4", "grpo_eps0.6", "p3o_no_cap", "p3o_no_kl")
+# The claims bench's: P3O and its experimental variant, plain GRPO and the baselines peers ship (P3O's ablations are
+# in the demo's table; `--methods p3o_no_cap p3o_no_kl` adds them to a bench run).
+BENCH_METHODS: Tuple[str, ...] = (
+    "p3o",
+    "p3o_proximal",
+    "grpo_eps0.2",
+    "grpo_eps0.4",
+    "grpo_tis_eps0.2",
+    "grpo_tis_eps0.4",
+    "grpo_seq_mask_eps0.2",
+    "grpo_seq_mask_eps0.4",
+    "cispo",
+)
 # Keys a method may set: each gets a `tune.sample_from` that reads the trial's method.
 METHOD_KEYS: Tuple[str, ...] = ("loss", "loss_config")
 DEFAULTS: Dict[str, Any] = {"loss": "p3o", "loss_config": {}}
-# The Tune search key naming a trial's method (not a P3OConfig setting: `P3O.reset_config` ignores it).
+# Tune search keys (not P3OConfig settings: `P3O.reset_config` ignores them): the trial's (method, seed, lr peak)
+# cell, and its method's name.
+CELL = "sweep_cell"
 METHOD = "sweep_method"
 # Learning-rate schedule: linear warm-up over the first 10 iterations of 512 completions to a peak (as the demo's).
 WARMUP_SAMPLES = 5120
@@ -38,7 +65,75 @@ def lr_schedule(peak: float) -> List[List[float]]:
 
 def method_value(key: str, spec: Any) -> Any:
     """``tune.sample_from`` function: the trial's method's value of ``key`` (its default when the method has none)."""
-    return METHODS[spec.config[METHOD]].get(key, DEFAULTS[key])
+    return METHODS[spec.config[CELL][0]].get(key, DEFAULTS[key])
+
+
+def cell_value(index: int, spec: Any) -> Any:
+    """``tune.sample_from`` function: item ``index`` of the trial's (method, seed, lr peak) cell."""
+    return spec.config[CELL][index]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task the sweep runs on: its rows, reward, base-model builder and the config every trial starts from."""
+
+    name: str
+    rows: Callable[[], Tuple[List[dict], List[dict]]]  # (train, held-out)
+    reward_fn: str  # import path: Tune saves every trial's config, and a reused actor compares configs
+    build_model: Callable[..., str]  # build_model(path, seed=0, pretrain_steps=...) -> path
+    config: Callable[..., P3OConfig]  # config(model_path, **training)
+    heldout_label: str  # how held-out accuracy is measured, for figures and tables
+    weaker_pretrain_steps: int  # the weaker behavior model: the base model's pretraining stopped early
+    stronger_heldout: float  # the stronger behavior model: the base model RL-trained until this held-out
+
+
+def _demo_task() -> Tuple[List[dict], List[dict]]:
+    task = ArithmeticTask()
+    return task.train_rows(), task.heldout_rows()
+
+
+def _sorting_task() -> Tuple[List[dict], List[dict]]:
+    task = SortingTask()
+    return task.train_rows(), task.heldout_rows()
+
+
+def _build_demo_model(path: str, **kw: Any) -> str:
+    from rllib_p3o.tasks.tiny_model import build_demo_model
+
+    return build_demo_model(path, **kw)
+
+
+def _build_sorting_model(path: str, **kw: Any) -> str:
+    from rllib_p3o.tasks.sorting import build_sorting_model
+
+    return build_sorting_model(path, **kw)
+
+
+TASKS: Dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task(
+            "arithmetic",
+            _demo_task,
+            "rllib_p3o.tasks.arithmetic:arithmetic_reward",
+            _build_demo_model,
+            demo_config,
+            "held-out accuracy (greedy)",
+            weaker_pretrain_steps=300,
+            stronger_heldout=0.8,
+        ),
+        Task(
+            "sorting",
+            _sorting_task,
+            "rllib_p3o.tasks.sorting:sorting_reward",
+            _build_sorting_model,
+            bench_config,
+            f"held-out accuracy (avg@{EVAL_SAMPLES_PER_PROMPT}, T = 1)",
+            weaker_pretrain_steps=500,
+            stronger_heldout=0.7,
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -46,7 +141,7 @@ class Prepared:
     """Artifacts some regimes need (`rllib_p3o.sweep.prep`): paths of the models and of the stale recording."""
 
     base_model: str
-    train_prompts: str  # .jsonl files of the demo task's rows
+    train_prompts: str  # .jsonl files of the task's rows
     heldout_prompts: str
     stronger_model: Optional[str] = None
     weaker_model: Optional[str] = None
@@ -110,43 +205,140 @@ REGIMES: Dict[str, Regime] = {
             ),
             needs=("stale_recording",),
         ),
+        # The claims bench's regimes (with `temperature_1.2`, `behavior_*` and `offline_stale` above).
+        Regime(
+            "on_policy",
+            "the control: on-policy rollouts, 2 optimizer steps per iteration (minibatches of 256 of 512), "
+            "engine and learner in float32",
+            lambda c, p: c,
+        ),
+        Regime(
+            "bf16_rollouts",
+            "the engine samples in bfloat16, the learner trains in float32: every ratio carries the precision gap",
+            lambda c, p: c.training(rollout_dtype="bfloat16"),
+        ),
+        Regime(
+            "fp8_rollouts",
+            "the engine samples in bfloat16 with FP8-rounded linear weights (fp8_simulated), the learner in float32",
+            lambda c, p: c.training(rollout_dtype="bfloat16", rollout_quantization="fp8_simulated"),
+        ),
+        Regime(
+            "async_staleness_4",
+            "async sampling: the runner keeps generating while the learner updates, "
+            "samples up to 4 weight versions old",
+            lambda c, p: c.training(async_sampling=True, max_staleness=4),
+        ),
     )
 }
+DEMO_REGIMES: Tuple[str, ...] = (
+    "on_policy_4_steps",
+    "temperature_1.2",
+    "async_staleness_2",
+    "behavior_stronger",
+    "behavior_weaker",
+    "offline_stale",
+)
+BENCH_REGIMES: Tuple[str, ...] = (
+    "on_policy",
+    "temperature_1.2",
+    "bf16_rollouts",
+    "fp8_rollouts",
+    "async_staleness_4",
+    "behavior_weaker",
+    "behavior_stronger",
+    "offline_stale",
+)
 
 
 @dataclass(frozen=True)
 class Grid:
-    """One sweep: regimes × methods × seeds, ``iterations`` of 512 completions per trial, plus the lr stage."""
+    """One sweep: regimes × methods × seeds, ``iterations`` of 512 completions per trial, after the lr stage.
+
+    The lr stage runs ``lr_methods`` × ``lr_peaks`` × ``lr_seeds`` in each of ``lr_regimes``. With
+    ``lr_per_method`` every method then trains at its own best peak (mean held-out at the budget over the lr stage's
+    regimes and seeds), and the lr stage's trials at that peak count as seeds of the regime stages; otherwise one
+    peak serves every method: the one whose worse method does best."""
 
     regimes: Tuple[str, ...]
     methods: Tuple[str, ...]
     seeds: Tuple[int, ...]
     iterations: int
+    task: str = "arithmetic"
     target: float = 0.8
     lr_peaks: Tuple[float, ...] = ()  # the lr stage's candidates; empty: no lr stage, ``default_lr`` is used
     lr_methods: Tuple[str, ...] = ("p3o", "grpo_eps0.2")
     lr_seeds: Tuple[int, ...] = (0, 1)
-    lr_regime: str = "on_policy_4_steps"
+    lr_regimes: Tuple[str, ...] = ("on_policy_4_steps",)
+    lr_per_method: bool = False
     default_lr: float = 5e-4
     eval_interval: int = 5
+    collapse_from: str = "first"  # a collapse: the last held-out 0.1 below the trial's "first" or "best" (`report`)
     extra: Dict[str, Any] = field(default_factory=dict)  # other `.training()` settings (tests: a tiny task)
 
+    def lr_cells(self) -> int:
+        return len(self.lr_peaks) * len(self.lr_methods) * len(self.lr_seeds) * len(self.lr_regimes)
+
     def num_trials(self) -> int:
-        return len(self.regimes) * len(self.methods) * len(self.seeds) + (
-            len(self.lr_peaks) * len(self.lr_methods) * len(self.lr_seeds)
-        )
+        """Trials the grid runs (a regime stage's cells already run by the lr stage are not run again)."""
+        regime_cells = len(self.regimes) * len(self.methods) * len(self.seeds)
+        if self.lr_per_method and self.lr_peaks:
+            shared = set(self.regimes) & set(self.lr_regimes)
+            regime_cells -= (
+                len(shared) * len(set(self.methods) & set(self.lr_methods)) * len(set(self.seeds) & set(self.lr_seeds))
+            )
+        return regime_cells + self.lr_cells()
 
 
+# The demo task's sweep (the easy control; its table is in docs/results/claims-sweep.md).
 QUICK = Grid(
     regimes=("on_policy_4_steps", "temperature_1.2"), methods=("p3o", "grpo_eps0.2"), seeds=(0,), iterations=15
 )
-FULL = Grid(regimes=tuple(REGIMES), methods=tuple(METHODS), seeds=(0, 1, 2), iterations=40, lr_peaks=(2e-4, 5e-4, 1e-3))
+FULL = Grid(regimes=DEMO_REGIMES, methods=DEMO_METHODS, seeds=(0, 1, 2), iterations=40, lr_peaks=(2e-4, 5e-4, 1e-3))
+# The claims bench (the sorting task; docs/results/claims.md): stage (a) every method at 3 peaks × 2 seeds in the
+# on-policy and bf16-rollout regimes, stage (b) every regime × method at the method's best peak × 3 seeds.
+BENCH_FULL = Grid(
+    regimes=BENCH_REGIMES,
+    methods=BENCH_METHODS,
+    seeds=(0, 1, 2),
+    # Held-out is measured at the start of iterations 1, 5, 10, ..., 30: the last measures the policy after 29 updates.
+    iterations=30,
+    task="sorting",
+    target=0.7,
+    lr_peaks=(5e-4, 1e-3, 2e-3),
+    lr_methods=BENCH_METHODS,
+    lr_seeds=(0, 1),
+    lr_regimes=("on_policy", "bf16_rollouts"),
+    lr_per_method=True,
+    collapse_from="best",
+)
+# Its smoke test: the whole pipeline (lr stage per method, then the regime stages) on a few cells, ≤ 10 min.
+BENCH_QUICK = Grid(
+    regimes=("on_policy", "fp8_rollouts"),
+    methods=("p3o", "grpo_tis_eps0.2"),
+    seeds=(0,),
+    iterations=11,
+    task="sorting",
+    target=0.7,
+    lr_peaks=(5e-4, 1e-3),
+    lr_methods=("p3o", "grpo_tis_eps0.2"),
+    lr_seeds=(0,),
+    lr_regimes=("on_policy",),
+    lr_per_method=True,
+    collapse_from="best",
+)
+GRIDS: Dict[Tuple[str, str], Grid] = {
+    ("arithmetic", "quick"): QUICK,
+    ("arithmetic", "full"): FULL,
+    ("sorting", "quick"): BENCH_QUICK,
+    ("sorting", "full"): BENCH_FULL,
+}
 
 
 def regime_config(regime: Regime, prepared: Prepared, grid: Grid) -> P3OConfig:
-    """The demo config (64 prompts × 8 completions per iteration, greedy held-out eval every ``eval_interval``),
+    """The task's config (64 prompts × 8 completions per iteration, held-out eval every ``eval_interval``),
     changed by ``regime``."""
-    config = demo_config(prepared.base_model, eval_interval=grid.eval_interval, **grid.extra)
+    task = TASKS[grid.task]
+    config = task.config(prepared.base_model, eval_interval=grid.eval_interval, **grid.extra)
     # Prompts by path and the reward by import path: Tune saves every trial's config (with rows, ~0.7 MB each),
     # and a reused actor compares configs.
     config.environment(
@@ -154,7 +346,7 @@ def regime_config(regime: Regime, prepared: Prepared, grid: Grid) -> P3OConfig:
             **config.env_config,
             "dataset": prepared.train_prompts,
             "eval_dataset": prepared.heldout_prompts,
-            "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward",
+            "reward_fn": task.reward_fn,
         }
     )
     return regime.apply(config, prepared)

@@ -1,14 +1,15 @@
 """Artifacts some regimes of the claims sweep need, built once under ``<out>/prep`` and reused on a rerun:
 
-- ``base_model``: the demo's base model (`build_demo_model`, seed 0), the policy every trial starts from;
-- ``train_prompts``/``heldout_prompts``: the demo task's rows as .jsonl;
-- ``weaker_model``: an earlier checkpoint of the same pretraining (fewer steps);
+- ``base_model``: the task's base model (seed 0), the policy every trial starts from;
+- ``train_prompts``/``heldout_prompts``: the task's rows as .jsonl;
+- ``weaker_model``: an earlier checkpoint of the same pretraining (`Task.weaker_pretrain_steps`);
 - ``stale_recording``: trajectory Parquet sampled by the frozen base policy (an "older policy" for every trial:
   the further a trial's policy moves, the staler these data are for it);
-- ``stronger_model``: the base model RL-trained with the demo config until its held-out accuracy reaches 0.8.
+- ``stronger_model``: the base model RL-trained with P3O and the task's config until its held-out accuracy
+  reaches `Task.stronger_heldout`.
 
 The recording and the stronger model come from one Algorithm: first ``lr=0`` with ``record_rollouts`` (the policy
-stays the base model), then `P3O.reset_config` to the demo's learning rate, trained until the target.
+stays the base model), then `P3O.reset_config` to the default learning rate, trained until the target.
 """
 
 from __future__ import annotations
@@ -19,13 +20,9 @@ import os
 from typing import Callable, Optional
 
 from rllib_p3o.core import metrics
-from rllib_p3o.sweep.grid import Grid, Prepared, lr_schedule
-from rllib_p3o.tasks import ArithmeticTask, build_demo_model
-from rllib_p3o.tasks.demo_config import demo_config
+from rllib_p3o.sweep.grid import TASKS, Grid, Prepared, Task, lr_schedule
 
 STAMP = "prepared.json"
-WEAKER_PRETRAIN_STEPS = 300
-STRONGER_HELDOUT = 0.8
 
 
 def prepare(
@@ -36,32 +33,33 @@ def prepare(
     os.makedirs(prep_dir, exist_ok=True)
     stamp = os.path.join(prep_dir, STAMP)
     done = json.load(open(stamp)) if os.path.exists(stamp) else {}
+    task = TASKS[grid.task]
     if base_model is None:
-        say("[prep] base model (pretrained once, ~1 min; reused on a rerun)")
-        base_model = build_demo_model(os.path.join(prep_dir, "base_model"), seed=0)
+        say(f"[prep] {task.name} base model (pretrained once, a few minutes; reused on a rerun)")
+        base_model = task.build_model(os.path.join(prep_dir, "base_model"), seed=0)
     done["base_model"] = base_model
-    task = ArithmeticTask()
-    for key, rows in (("train_prompts", task.train_rows()), ("heldout_prompts", task.heldout_rows())):
+    train, heldout = task.rows()
+    for key, rows in (("train_prompts", train), ("heldout_prompts", heldout)):
         done[key] = os.path.join(prep_dir, f"{key}.jsonl")
         with open(done[key], "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
     if "weaker_model" in needs and "weaker_model" not in done:
-        say(f"[prep] weaker model: the same pretraining stopped after {WEAKER_PRETRAIN_STEPS} steps")
-        done["weaker_model"] = build_demo_model(
-            os.path.join(prep_dir, "weaker_model"), seed=0, pretrain_steps=WEAKER_PRETRAIN_STEPS
+        say(f"[prep] weaker model: the same pretraining stopped after {task.weaker_pretrain_steps} steps")
+        done["weaker_model"] = task.build_model(
+            os.path.join(prep_dir, "weaker_model"), seed=0, pretrain_steps=task.weaker_pretrain_steps
         )
     if ({"stale_recording", "stronger_model"} & needs) - set(done):
-        done.update(_record_then_train(base_model, prep_dir, grid, say))
+        done.update(_record_then_train(task, base_model, prep_dir, grid, say))
     with open(stamp, "w") as f:
         json.dump(done, f, indent=2)
     return Prepared(**{k: done.get(k) for k in Prepared.__dataclass_fields__})
 
 
-def _record_then_train(base_model: str, prep_dir: str, grid: Grid, say: Callable[[str], None]) -> dict:
+def _record_then_train(task: Task, base_model: str, prep_dir: str, grid: Grid, say: Callable[[str], None]) -> dict:
     recording = os.path.join(prep_dir, "stale_recording")
     stronger = os.path.join(prep_dir, "stronger_model")
-    frozen = demo_config(base_model, lr=0.0, eval_interval=0, record_rollouts=recording, **grid.extra)
-    frozen.environment(env_config={**frozen.env_config, "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward"})
+    frozen = task.config(base_model, lr=0.0, eval_interval=0, record_rollouts=recording, **grid.extra)
+    frozen.environment(env_config={**frozen.env_config, "reward_fn": task.reward_fn})
     # A short job in this process: a runner fault ends it (and Ray prints no warning about restartable actors).
     frozen.fault_tolerance(restart_failed_env_runners=False)
     algo = frozen.build_algo()
@@ -75,7 +73,7 @@ def _record_then_train(base_model: str, prep_dir: str, grid: Grid, say: Callable
         algo.reset_config(trained.to_dict())
         algo._iteration = 0  # (Tune resets this itself when it reuses an actor)
         heldout, max_iterations = 0.0, 10 * grid.iterations
-        while heldout < STRONGER_HELDOUT and algo.iteration < max_iterations:
+        while heldout < task.stronger_heldout and algo.iteration < max_iterations:
             result = algo.train()
             measured = result.get(metrics.P3O, {}).get(metrics.HELDOUT_REWARD_MEAN, float("nan"))
             heldout = heldout if math.isnan(measured) else measured

@@ -6,7 +6,9 @@ Per regime and method, over seeds:
 - held-out at the budget: the last evaluation of each trial (mean ± std);
 - samples to target: the first evaluation at or above the target (median over the seeds that reach it, and how
   many do);
-- collapses: trials that errored, or whose last held-out is more than `COLLAPSE_DROP` below their first.
+- collapses: trials that errored, or whose last held-out is more than `COLLAPSE_DROP` below their first (the demo's
+  sweep) or below their best (the claims bench, `Grid.collapse_from`: a rise and a later fall is the paper's
+  collapse).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -30,42 +32,67 @@ COLLAPSE_DROP = 0.1
 STAGE, METHOD, SEED, LR_PEAK, ITERATION, SAMPLES = "stage", "method", "seed", "lr_peak", "iteration", "samples"
 HELDOUT, ESS, REWARD, SETUP_S, ACTOR_REUSED, ERROR = ("heldout", "ess", "reward", "setup_s", "actor_reused", "error")
 PER_ITERATION = "completions_per_iteration"
+# The lr stage of a regime is the stage "lr_<regime>" (the demo sweep's single lr stage is "lr").
+LR_STAGE_PREFIX = "lr_"
+# Result paths of the per-iteration columns.
 _SOURCES = {
-    HELDOUT: metrics.column(metrics.P3O, metrics.HELDOUT_REWARD_MEAN),
-    ESS: metrics.column(*metrics.LEARNER, metrics.ESS),
-    REWARD: metrics.column(metrics.P3O, metrics.REWARD_MEAN),
-    SETUP_S: metrics.column(metrics.P3O, metrics.SETUP_S),
-    ACTOR_REUSED: metrics.column(metrics.P3O, metrics.ACTOR_REUSED),
+    HELDOUT: (metrics.P3O, metrics.HELDOUT_REWARD_MEAN),
+    ESS: (*metrics.LEARNER, metrics.ESS),
+    REWARD: (metrics.P3O, metrics.REWARD_MEAN),
+    SETUP_S: (metrics.P3O, metrics.SETUP_S),
+    ACTOR_REUSED: (metrics.P3O, metrics.ACTOR_REUSED),
 }
+TRIALS_DIR = "trials"
 
 
-def collect(results, stage: str, samples_per_iteration: int) -> pd.DataFrame:
-    """Rows (one per trial iteration) from a Tune ResultGrid of the sweep; an errored trial keeps its rows and
-    gets ``error=True`` (one empty row when it has none)."""
-    from rllib_p3o.sweep.grid import METHOD as METHOD_KEY
+def result_row(result: Dict[str, Any]) -> Dict[str, Any]:
+    """One iteration of a trial as a row of curves.csv (without the trial's identity): NaN where not reported."""
+    row = {ITERATION: int(result.get("training_iteration", 0))}
+    for key, path in _SOURCES.items():
+        value = metrics.lookup(result, *path)
+        try:
+            row[key] = float(value)
+        except (TypeError, ValueError):  # not reported this iteration (held-out: only every eval_interval)
+            row[key] = math.nan
+    return row
 
+
+def trial_path(out: str, stage: str, name: str) -> str:
+    return os.path.join(out, TRIALS_DIR, stage, f"{name}.csv")
+
+
+def write_trial(
+    path: str, stage: str, cell: tuple, rows: Sequence[Dict[str, Any]], error: bool, samples_per_iteration: int
+) -> None:
+    """A finished (or errored) trial's rows, written once it ends: a rerun of the sweep skips its cell. An errored
+    trial keeps its rows (one empty row when it has none)."""
+    method, seed, lr = cell
+    df = pd.DataFrame(list(rows) or [{ITERATION: 0}])
+    df[SAMPLES] = (df[ITERATION] - 1).clip(lower=0) * samples_per_iteration
+    for key, value in (
+        (STAGE, stage),
+        (METHOD, method),
+        (SEED, seed),
+        (LR_PEAK, lr),
+        (ERROR, error),
+        (PER_ITERATION, samples_per_iteration),
+    ):
+        df[key] = value
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, path)  # a kill mid-write leaves no half file that would count as finished
+
+
+def read_trials(out: str, stage: Optional[str] = None) -> pd.DataFrame:
+    """Every finished trial's rows under ``out`` (of one ``stage``, or all)."""
+    root = os.path.join(out, TRIALS_DIR)
+    stages = [stage] if stage else sorted(os.listdir(root)) if os.path.isdir(root) else []
     frames = []
-    for result in results:
-        cfg = result.config or {}
-        lr = cfg.get("lr")
-        ident = {
-            STAGE: stage,
-            METHOD: cfg.get(METHOD_KEY),
-            SEED: cfg.get("seed"),
-            LR_PEAK: lr[-1][-1] if isinstance(lr, list) else lr,
-            ERROR: result.error is not None,
-            PER_ITERATION: samples_per_iteration,
-        }
-        df = result.metrics_dataframe
-        if df is None or df.empty:
-            frames.append(pd.DataFrame([{**ident, ITERATION: 0, SAMPLES: 0}]))
-            continue
-        rows = pd.DataFrame({k: df[c] if c in df else np.nan for k, c in _SOURCES.items()})
-        rows[ITERATION] = df["training_iteration"].to_numpy()
-        rows[SAMPLES] = (rows[ITERATION] - 1) * samples_per_iteration
-        for k, v in ident.items():
-            rows[k] = v
-        frames.append(rows)
+    for st in stages:
+        folder = os.path.join(root, st)
+        if os.path.isdir(folder):
+            frames += [pd.read_csv(os.path.join(folder, f)) for f in sorted(os.listdir(folder)) if f.endswith(".csv")]
     return concat(frames)
 
 
@@ -74,13 +101,21 @@ def concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def per_trial(curves: pd.DataFrame, target: float) -> pd.DataFrame:
-    """One row per trial: first and last held-out, samples to ``target`` (NaN: not reached), collapse, ESS mean."""
+COLLAPSE_FROM = ("first", "best")
+
+
+def per_trial(curves: pd.DataFrame, target: float, collapse_from: str = "first") -> pd.DataFrame:
+    """One row per trial: first, best and last held-out, samples to ``target`` (NaN: not reached), collapse (the last
+    held-out more than `COLLAPSE_DROP` below the ``collapse_from`` one, or an error), ESS mean."""
+    if collapse_from not in COLLAPSE_FROM:
+        raise ValueError(f"collapse_from must be one of {COLLAPSE_FROM}, got {collapse_from!r}")
     out = []
     for (stage, method, seed, lr), t in curves.groupby([STAGE, METHOD, SEED, LR_PEAK], sort=False, dropna=False):
         ev = t.dropna(subset=[HELDOUT]).sort_values(ITERATION)
         first = float(ev[HELDOUT].iloc[0]) if len(ev) else math.nan
         last = float(ev[HELDOUT].iloc[-1]) if len(ev) else math.nan
+        best = float(ev[HELDOUT].max()) if len(ev) else math.nan
+        reference = best if collapse_from == "best" else first
         hit = ev[ev[HELDOUT] >= target]
         errored = bool(t[ERROR].any())
         out.append(
@@ -91,9 +126,10 @@ def per_trial(curves: pd.DataFrame, target: float) -> pd.DataFrame:
                 LR_PEAK: lr,
                 "heldout_first": first,
                 "heldout_last": last,
+                "heldout_best": best,
                 "samples_at_last_eval": float(ev[SAMPLES].iloc[-1]) if len(ev) else math.nan,
                 "samples_to_target": float(hit[SAMPLES].iloc[0]) if len(hit) else math.nan,
-                "collapsed": errored or not len(ev) or last < first - COLLAPSE_DROP,
+                "collapsed": errored or not len(ev) or last < reference - COLLAPSE_DROP,
                 ERROR: errored,
                 "ess_mean": float(t[ESS].mean()),
                 SETUP_S: float(t[SETUP_S].dropna().iloc[0]) if t[SETUP_S].notna().any() else math.nan,
@@ -145,6 +181,47 @@ def choose_lr(curves: pd.DataFrame, peaks: Sequence[float], target: float = 0.8)
     }
 
 
+def choose_lr_per_method(curves: pd.DataFrame, peaks: Sequence[float], target: float) -> Dict[str, Any]:
+    """Each method's best peak lr: the highest mean held-out at the budget over the lr stage's regimes and seeds
+    (ties: the smaller peak). Also each method's best and worst cell, for the "no tuning" table."""
+    trials = per_trial(curves, target)
+    choice: Dict[str, Any] = {"lr_peak": {}, "scores": {}}
+    for method, t in trials.groupby(METHOD, sort=False):
+        scores = {float(p): float(t[np.isclose(t[LR_PEAK], p)]["heldout_last"].mean()) for p in peaks}
+        scores = {p: v for p, v in scores.items() if not math.isnan(v)}
+        if scores:
+            choice["lr_peak"][method] = max(scores, key=lambda p: (scores[p], -p))
+            choice["scores"][method] = {f"{p:g}": v for p, v in scores.items()}
+    choice["why"] = (
+        "per method, the peak with the best mean held-out at the budget over the lr stage's regimes and seeds"
+    )
+    return choice
+
+
+def lr_spread_table(curves: pd.DataFrame, target: float) -> str:
+    """Per method over the lr stage's cells (regime × peak, mean over seeds): best, worst, and the spread."""
+    trials = per_trial(curves, target)
+    lines = [
+        "| method | best cell (regime, peak lr) | worst cell | spread (best − worst) | per peak, mean over regimes |",
+        "|---|---|---|---|---|",
+    ]
+    for method, t in trials.groupby(METHOD, sort=False):
+        cells = t.groupby([STAGE, LR_PEAK])["heldout_last"].mean()
+        if cells.empty:
+            continue
+        (bs, bp), (ws, wp) = cells.idxmax(), cells.idxmin()
+        per_peak = t.groupby(LR_PEAK)["heldout_last"].mean()
+        lines.append(
+            f"| {method} | {cells.max():.3f} ({_regime_of(bs)}, {bp:g}) | {cells.min():.3f} ({_regime_of(ws)}, {wp:g}) "
+            f"| {cells.max() - cells.min():.3f} | " + ", ".join(f"{p:g}: {v:.3f}" for p, v in per_peak.items()) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _regime_of(stage: str) -> str:
+    return stage[len(LR_STAGE_PREFIX) :] if stage.startswith(LR_STAGE_PREFIX) else stage
+
+
 def _fmt_samples(x: float) -> str:
     return "–" if math.isnan(x) else f"{x / 1000:.1f}k"
 
@@ -164,7 +241,13 @@ def markdown_table(summary: pd.DataFrame, target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_regime(curves: pd.DataFrame, regime: str, path: str, samples_per_iteration: Optional[int] = None) -> str:
+def plot_regime(
+    curves: pd.DataFrame,
+    regime: str,
+    path: str,
+    samples_per_iteration: Optional[int] = None,
+    heldout_label: str = "held-out accuracy (greedy)",
+) -> str:
     """Held-out accuracy and ESS against samples, mean ± std over seeds, one line per method."""
     import matplotlib
 
@@ -183,7 +266,7 @@ def plot_regime(curves: pd.DataFrame, regime: str, path: str, samples_per_iterat
             mean, std = g.mean(), g.std(ddof=1).fillna(0.0)
             (line,) = ax.plot(mean.index, mean.values, label=method)
             ax.fill_between(mean.index, (mean - std).values, (mean + std).values, alpha=0.15, color=line.get_color())
-    for ax, label in zip(axes, ("held-out accuracy (greedy)", "ESS of the training batch")):
+    for ax, label in zip(axes, (heldout_label, "ESS of the training batch")):
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("completions trained")
         ax.set_ylim(-0.02, 1.02)
@@ -196,15 +279,31 @@ def plot_regime(curves: pd.DataFrame, regime: str, path: str, samples_per_iterat
     return path
 
 
-def write_report(out: str, curves: pd.DataFrame, grid, *, lr_peak: float, wall_s: Optional[float]) -> Dict:
-    """summary.md, summary.json and figures/<regime>.png under ``out``; returns what was written (and the facts)."""
+def write_report(
+    out: str, curves: pd.DataFrame, grid, *, lr_peak: Union[float, Dict[str, float]], wall_s: Optional[float]
+) -> Dict:
+    """summary.md, summary.json and figures/<regime>.png under ``out``; returns what was written (and the facts).
+    ``lr_peak``: one peak for every method, or each method's."""
+    from rllib_p3o.sweep.grid import TASKS
+
     regimes = [r for r in grid.regimes if r in set(curves[STAGE])]
     regime_curves = curves[curves[STAGE].isin(regimes)]
-    trials = per_trial(regime_curves, grid.target)
+    trials = per_trial(regime_curves, grid.target, grid.collapse_from)
     summary = summarize(trials)
     rows_per_it = _rows_per_iteration(curves)
     os.makedirs(os.path.join(out, FIGURES), exist_ok=True)
-    figures = [plot_regime(regime_curves, r, os.path.join(out, FIGURES, f"{r}.png"), rows_per_it) for r in regimes]
+    label = TASKS[grid.task].heldout_label
+    figures = [
+        plot_regime(regime_curves, r, os.path.join(out, FIGURES, f"{r}.png"), rows_per_it, label) for r in regimes
+    ]
+    lr_curves = curves[curves[STAGE].str.startswith(LR_STAGE_PREFIX)] if len(curves) else curves
+    lr_table = lr_spread_table(lr_curves, grid.target) if len(lr_curves) else ""
+    if isinstance(lr_peak, dict):
+        lr_text = "Peak lr per method (its best in the lr stage): " + ", ".join(
+            f"{m} {p:g}" for m, p in lr_peak.items()
+        )
+    else:
+        lr_text = f"Peak lr {lr_peak:g} for every method"
     fresh, reused = (trials[trials[ACTOR_REUSED] == flag][SETUP_S].dropna() for flag in (False, True))
     startup = {
         "fresh_actor_setup_s_mean": float(fresh.mean()) if len(fresh) else None,
@@ -216,9 +315,11 @@ def write_report(out: str, curves: pd.DataFrame, grid, *, lr_peak: float, wall_s
     md = os.path.join(out, SUMMARY_MD)
     with open(md, "w") as f:
         f.write(
-            f"Peak lr {lr_peak:g} for every method; {grid.iterations} iterations of {rows_per_it} completions "
+            f"{lr_text}; {grid.iterations} iterations of {rows_per_it} completions "
             f"per trial; target held-out {grid.target:g}; collapse: errored or last held-out more than "
-            f"{COLLAPSE_DROP:g} below the first.\n\n{table}\nStart-up per trial: fresh actor "
+            f"{COLLAPSE_DROP:g} below the {grid.collapse_from}.\n\n{table}\n"
+            + (f"The lr stage (held-out at the budget, mean over seeds):\n\n{lr_table}\n" if lr_table else "")
+            + "Start-up per trial: fresh actor "
             f"{_s(startup['fresh_actor_setup_s_mean'])} (n={len(fresh)}), reused actor "
             f"{_s(startup['reused_actor_setup_s_mean'])} (n={len(reused)}).\n"
         )
@@ -230,6 +331,7 @@ def write_report(out: str, curves: pd.DataFrame, grid, *, lr_peak: float, wall_s
         "wall_s": wall_s,
         "startup": startup,
         "table": md,
+        "lr_table": lr_table,
         "figures": figures,
         "summary": summary.to_dict(orient="records"),
         "trials": trials.to_dict(orient="records"),

@@ -1,16 +1,18 @@
-"""``rllib-p3o sweep``: the paper's comparisons on the built-in task as Ray Tune experiments, resumable.
+"""``rllib-p3o sweep``: the paper's comparisons on a built-in task as Ray Tune experiments, resumable.
 
-    rllib-p3o sweep [--quick | --full] [--out runs/sweep] [--fresh] [--regimes ...] [--methods ...] [--seeds ...]
-                    [--iterations N] [--lr PEAK] [--report-only]
+    rllib-p3o sweep [--task arithmetic|sorting] [--quick | --full] [--out runs/sweep] [--fresh] [--regimes ...]
+                    [--methods ...] [--seeds ...] [--iterations N] [--lr PEAK] [--report-only]
 
-Stages, each one Tune experiment under ``<out>``: ``lr`` (the learning-rate choice: each candidate peak for P3O and
-GRPO ε=0.2 on the on-policy regime; the peak whose worse method does best is used by every method; skipped with
-``--lr`` or an empty candidate list), then one per regime (methods × seeds, `rllib_p3o.sweep.grid`).
-Within a stage, trials share one Tune actor (``reuse_actors=True``; `P3O.reset_config` keeps the vLLM runner and
-rebuilds the learner), so only the first trial of a stage pays the start-up.
+Stages, each one Tune experiment under ``<out>``: first the lr stages ``lr_<regime>`` (each candidate peak lr ×
+method × seed in each of the grid's lr regimes; skipped with ``--lr``), which choose one peak for every method
+(the demo's grid: the peak whose worse method does best) or each method's best peak (the claims bench), then one
+stage per regime (methods × seeds, `rllib_p3o.sweep.grid`). Within a stage, trials share one Tune actor
+(``reuse_actors=True``; `P3O.reset_config` keeps the vLLM runner and rebuilds the learner), so only the first
+trial of a stage pays the start-up.
 
-Resume: a rerun with the same ``--out`` skips finished stages and continues an interrupted one with
-``tune.Tuner.restore`` (finished trials are not run again; unfinished ones start over). ``--fresh`` starts over.
+Resume: every trial's rows are written to ``<out>/trials/<stage>/`` when it ends. A rerun with the same ``--out``
+(after an interruption, in another session, or on a copy of ``<out>/trials``) runs only the trials without a file;
+an interrupted trial starts over. ``--fresh`` starts over.
 
 Writes ``curves.csv`` (every trial's evaluations), ``summary.md``/``summary.json`` and one figure per regime
 (`rllib_p3o.sweep.report`).
@@ -25,97 +27,96 @@ import os
 import shutil
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple, Union
 
+import pandas as pd
 from ray import tune
 
-from rllib_p3o.core import metrics
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import (
-    FULL,
+    CELL,
+    GRIDS,
     METHOD,
     METHOD_KEYS,
     METHODS,
-    QUICK,
     REGIMES,
+    TASKS,
     Grid,
     Prepared,
+    cell_value,
     lr_schedule,
     method_value,
     regime_config,
 )
 
-LR_STAGE = "lr"
 LR_CHOICE = "lr_choice.json"
 
 
 class StageProgress(tune.Callback):
-    """One line per finished trial: the stage's progress and an ETA from the trials finished in this process."""
+    """Keeps every trial's rows and writes them when the trial ends (`report.write_trial`: what makes the sweep
+    resumable), and prints one line per finished trial with the stage's progress and an ETA."""
 
-    def __init__(self, stage: str, num_trials: int):
-        self.stage, self.num_trials = stage, num_trials
+    def __init__(self, out: str, stage: str, num_trials: int, samples_per_iteration: int):
+        self.out, self.stage, self.num_trials = out, stage, num_trials
+        self.samples_per_iteration = samples_per_iteration
         self.setup()
 
-    def setup(self, **info) -> None:  # (also called by Tune when a restored experiment starts)
+    def setup(self, **info) -> None:  # (also called by Tune when an experiment starts)
         self.t0, self.finished_here = time.time(), 0
-        self.heldout: Dict[str, float] = {}  # trial id -> its last held-out evaluation
+        self.rows: Dict[str, List[Dict]] = {}  # trial id -> its rows so far
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        value = result.get(metrics.P3O, {}).get(metrics.HELDOUT_REWARD_MEAN)
-        if value is not None and value == value:
-            self.heldout[trial.trial_id] = value
+        self.rows.setdefault(trial.trial_id, []).append(report.result_row(result))
 
-    def _line(self, trial, text: str) -> None:
+    def _end(self, trials, trial, error: bool) -> None:
+        rows = self.rows.pop(trial.trial_id, [])
+        path = report.trial_path(self.out, self.stage, _trial_name(trial))
+        report.write_trial(path, self.stage, _cell(trial.config), rows, error, self.samples_per_iteration)
         self.finished_here += 1
-        done = sum(t is trial or t.status in ("TERMINATED", "ERROR") for t in self._trials)
-        left = self.num_trials - max(done, self.finished_here)
+        left = self.num_trials - self.finished_here
         eta = (time.time() - self.t0) / self.finished_here * left
+        heldout = [r[report.HELDOUT] for r in rows if r[report.HELDOUT] == r[report.HELDOUT]]
+        text = (
+            f"ERROR (see {trial.local_path}/error.txt)"
+            if error
+            else f"{len(rows)} it, held-out {heldout[-1] if heldout else float('nan'):.3f} at the last eval, "
+            f"{(trial.last_result or {}).get('time_total_s', 0):.0f} s"
+        )
         print(f"[{self.stage}] {_trial_name(trial)}: {text}; {left} trials left, ~{eta / 60:.1f} min", flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._trials = trials
-        r = trial.last_result or {}
-        self._line(
-            trial,
-            f"{r.get('training_iteration', 0)} it, held-out "
-            f"{self.heldout.get(trial.trial_id, float('nan')):.3f} at the last eval, "
-            f"{r.get('time_total_s', 0):.0f} s",
-        )
+        self._end(trials, trial, error=False)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._trials = trials
-        self._line(trial, f"ERROR (see {trial.local_path}/error.txt)")
+        self._end(trials, trial, error=True)
 
 
 def _trial_name(trial) -> str:
     return "{}_seed{}_lr{:g}".format(*_cell(trial.config))
 
 
-def run_stage(out: str, stage: str, param_space: Dict, iterations: int, cells: List[tuple], say=print):
-    """Run (or resume, or skip when finished) the Tune experiment ``<out>/<stage>`` whose trials are ``cells``
-    ((method, seed, lr peak) each); returns its ResultGrid."""
-    path = os.path.join(out, stage)
-    trials = _saved_trials(path)
-    if trials is not None:
-        found = sorted(_cell(t.config) for t in trials)
-        if not set(found) <= set(cells):
-            raise SystemExit(
-                f"{path} holds another grid ({len(found)} trials: {found[:3]}...) than this command's "
-                f"({len(cells)}: {sorted(cells)[:3]}...); pass --fresh, or another --out."
-            )
-        if found == sorted(cells) and all(t.status == "TERMINATED" for t in trials):
-            say(f"[{stage}] finished earlier: {len(cells)} trials, not run again")
-            return tune.Tuner.restore(path, trainable="P3O", param_space=param_space).get_results()
-        say(f"[{stage}] continuing the interrupted experiment (finished trials are kept)")
-        # The param space again: Tune stores objects it cannot serialize as placeholders that need it.
-        tuner = tune.Tuner.restore(
-            path, trainable="P3O", resume_errored=False, restart_errored=True, param_space=param_space
-        )
+def run_stage(out: str, stage: str, config, cells: List[tuple], iterations: int, say=print) -> pd.DataFrame:
+    """Run the trials of ``cells`` ((method, seed, lr peak) each) that have not finished yet as one Tune experiment
+    ``<out>/<stage>``, sharing one actor; returns the rows of every finished trial of the cells.
+
+    Resume: a finished trial's rows are in ``<out>/trials/<stage>/`` (written when it ended), so a rerun, in this
+    or another process, on this machine or from a copy of that folder, runs only the cells without them."""
+    cells = sorted(set(cells))
+    done = report.read_trials(out, stage)
+    finished = set() if done.empty else {(m, int(s), float(lr)) for m, s, lr in _trial_cells(done)}
+    todo = [c for c in cells if c not in finished]
+    if not todo:
+        say(f"[{stage}] finished earlier: {len(cells)} trials, not run again")
     else:
-        say(f"[{stage}] {len(cells)} trials × {iterations} iterations")
-        tuner = tune.Tuner(
+        if finished & set(cells):
+            say(f"[{stage}] continuing: {len(cells) - len(todo)} of {len(cells)} trials finished earlier are kept")
+        say(f"[{stage}] {len(todo)} trials × {iterations} iterations")
+        path = os.path.join(out, stage)
+        if os.path.isdir(path):
+            shutil.rmtree(path)  # an interrupted experiment's Tune files: its finished trials are saved above
+        tune.Tuner(
             "P3O",
-            param_space=param_space,
+            param_space=stage_space(config, todo),
             tune_config=tune.TuneConfig(
                 reuse_actors=True,
                 max_concurrent_trials=1,
@@ -126,66 +127,64 @@ def run_stage(out: str, stage: str, param_space: Dict, iterations: int, cells: L
                 name=stage,
                 storage_path=out,
                 verbose=0,
-                callbacks=[StageProgress(stage, len(cells))],
+                callbacks=[StageProgress(out, stage, len(todo), config.train_batch_rows)],
                 stop={"training_iteration": iterations},
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
-        )
-    return tuner.fit()
+        ).fit()
+    rows = report.read_trials(out, stage)
+    keep = [c in set(cells) for c in _trial_cells(rows)] if len(rows) else []
+    return rows[keep] if len(rows) else rows
 
 
-def _saved_trials(path: str):
-    """The trials of the experiment saved at ``path`` (run or not); None when there is none, or when it was
-    interrupted before Tune saved its first state (then it is deleted, to start over)."""
-    if not tune.Tuner.can_restore(path):
-        return None
-    try:
-        return tune.ExperimentAnalysis(path).trials
-    except ValueError:  # no experiment_state file yet
-        shutil.rmtree(path)
-        return None
+def _trial_cells(rows: pd.DataFrame) -> List[tuple]:
+    return [(m, int(s), float(lr)) for m, s, lr in zip(rows[report.METHOD], rows[report.SEED], rows[report.LR_PEAK])]
 
 
 def _cell(config: Dict) -> tuple:
-    lr = config["lr"]
-    return config[METHOD], int(config["seed"]), float(lr[-1][-1] if isinstance(lr, list) else lr)
+    """A trial's (method, seed, lr peak), from its grid-searched cell (resolved when the trial is created; the
+    values derived from it by ``tune.sample_from`` are placeholders until the trial starts)."""
+    method, seed, lr = config[CELL]
+    return method, int(seed), float(lr)
 
 
-def _cells(methods, seeds, peaks) -> List[tuple]:
-    return [(m, int(s), float(p)) for m in methods for s in seeds for p in peaks]
-
-
-def stage_space(config, methods: List[str], seeds: List[int], lr_peaks: List[float]) -> Dict:
-    """Tune's param space: the regime's config as a dict, a grid over method × seed × lr peak."""
+def stage_space(config, cells: List[tuple]) -> Dict:
+    """Tune's param space: the regime's config as a dict, a grid over the (method, seed, lr peak) cells."""
     space = config.to_dict()
-    space[METHOD] = tune.grid_search(list(methods))
+    space[CELL] = tune.grid_search([list(c) for c in cells])
+    space[METHOD] = tune.sample_from(functools.partial(cell_value, 0))
     for key in METHOD_KEYS:
         space[key] = tune.sample_from(functools.partial(method_value, key))
-    space["seed"] = tune.grid_search(list(seeds))
-    space["lr"] = (
-        tune.grid_search([lr_schedule(p) for p in lr_peaks]) if len(lr_peaks) > 1 else lr_schedule(lr_peaks[0])
-    )
+    space["seed"] = tune.sample_from(functools.partial(cell_value, 1))
+    space["lr"] = tune.sample_from(lambda spec: lr_schedule(spec.config[CELL][2]))
     return space
 
 
-def choose_lr(out: str, grid: Grid, prepared: Prepared, say=print) -> float:
-    """The lr stage (or the given lr): the peak whose worse method (mean held-out at the budget) is best."""
-    path = os.path.join(out, LR_CHOICE)
+def lr_stage_name(regime: str) -> str:
+    return report.LR_STAGE_PREFIX + regime
+
+
+def choose_lr(
+    out: str, grid: Grid, prepared: Prepared, say=print
+) -> Tuple[Union[float, Dict[str, float]], pd.DataFrame]:
+    """The lr stage (or the given lr): each method's best peak (``lr_per_method``), or the peak whose worse method
+    does best; with the lr stage's rows."""
     if not grid.lr_peaks:
-        return grid.default_lr
-    if os.path.exists(path):
-        return float(json.load(open(path))["lr_peak"])
-    config = regime_config(REGIMES[grid.lr_regime], prepared, grid)
-    space = stage_space(config, list(grid.lr_methods), list(grid.lr_seeds), list(grid.lr_peaks))
-    results = run_stage(
-        out, LR_STAGE, space, grid.iterations, _cells(grid.lr_methods, grid.lr_seeds, grid.lr_peaks), say
-    )
-    curves = report.collect(results, LR_STAGE, config.train_batch_rows)
-    choice = report.choose_lr(curves, grid.lr_peaks)
-    with open(path, "w") as f:
+        return grid.default_lr, pd.DataFrame()
+    cells = [(m, s, float(p)) for m in grid.lr_methods for s in grid.lr_seeds for p in grid.lr_peaks]
+    frames = [
+        run_stage(out, lr_stage_name(r), regime_config(REGIMES[r], prepared, grid), cells, grid.iterations, say)
+        for r in grid.lr_regimes
+    ]
+    curves = report.concat(frames)
+    if grid.lr_per_method:
+        choice = report.choose_lr_per_method(curves, grid.lr_peaks, grid.target)
+    else:
+        choice = report.choose_lr(curves, grid.lr_peaks)
+    with open(os.path.join(out, LR_CHOICE), "w") as f:
         json.dump(choice, f, indent=2)
-    say(f"[{LR_STAGE}] chosen peak lr {choice['lr_peak']:g} ({choice['why']})")
-    return float(choice["lr_peak"])
+    say(f"[lr] chosen peak lr {choice['lr_peak']} ({choice['why']})")
+    return choice["lr_peak"], curves
 
 
 def run_sweep(out: str, grid: Grid, *, base_model: Optional[str] = None, say=print) -> Dict:
@@ -195,19 +194,24 @@ def run_sweep(out: str, grid: Grid, *, base_model: Optional[str] = None, say=pri
     t0 = time.time()
     needs = {n for r in grid.regimes for n in REGIMES[r].needs}
     prepared = prepare(out, grid, needs, base_model=base_model, say=say)
-    lr_peak = choose_lr(out, grid, prepared, say)
-    frames = []
+    lr_peak, lr_curves = choose_lr(out, grid, prepared, say)
+    frames = [lr_curves]
     for name in grid.regimes:
         config = regime_config(REGIMES[name], prepared, grid)
-        results = run_stage(
-            out,
-            name,
-            stage_space(config, list(grid.methods), list(grid.seeds), [lr_peak]),
-            grid.iterations,
-            _cells(grid.methods, grid.seeds, [lr_peak]),
-            say,
-        )
-        frames.append(report.collect(results, name, config.train_batch_rows))
+        cells = [
+            (m, int(s), float(lr_peak[m] if isinstance(lr_peak, dict) else lr_peak))
+            for m in grid.methods
+            for s in grid.seeds
+        ]
+        shared = lr_curves[lr_curves[report.STAGE] == lr_stage_name(name)] if len(lr_curves) else lr_curves
+        if len(shared):
+            # The lr stage ran this regime: its trials at the chosen peak are seeds of this stage already.
+            have = set(_trial_cells(shared))
+            kept = [c in set(cells) for c in _trial_cells(shared)]
+            frames.append(shared[kept].assign(**{report.STAGE: name}))
+            cells = [c for c in cells if c not in have]
+        if cells:
+            frames.append(run_stage(out, name, config, cells, grid.iterations, say))
     curves = report.concat(frames)
     curves.to_csv(os.path.join(out, report.CURVES_CSV), index=False)
     summary = report.write_report(out, curves, grid, lr_peak=lr_peak, wall_s=time.time() - t0)
@@ -222,9 +226,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rllib-p3o sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default="arithmetic",
+        help="arithmetic: the demo's task (the easy control); sorting: the claims bench",
+    )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help=f"{QUICK.num_trials()} trials, ≤ 10 min on 2 cores")
-    size.add_argument("--full", action="store_true", help=f"{FULL.num_trials()} trials (default), ≤ 90 min")
+    size.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test of the whole pipeline (arithmetic: {} trials; sorting: {}), ≤ 10 min on 2 cores".format(
+            GRIDS["arithmetic", "quick"].num_trials(), GRIDS["sorting", "quick"].num_trials()
+        ),
+    )
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help="the full grid (default; arithmetic: {} trials, ~1 h; sorting: {}, ~8 h)".format(
+            GRIDS["arithmetic", "full"].num_trials(), GRIDS["sorting", "full"].num_trials()
+        ),
+    )
     parser.add_argument("--out", default="runs/sweep")
     parser.add_argument("--fresh", action="store_true", help="delete --out first instead of resuming it")
     parser.add_argument("--regimes", nargs="+", choices=sorted(REGIMES))
@@ -232,14 +254,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int)
     parser.add_argument("--iterations", type=int, help="iterations of 512 completions per trial")
     parser.add_argument("--lr", type=float, help="peak learning rate for every method (skips the lr stage)")
-    parser.add_argument("--base-model", help="a base model directory instead of building the demo's")
+    parser.add_argument("--base-model", help="a base model directory instead of building the task's")
     parser.add_argument("--report-only", action="store_true", help="redraw table and figures from curves.csv")
     args = parser.parse_args(argv)
 
-    grid = QUICK if args.quick else FULL
+    grid = GRIDS[args.task, "quick" if args.quick else "full"]
     changes = {
         k: tuple(v) for k, v in (("regimes", args.regimes), ("methods", args.methods), ("seeds", args.seeds)) if v
     }
+    if args.methods and grid.lr_per_method:
+        changes["lr_methods"] = tuple(args.methods)
     if args.iterations:
         changes["iterations"] = args.iterations
     if args.lr:

@@ -13,8 +13,11 @@ format with the right answer only for ``correct_fraction`` of the lines; the res
 swapped, or one digit repeated in place of another), so it sorts sloppily and RL has to make the right answer
 its habit.
 
-Not yet part of the claims sweep: the base model's pretraining settings (how sloppy it starts, how fast RL can lift
-it) are still being chosen.
+The pretraining settings set where RL starts. With 1,500 steps and ``correct_fraction`` 0.2 the base model answers
+~0.9 of the held-out lists right greedily but only ~0.3 when it samples at T = 1 (at ``correct_fraction`` 0.1 /
+0.3: 0.26 / 0.34), so the bench measures held-out accuracy by sampling (`rllib_p3o.tasks.bench_config`), and
+on-policy P3O lifts it over tens of iterations, not a few. The claims bench (``rllib-p3o sweep --task sorting``)
+runs on it.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ class SortingTask(HeldOutSplit):
         return ",".join(map(str, out))
 
     def pretraining_corpus(
-        self, format_fraction: float = 0.5, correct_fraction: float = 0.35, seed: int = 0
+        self, format_fraction: float = 0.5, correct_fraction: float = 0.2, seed: int = 0
     ) -> List[str]:
         """Sorted lists ``"1,3,4,7,9"`` of the training lists, plus the task's format for ``format_fraction`` of
         them, right in ``correct_fraction`` of those lines and with one `slip` in the others. No held-out list."""
@@ -112,7 +115,7 @@ def build_sorting_model(
     pretrain_steps: int = 1500,
     seed: int = 0,
     format_fraction: float = 0.5,
-    correct_fraction: float = 0.35,
+    correct_fraction: float = 0.2,
     overwrite: bool = False,
     progress: Optional[Callable[[int, float], None]] = None,
 ) -> str:
