@@ -123,6 +123,9 @@ MISMATCH_KL = "mismatch_kl"  # token-mean k3 estimate of KL(π_engine || π_lear
 MISMATCH_PROB_ABS_DIFF = "mismatch_prob_abs_diff"  # token-mean |π_learner(y_t) - π_engine(y_t)|
 MISMATCH_ESS = "mismatch_ess"  # ESS of the ratios π_learner / π_engine of those tokens
 MISMATCH_NUM_TOKENS = "mismatch_num_tokens"
+# Share of the token positions the learner's forward passes computed that were padding (rows run in buckets of
+# similar length, `rllib_p3o.learner.length_buckets`), over an update's minibatches.
+PADDING_SHARE = "padding_share"
 # Seconds the learner spent recomputing π_old before an update (losses that need it: grpo_tis, grpo_seq_mask, ...).
 OLD_LOGPROBS_S = "old_logprobs_s"
 
