@@ -838,7 +838,11 @@ class P3O(Algorithm):
             for name, mean in metrics.rewards_by_function(records).items():
                 self.metrics.log_value((metrics.P3O, metrics.REWARDS, name), mean, window=1)
             if cfg.log_completions:
-                write_samples(records, self.logdir, int(self.iteration or 0) + 1, int(cfg.log_completions))
+                # Under Tune: the trial's directory in the experiment's storage (the working directory's files
+                # reach it only with SyncConfig(sync_artifacts=True)); else this algorithm's logdir.
+                storage = getattr(self, "_storage", None)
+                directory, fs = (storage.trial_fs_path, storage.storage_filesystem) if storage else (self.logdir, None)
+                write_samples(records, directory, int(self.iteration or 0) + 1, int(cfg.log_completions), fs)
 
     def _log(self, step: Dict[str, float]) -> None:
         for key, value in step.items():

@@ -1,8 +1,9 @@
 """A table of sample completions per iteration (TRL's ``log_completions``): what the policy wrote and what it got.
 
 With ``log_completions=N`` (`P3OConfig.training`) the driver writes, after each iteration, ``N`` of its sampled
-completions to ``<trial dir>/completions/iter_<iteration>.parquet`` (Tune's trial directory, so the files travel
-with the trial's other artifacts). Columns:
+completions to ``<trial dir>/completions/iter_<iteration>.parquet``: under Tune the trial's directory in the
+experiment's storage (beside ``progress.csv``; a remote ``storage_path`` through its pyarrow filesystem), else the
+algorithm's ``logdir``. Columns:
 
     iteration   int      the training iteration (1-based, as Tune's ``training_iteration``)
     group_id    int      the prompt group (completions of one prompt share it)
@@ -81,18 +82,27 @@ def samples_table(records: Sequence[Mapping[str, Any]], iteration: int):
     return pa.table({k: pa.array(v, type=types.get(k, pa.float64())) for k, v in columns.items()})
 
 
-def write_samples(records: Sequence[Mapping[str, Any]], directory: str, iteration: int, n: int) -> str:
-    """Write ``n`` sample completions of an iteration (`pick_samples`) to ``directory/completions/``; returns the
-    file's path, or "" when there was nothing to write."""
+def write_samples(
+    records: Sequence[Mapping[str, Any]], directory: str, iteration: int, n: int, filesystem: Any = None
+) -> str:
+    """Write ``n`` sample completions of an iteration (`pick_samples`) to ``directory/completions/`` (on a pyarrow
+    ``filesystem``, local by default); returns the file's path, or "" when there was nothing to write."""
+    import pyarrow.fs
     import pyarrow.parquet as pq
 
     picked = pick_samples(records, n)
     if not picked:
         return ""
+    table = samples_table(picked, iteration)
+    name = f"iter_{iteration:06d}.parquet"
+    if filesystem is not None and not isinstance(filesystem, pyarrow.fs.LocalFileSystem):
+        out = f"{directory.rstrip('/')}/{SUBDIR}"
+        filesystem.create_dir(out, recursive=True)
+        pq.write_table(table, f"{out}/{name}", filesystem=filesystem)  # object stores write an object whole
+        return f"{out}/{name}"
     out = os.path.join(directory, SUBDIR)
     os.makedirs(out, exist_ok=True)
-    final = os.path.join(out, f"iter_{iteration:06d}.parquet")
-    tmp = os.path.join(out, f".iter_{iteration:06d}.parquet.tmp")
-    pq.write_table(samples_table(picked, iteration), tmp)
-    os.replace(tmp, final)
-    return final
+    tmp = os.path.join(out, f".{name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, os.path.join(out, name))
+    return os.path.join(out, name)

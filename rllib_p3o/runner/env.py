@@ -122,8 +122,9 @@ def materialize_dataset(spec: DatasetSpec, name: str = "dataset") -> DatasetSpec
     return spec
 
 
-def load_prompt_dataset(spec: DatasetSpec, name: str = "dataset") -> List[Row]:
-    """Rows of a prompt dataset (any `DatasetSpec`), validated."""
+def read_prompt_rows(spec: DatasetSpec, name: str = "dataset") -> tuple:
+    """``(rows, where)``: the raw rows of a prompt dataset (any `DatasetSpec`) and a name for messages (the file's
+    path), unchecked. `DatasetError` when the file is missing, unreadable or empty."""
     spec = materialize_dataset(spec, name)
     if isinstance(spec, (str, os.PathLike)):
         path = os.fspath(spec)
@@ -146,30 +147,46 @@ def load_prompt_dataset(spec: DatasetSpec, name: str = "dataset") -> List[Row]:
                         except json.JSONDecodeError as e:
                             raise DatasetError(f"{name}: {path} line {i + 1} is not valid JSON: {e}") from e
         elif path.endswith(".json"):
-            with open(path) as f:
-                rows = json.load(f)
+            try:
+                with open(path) as f:
+                    rows = json.load(f)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{name}: {path} is not valid JSON: {e}") from e
+            if not isinstance(rows, list):
+                raise DatasetError(f"{name}: {path} must hold a JSON list of rows, got a {type(rows).__name__}")
         else:
             raise DatasetError(f"{name}: unsupported file type {path} (use .parquet, .jsonl or .json)")
         where = path
     else:
-        rows, where = [dict(r) for r in spec], f"{name} (in-memory list)"
+        rows, where = list(spec), f"{name} (in-memory list)"
     if not rows:
         raise DatasetError(f"{where}: the dataset is empty")
+    return rows, where
+
+
+def prompt_row_problem(row: Any) -> Optional[str]:
+    """What is wrong with one prompt row (``"row N" + this`` names it), or None when it is valid."""
+    if not isinstance(row, Mapping):
+        return f"is a {type(row).__name__}, expected a mapping with a 'prompt'"
+    if "prompt" not in row:
+        return f"has no 'prompt' column (columns: {sorted(row)})"
+    prompt = row["prompt"]
+    if is_conversational(prompt):
+        problem = message_problem(prompt)
+        return f"column 'prompt': {problem}" if problem else None
+    if not isinstance(prompt, str) or not prompt:
+        return f"column 'prompt' must be a non-empty string or a list of chat messages, got {prompt!r:.200}"
+    return None
+
+
+def load_prompt_dataset(spec: DatasetSpec, name: str = "dataset") -> List[Row]:
+    """Rows of a prompt dataset (any `DatasetSpec`), validated: the first bad row raises `DatasetError` naming the
+    file, the row and the column."""
+    rows, where = read_prompt_rows(spec, name)
     for i, r in enumerate(rows):
-        if not isinstance(r, Mapping):
-            raise DatasetError(f"{where}: row {i} is a {type(r).__name__}, expected a mapping with a 'prompt'")
-        if "prompt" not in r:
-            raise DatasetError(f"{where}: row {i} has no 'prompt' column (columns: {sorted(r)})")
-        prompt = r["prompt"]
-        if is_conversational(prompt):
-            problem = message_problem(prompt)
-            if problem:
-                raise DatasetError(f"{where}: row {i} column 'prompt': {problem}")
-        elif not isinstance(prompt, str) or not prompt:
-            raise DatasetError(
-                f"{where}: row {i} column 'prompt' must be a non-empty string or a list of chat "
-                f"messages, got {prompt!r:.200}"
-            )
+        problem = prompt_row_problem(r)
+        if problem:
+            raise DatasetError(f"{where}: row {i} {problem}")
     return [dict(r) for r in rows]
 
 
