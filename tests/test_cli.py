@@ -112,8 +112,9 @@ def test_train_runs_the_demo_yaml_and_export_writes_a_model_transformers_loads(
     assert len(pq.read_table(os.path.join(trial, "completions", "iter_000002.parquet"))) == 8
     assert "checkpoint_" in module_dir(trial)  # the trial's latest checkpoint (checkpoint_at_end)
 
-    # Export in a fresh process where starting Ray or importing vLLM would fail; timed against the same process
-    # doing the imports alone, since on a loaded machine the imports (torch, transformers, RLlib) are most of it.
+    # Export in a fresh process where starting Ray or importing vLLM would fail; timed against a process doing the
+    # same imports alone (torch, RLlib, transformers and its Qwen2 model code), since they are most of its time and
+    # grow several-fold on a loaded machine.
     out = str(tmp_path / "exported")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     no_ray_no_vllm = (
@@ -128,10 +129,15 @@ def test_train_runs_the_demo_yaml_and_export_writes_a_model_transformers_loads(
     seconds = time.perf_counter() - t0
     assert done.returncode == 0, done.stderr
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import rllib_p3o.cli.export, rllib_p3o.learner.rl_module"], env=env)
+    imports_only = (
+        "import rllib_p3o.cli.export, rllib_p3o.learner.rl_module, transformers.models.qwen2.modeling_qwen2; "
+        "from transformers import AutoModelForCausalLM, AutoTokenizer, TokenizersBackend"
+    )
+    subprocess.run([sys.executable, "-c", imports_only], env=env, check=True)
     imports = time.perf_counter() - t0
     print(f"rllib-p3o export: {seconds:.1f} s, of which imports {imports:.1f} s")
-    assert seconds - imports < 5, f"export took {seconds:.1f} s beside {imports:.1f} s of imports"
+    # Under 10 s; on a machine so loaded that the imports alone take longer, at most 1.5 times the imports.
+    assert seconds < max(10.0, 1.5 * imports), f"export took {seconds:.1f} s beside {imports:.1f} s of imports"
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

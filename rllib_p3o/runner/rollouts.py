@@ -67,8 +67,8 @@ def single_turn_episodes(
 ) -> Tuple[List, float]:
     """One 1-step episode per completion of each group (module docstring); returns them and the generate seconds.
 
-    ``score(prompts, completions, rows, completion_ids)`` gives the rewards (`rllib_p3o.runner.env.Rewards`), one column per reward
-    function of ``names``.
+    ``score(prompts, completions, rows, completion_ids)`` gives the rewards (`rllib_p3o.runner.env.Rewards`), one
+    column per reward function of ``names``.
 
     Engine k samples group g with seed ``g.seed + k``: any runner samples the same completions for a group.
     """
