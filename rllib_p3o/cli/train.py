@@ -16,7 +16,8 @@ reference), and ``run`` says how Tune runs it:
       checkpoint: {checkpoint_frequency: 5, checkpoint_at_end: true, num_to_keep: 2}   # tune.CheckpointConfig
       progress_every: 1                           # iterations between progress lines
       tracking: {wandb: {project: demo, mode: offline}, mlflow: {tracking_uri: "file:./mlruns"}}
-      ray: {num_cpus: 4}                          # ray.init arguments (when Ray is not running yet)
+      ray: {num_cpus: 4}                          # ray.init arguments: a new local Ray instance, unless
+                                                  # `address` (or RAY_ADDRESS) names a cluster to join
 
 ``--set SECTION.KEY=VALUE`` overrides one key (the value is read as YAML: ``--set training.lr=1e-5``,
 ``--set run.stop.training_iteration=2``). Paths are as given (relative to the working directory), and
@@ -170,6 +171,21 @@ def _callbacks(run: Dict[str, Any], target: Optional[Tuple[str, float]]) -> List
     return callbacks
 
 
+def _ray_init_args(given: Dict[str, Any]) -> Dict[str, Any]:
+    """``run.ray`` as ``ray.init`` arguments: a new local Ray instance unless ``address`` (or ``RAY_ADDRESS``) names a
+    cluster to join, so that a Ray started on this machine by another program is never joined by accident. A
+    cluster that is joined has its own resources: ``num_cpus``/``num_gpus`` are then left out."""
+    args = dict(given)
+    address = args.get("address") or os.environ.get("RAY_ADDRESS")
+    if not address:
+        args["address"] = "local"
+    elif address != "local":
+        dropped = [k for k in ("num_cpus", "num_gpus") if args.pop(k, None) is not None]
+        if dropped:
+            print(f"joining the Ray cluster at {address}: run.ray's {', '.join(dropped)} left out", flush=True)
+    return args
+
+
 def _reached(df: Any, target: Tuple[str, float]) -> Tuple[bool, float]:
     """Whether the target column ever reached its value in the trial's results, and its best value (NaN if none)."""
     column, value = target
@@ -199,7 +215,7 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
             log_to_driver=False,
             logging_level=logging.ERROR,
             runtime_env={"env_vars": env},
-            **(run.get("ray") or {}),
+            **_ray_init_args(run.get("ray") or {}),
         )
     try:
         name = run.get("name") or os.path.splitext(os.path.basename(path))[0]
