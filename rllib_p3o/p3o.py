@@ -74,6 +74,7 @@ from rllib_p3o.core.sources import SourceNames, behavior_sample_counts, behavior
 from rllib_p3o.data import batching
 from rllib_p3o.data.batch_source import BatchSource, OfflineSource
 from rllib_p3o.data.chat import ChatTemplateError
+from rllib_p3o.data.completion_samples import write_samples
 from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import PromptSchedule
@@ -81,7 +82,7 @@ from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.engine_runners import EngineRunners
 from rllib_p3o.learner.p3o_torch_learner import P3OTorchLearner
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
-from rllib_p3o.runner.env import TextEnv, check_chat_dataset
+from rllib_p3o.runner.env import TextEnv, check_chat_dataset, make_reward_function, materialize_dataset
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
 from rllib_p3o.sampler import OnlineSource, Sampler
 from rllib_p3o.sync.payload import default_tolerance
@@ -161,6 +162,8 @@ class P3OConfig(AlgorithmConfig):
         self.eval_max_prompts = 200
         self.eval_temperature = 0.0
         self.eval_samples_per_prompt = 1
+        # Sample completions written per iteration to <trial dir>/completions/ (`rllib_p3o.data.completion_samples`).
+        self.log_completions = 0
         # RLlib settings this algorithm relies on.
         self.lr = 1e-5
         self.grad_clip = 1.0
@@ -231,6 +234,7 @@ class P3OConfig(AlgorithmConfig):
         offline_rescore_model: Optional[str] = NotProvided,
         offline_max_seq_len: Optional[int] = NotProvided,
         record_rollouts: Optional[str] = NotProvided,
+        log_completions: Optional[int] = NotProvided,
         **kwargs,
     ) -> Self:
         """Sets the P3O training options.
@@ -318,6 +322,10 @@ class P3OConfig(AlgorithmConfig):
             offline_rescore_model: HF model that scores, once, offline rows without ``behavior_logprobs``.
             offline_max_seq_len: Longest prompt + completion of an offline row, in tokens.
             record_rollouts: Directory to which every sampled batch is written as trajectory Parquet.
+            log_completions: Rows of sample completions written after each iteration to
+                ``<trial dir>/completions/iter_<iteration>.parquet``: prompt, completion, reward, each reward
+                function's value, advantage and source, whole prompt groups (TRL's ``log_completions``). 0 (default)
+                writes none.
         """
         if isinstance(model, (str, os.PathLike)):
             self.policy_model = os.fspath(model)
@@ -362,6 +370,7 @@ class P3OConfig(AlgorithmConfig):
             offline_rescore_model=offline_rescore_model,
             offline_max_seq_len=offline_max_seq_len,
             record_rollouts=record_rollouts,
+            log_completions=log_completions,
             eval_interval=eval_interval,
             eval_max_prompts=eval_max_prompts,
             eval_temperature=eval_temperature,
@@ -370,6 +379,26 @@ class P3OConfig(AlgorithmConfig):
             if value is not NotProvided:
                 setattr(self, name, value)
         return self
+
+    def environment(
+        self, env: Any = NotProvided, *, env_config: Optional[Dict[str, Any]] = NotProvided, **kwargs
+    ) -> Self:
+        """RLlib's ``environment``; a Hugging Face or Ray Data dataset in ``env_config`` (``dataset``,
+        ``eval_dataset``) is read into rows here, on the driver (`rllib_p3o.runner.env.materialize_dataset`)."""
+        super().environment(env, env_config=env_config, **kwargs)
+        self._materialize_datasets()
+        return self
+
+    def _materialize_datasets(self) -> None:
+        env_config = self.env_config or {}
+        for key in ("dataset", "eval_dataset"):
+            value = env_config.get(key)
+            if value is not None and not isinstance(value, (list, tuple, os.PathLike)):
+                rows = materialize_dataset(value, key)
+                if rows is not value:
+                    env_config = {**env_config, key: rows}
+        if env_config is not self.env_config and env_config:
+            self.env_config = env_config
 
     @property
     def resolved_offline_fraction(self) -> float:
@@ -514,6 +543,13 @@ class P3OConfig(AlgorithmConfig):
                 self._value_error(f"{name} must be >= 1 or None, got {getattr(self, name)}.")
         if self.minibatch_size is not None and self.minibatch_size <= 0:
             self._value_error("minibatch_size must be positive or None.")
+        if int(self.log_completions) < 0:
+            self._value_error(f"log_completions must be >= 0 (0: off), got {self.log_completions!r}.")
+        try:
+            self._materialize_datasets()
+            make_reward_function(self.env_config or {})
+        except (ValueError, ImportError, AttributeError) as e:
+            self._value_error(f"env_config: {e}")
         if self.policy_model and not self.in_evaluation:
             try:
                 check_chat_dataset(self.env_config or {}, self.policy_model, self.trust_remote_code)
@@ -799,6 +835,14 @@ class P3O(Algorithm):
             )
         if records:
             self._log_by_source(metrics.records_by_source(records, self._source_names))
+            for name, mean in metrics.rewards_by_function(records).items():
+                self.metrics.log_value((metrics.P3O, metrics.REWARDS, name), mean, window=1)
+            if cfg.log_completions:
+                # Under Tune: the trial's directory in the experiment's storage (the working directory's files
+                # reach it only with SyncConfig(sync_artifacts=True)); else this algorithm's logdir.
+                storage = getattr(self, "_storage", None)
+                directory, fs = (storage.trial_fs_path, storage.storage_filesystem) if storage else (self.logdir, None)
+                write_samples(records, directory, int(self.iteration or 0) + 1, int(cfg.log_completions), fs)
 
     def _log(self, step: Dict[str, float]) -> None:
         for key, value in step.items():

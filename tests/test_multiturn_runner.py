@@ -140,8 +140,8 @@ def test_multi_turn_episodes_train_on_the_engine_s_own_ids(ray_session, tiny_cha
 
 def test_p3o_trains_on_multi_turn_episodes_and_conversational_prompts(ray_session, tiny_chat_model, tmp_path):
     def shorter_is_better(prompts, completions, completion_messages, **_):
-        assert completion_messages[0][0]["role"] == "assistant"
-        return [1.0 / (1 + len(c)) for c in completions]
+        assert completion_messages[0][0]["role"] == "assistant" and completions == completion_messages  # as TRL
+        return [1.0 / (1 + len(c[0]["content"])) for c in completions]
 
     # Single-turn conversational rows through the chat template, scored with completion messages.
     single = _config(

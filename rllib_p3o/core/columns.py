@@ -93,3 +93,6 @@ class Infos:
     # the environment's own counters (e.g. ToolEnv's tool_calls, tool_errors).
     TURNS = "turns"
     TRUNCATED = "truncated"
+    # Each reward function's value for the completion, ``{name: value}`` (NaN where it returned None); the
+    # completion's reward is their weighted sum (`rllib_p3o.runner.env.RewardFunction`).
+    REWARDS = "rewards"

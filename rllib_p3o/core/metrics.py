@@ -2,6 +2,8 @@
 
 Where the keys live in ``algo.train()``'s result (Tune flattens them with "/", see `column`):
     p3o/<key>                               the driver's figures of the iteration (this module)
+    p3o/rewards/<function name>             each reward function's mean over the iteration's completions it scored
+                                            (TRL's rewards/<name>/mean)
     p3o/by_source/<source name>/<key>       per data source (`rllib_p3o.core.sources`): reward and length of the
                                             sampled completions, and the learners' ESS, cap fraction, KL...
     learners/default_policy/<key>           the objective's figures (keys of `objectives.p3o_loss`/`grpo_loss`),
@@ -22,7 +24,7 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics import LEARNER_RESULTS
 
-from rllib_p3o.core.columns import Columns, Record
+from rllib_p3o.core.columns import Columns, Infos, Record
 from rllib_p3o.core.objectives import groups_without_signal
 from rllib_p3o.core.sources import SourceNames
 
@@ -31,6 +33,8 @@ P3O = "p3o"
 
 # -- p3o/<key>: one training iteration ---------------------------------------------------------------------------
 REWARD_MEAN = "reward_mean"
+# Completions that no reward function scored (each returned None): reward NaN, advantage 0 (TRL's rule).
+UNSCORABLE_COMPLETIONS = "unscorable_completions"
 COMPLETION_LEN_MEAN = "completion_len_mean"
 NUM_COMPLETIONS = "num_completions"
 NUM_OFFLINE_ROWS = "num_offline_rows"
@@ -98,7 +102,8 @@ SYNC_PROBE_MAX_ABS_DIFF = SYNC_PREFIX + PROBE_MAX_ABS_DIFF
 # Group of the runners' multi-turn figures (keys: `rllib_p3o.core.columns.Infos.TURNS`, `.TRUNCATED`, env counters).
 MULTI_TURN = "multi_turn"
 
-# -- groups: p3o/by_source/<name>/<key>, learners/default_policy/by_staleness/<k>/<key> -----------------------------
+# -- groups: p3o/rewards/<function name> (each reward function's mean), p3o/by_source/<name>/<key>, learners/default_policy/by_staleness/<k>/<key> -----------------------------
+REWARDS = "rewards"
 BY_SOURCE = "by_source"
 BY_STALENESS = "by_staleness"
 NUM_TOKENS = "num_tokens"
@@ -195,7 +200,8 @@ def step_metrics(
         groups = np.asarray([r[Record.GROUP_ID] for r in records], dtype=np.int64)
         step.update(
             {
-                REWARD_MEAN: float(rewards.mean()),
+                REWARD_MEAN: nan_mean(rewards),
+                UNSCORABLE_COMPLETIONS: int(np.isnan(rewards).sum()),
                 COMPLETION_LEN_MEAN: n_gen / len(records),
                 GROUPS_WITHOUT_SIGNAL: groups_without_signal(torch.from_numpy(rewards), torch.from_numpy(groups)),
                 GENERATED_TOKENS_PER_S: n_gen / max(timings[TIME_GENERATE_S], 1e-9),
@@ -207,6 +213,23 @@ def step_metrics(
     if offline_rows_skipped is not None:
         step[OFFLINE_ROWS_SKIPPED] = offline_rows_skipped
     return step
+
+
+def nan_mean(values: Sequence[float]) -> float:
+    """The mean of the values that are not NaN (NaN when there are none), without numpy's warning."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if v.size else float("nan")
+
+
+def rewards_by_function(records: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
+    """``{function name: mean}``: each reward function's mean over the completions it scored (None, read as NaN,
+    left out: TRL's ``nanmean``), from the records' `Infos.REWARDS`."""
+    values: Dict[str, List[float]] = {}
+    for r in records:
+        for name, v in ((r.get(Record.INFOS) or {}).get(Infos.REWARDS) or {}).items():
+            values.setdefault(name, []).append(v)
+    return {name: nan_mean(v) for name, v in values.items()}
 
 
 def generated_tokens(record: Mapping[str, Any]) -> int:
@@ -223,7 +246,7 @@ def records_by_source(records: Sequence[Mapping[str, Any]], names: SourceNames) 
     out: Dict[Tuple[str, str], float] = {}
     for sid, rs in by.items():
         name = names.name(sid)
-        out[(name, REWARD_MEAN)] = float(np.mean([r[Record.REWARD] for r in rs]))
+        out[(name, REWARD_MEAN)] = nan_mean([r[Record.REWARD] for r in rs])
         out[(name, COMPLETION_LEN_MEAN)] = float(np.mean([generated_tokens(r) for r in rs]))
         out[(name, NUM_COMPLETIONS)] = len(rs)
     return out

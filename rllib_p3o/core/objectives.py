@@ -128,26 +128,37 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float 
     """Group-normalized advantages: ``A_i = (R_i - mean_g) / (std_g + eps)`` over the rows of each group ``g``.
 
     ``std_g`` is the sample standard deviation (n-1). A group of one row, or whose rewards are all equal, gets 0:
-    it carries no preference. Compute this over whole groups *before* the batch is sharded across learners.
+    it carries no preference. A NaN reward (an *unscorable* completion: no reward function scored it) is left out of
+    its group's mean and standard deviation and gets advantage 0, as in TRL. Compute this over whole groups *before*
+    the batch is sharded across learners.
     """
     rewards = rewards.to(torch.float64)
-    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    n_groups = counts.numel()
-    sums = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, rewards)
-    means = sums / counts
-    centered = rewards - means[inverse]
+    scored = ~torch.isnan(rewards)
+    r = torch.where(scored, rewards, torch.zeros_like(rewards))
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    counts = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, scored.to(torch.float64))
+    sums = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, r)
+    means = sums / counts.clamp(min=1)
+    centered = torch.where(scored, r - means[inverse], torch.zeros_like(r))
     sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, centered * centered)
     std = torch.sqrt(sq / (counts - 1).clamp(min=1))
     adv = centered / (std[inverse] + eps)
-    return torch.where(counts[inverse] > 1, adv, torch.zeros_like(adv)).to(torch.float32)
+    return torch.where(scored & (counts[inverse] > 1), adv, torch.zeros_like(adv)).to(torch.float32)
 
 
 def groups_without_signal(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
     """Share of prompt groups whose rewards are all equal: ``|{g : max_g R = min_g R}| / |groups|``.
 
     Such a group gets zero advantage everywhere, so it adds nothing to the policy gradient. Near 1 the task is too
-    hard (or too easy) for the current policy and learning stalls, whatever the objective.
+    hard (or too easy) for the current policy and learning stalls, whatever the objective. NaN rewards (unscorable
+    completions) are left out; a group without any scored completion counts as one without signal.
     """
+    scored = ~torch.isnan(rewards)
+    if not bool(scored.all()):
+        kept = torch.unique(group_ids).numel()
+        inside = groups_without_signal(rewards[scored], group_ids[scored]) * torch.unique(group_ids[scored]).numel()
+        return float((inside + kept - torch.unique(group_ids[scored]).numel()) / kept)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
     if n_groups == 0:

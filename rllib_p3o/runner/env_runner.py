@@ -232,7 +232,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                 groups,
                 engines,
                 sampling_params=self._sampling_params,
-                score=self.env.score,
+                score=self.env.score_by_function,
+                names=self.env.reward.names,
                 weights_seq_no=self._weights_seq_no,
                 logprobs_mode=self.config.logprobs_mode,
             )
@@ -252,7 +253,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self.metrics.log_value(NUM_EPISODES, len(episodes), reduce="sum")
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(episodes), reduce="lifetime_sum")
         self.metrics.log_value(NUM_EPISODES_LIFETIME, len(episodes), reduce="lifetime_sum")
-        self.metrics.log_value(EPISODE_RETURN_MEAN, float(np.mean([ep.get_return() for ep in episodes])), window=1)
+        self.metrics.log_value(EPISODE_RETURN_MEAN, metrics.nan_mean([ep.get_return() for ep in episodes]), window=1)
         self.metrics.log_value(metrics.GENERATE_TIME_S, t_gen, window=1)
         self.metrics.log_value(metrics.GENERATED_TOKENS_PER_S, n_tokens / max(t_gen, 1e-9), window=1)
         self.metrics.log_value(metrics.IDLE_TIME_S, idle, reduce="sum")
@@ -293,7 +294,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                 logprobs_mode=self.config.logprobs_mode,
             )
             return {
-                metrics.REWARD_MEAN: float(np.mean([ep.get_return() for ep in episodes])),
+                metrics.REWARD_MEAN: metrics.nan_mean([ep.get_return() for ep in episodes]),
                 metrics.NUM_PROMPTS: float(len(rows)),
                 metrics.NUM_COMPLETIONS: float(len(episodes)),
                 **turn_metrics(episodes),
@@ -312,11 +313,12 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             use_tqdm=False,
             lora_request=self._lora_request,
         )
-        completions = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for o in outs for c in o.outputs]
+        ids = [list(c.token_ids) for o in outs for c in o.outputs]
+        completions = [self.tokenizer.decode(i, skip_special_tokens=True) for i in ids]
         scored = [r for r in rows for _ in range(k)]
-        rewards = self.env.score([r["prompt"] for r in scored], completions, scored)
+        rewards = self.env.score_by_function([r["prompt"] for r in scored], completions, scored, ids).total
         return {
-            metrics.REWARD_MEAN: float(np.mean(rewards)),
+            metrics.REWARD_MEAN: metrics.nan_mean(rewards),
             metrics.NUM_PROMPTS: float(len(rows)),
             metrics.NUM_COMPLETIONS: float(len(rewards)),
         }

@@ -31,8 +31,8 @@ import json
 import re
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
-from rllib_p3o.data.chat import Message, Messages, Prompt
-from rllib_p3o.runner.env import RewardFunction, Row
+from rllib_p3o.data.chat import Message, Messages, Prompt, is_conversational
+from rllib_p3o.runner.env import RewardFunction, Row, make_reward_function
 
 DEFAULT_MAX_TURNS = 4
 
@@ -77,6 +77,16 @@ class MultiTurnEnv:
         """Per-episode counters added to the episode's infos and the runner's metrics (e.g. tool calls)."""
         return {}
 
+    def rewards_by_function(self) -> Dict[str, float]:
+        """Each reward function's value for the episode, by name (logged per function and shown in the completion
+        samples); empty when the environment has no named reward functions."""
+        return {}
+
+
+# A terminating turn may return reward NaN with this key set in its info: no reward function scored the episode
+# (TRL's None from every function). Its advantage is then 0 and its group's baseline leaves it out.
+UNSCORABLE = "unscorable"
+
 
 # -- tools -----------------------------------------------------------------------------------------------------------
 
@@ -111,8 +121,10 @@ def parse_tool_call(text: str) -> Optional[Tuple[str, Union[Dict[str, Any], str]
 class ToolEnv(MultiTurnEnv):
     """The model may call tools; an answer without a tool call ends the episode and is scored.
 
-    ``env_config``: ``tools`` ``{name: python callable}``; ``reward_fn`` (TRL signature, as for single-turn rows)
-    scores the final answer text against the row's columns; ``tool_timeout_s`` (default 5). A tool that raises, times
+    ``env_config``: ``tools`` ``{name: python callable}``; ``reward_fn`` (one or a list, with ``reward_weights``;
+    TRL's signature, as for single-turn rows) scores the final answer against the row's columns: for a string
+    prompt the answer's text, for a conversational prompt the episode's messages after the prompt (assistant turns
+    and tool results, ending with the answer), as TRL passes completions of tool-calling episodes; ``tool_timeout_s`` (default 5). A tool that raises, times
     out, is unknown or gets malformed arguments returns an error message to the model; the runner never crashes
     on it. A timed-out call keeps running in its worker thread (Python cannot kill a thread): tools should be quick.
     Tool results go back as ``{"role": "tool", "content": ...}`` messages; without a chat template they read
@@ -123,19 +135,35 @@ class ToolEnv(MultiTurnEnv):
         super().__init__(config)
         self.tools: Dict[str, Callable] = dict(config.get("tools") or {})
         self.timeout_s = float(config.get("tool_timeout_s", 5.0))
-        self.reward_fn = RewardFunction(config["reward_fn"])
+        reward_fn = make_reward_function(config)
+        if reward_fn is None:
+            raise ValueError("ToolEnv needs env_config['reward_fn'] (TRL signature: prompts, completions, **columns).")
+        self.reward_fn: RewardFunction = reward_fn
         self.tool_calls = 0
         self.tool_errors = 0
+        self.turns: Messages = []  # the episode's messages after the prompt
+        self._rewards: Dict[str, float] = {}
+
+    def reset(self, row: Row) -> Prompt:
+        self.turns = []
+        return super().reset(row)
 
     def step(self, assistant: Message) -> TurnResult:
+        self.turns.append(dict(assistant))
         call = parse_tool_call(assistant["content"])
         if call is None:
-            reward = float(self.reward_fn([self.row["prompt"]], [assistant["content"]], [self.row])[0])
-            return TurnResult([], reward=reward, terminated=True)
+            prompt = self.row["prompt"]
+            completion = list(self.turns) if is_conversational(prompt) else assistant["content"]
+            rewards = self.reward_fn.score([prompt], [completion], [self.row])
+            self._rewards = dict(zip(self.reward_fn.names, rewards.by_function[0].tolist()))
+            reward = float(rewards.total[0])
+            return TurnResult([], reward=reward, terminated=True, info={UNSCORABLE: reward != reward})
         self.tool_calls += 1
         result, ok = run_tool(self.tools, *call, timeout_s=self.timeout_s)
         self.tool_errors += not ok
-        return TurnResult([{"role": "tool", "content": result}])
+        message = {"role": "tool", "content": result}
+        self.turns.append(message)
+        return TurnResult([message])
 
     def render_text(self, messages: Messages) -> str:
         return "".join(
@@ -144,6 +172,9 @@ class ToolEnv(MultiTurnEnv):
 
     def metrics(self) -> Dict[str, float]:
         return {"tool_calls": float(self.tool_calls), "tool_errors": float(self.tool_errors)}
+
+    def rewards_by_function(self) -> Dict[str, float]:
+        return dict(self._rewards)
 
 
 _TOOL_POOL: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -180,7 +211,8 @@ def check_turn_result(result: Any, env: MultiTurnEnv) -> TurnResult:
         reward = float(result.reward)
     except (TypeError, ValueError):
         raise MultiTurnEnvError(f"{name}.step returned a non-numeric reward {result.reward!r}") from None
-    if reward != reward or reward in (float("inf"), float("-inf")):
+    unscorable = reward != reward and result.terminated and bool((result.info or {}).get(UNSCORABLE))
+    if (reward != reward and not unscorable) or reward in (float("inf"), float("-inf")):
         prompt = getattr(env, "row", {}).get("prompt")
         raise MultiTurnEnvError(f"{name}.step returned reward {reward} (prompt {prompt!r:.200})")
     return result._replace(reward=reward, info=dict(result.info or {}))

@@ -61,10 +61,14 @@ def single_turn_episodes(
     *,
     sampling_params: Callable[..., Any],
     score: Callable[..., Any],
+    names: Sequence[str],
     weights_seq_no: int,
     logprobs_mode: str,
 ) -> Tuple[List, float]:
     """One 1-step episode per completion of each group (module docstring); returns them and the generate seconds.
+
+    ``score(prompts, completions, rows, completion_ids)`` gives the rewards (`rllib_p3o.runner.env.Rewards`), one
+    column per reward function of ``names``.
 
     Engine k samples group g with seed ``g.seed + k``: any runner samples the same completions for a group.
     """
@@ -96,7 +100,13 @@ def single_turn_episodes(
                     )
                 )
     scored_rows = [rows[c.row] for c in completions]
-    rewards = score([r["prompt"] for r in scored_rows], [c.text for c in completions], scored_rows)
+    rewards = score(
+        [r["prompt"] for r in scored_rows],
+        [c.text for c in completions],
+        scored_rows,
+        [c.completion_ids for c in completions],
+    )
+    names = list(names)
     episodes = [
         completion_episode(
             prompt_ids=c.prompt_ids,
@@ -114,9 +124,10 @@ def single_turn_episodes(
                 Infos.TEMPERATURE: c.params.temperature,
                 Infos.TOP_P: c.params.top_p,
                 Infos.LOGPROBS_MODE: logprobs_mode,
+                Infos.REWARDS: dict(zip(names, by_function.tolist())),
             },
         )
-        for c, reward in zip(completions, rewards)
+        for c, reward, by_function in zip(completions, rewards.total, rewards.by_function)
     ]
     return episodes, t_gen
 
@@ -261,6 +272,9 @@ class MultiTurnRollouts:
                 Infos.TRUNCATED: bool(e.truncated and not e.terminated),
                 **e.env.metrics(),
             }
+            by_function = e.env.rewards_by_function()
+            if by_function:
+                info[Infos.REWARDS] = dict(by_function)
             episodes.append(
                 multi_turn_episode(
                     prompt_ids=e.prompt_ids,

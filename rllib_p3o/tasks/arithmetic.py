@@ -90,3 +90,14 @@ class ArithmeticTask(HeldOutSplit):
         """Text the demo tokenizer is trained on: the prompts and answers (no pairing of the two)."""
         rows = self._rows()
         return [r["prompt"] for r in rows] + [str(i) for i in range(2 * self.max_operand + 1)]
+
+
+def train_rows() -> List[Dict[str, str]]:
+    """The demo's training rows (`ArithmeticTask` with its defaults), by name for configs:
+    ``dataset: rllib_p3o.tasks.arithmetic:train_rows``."""
+    return ArithmeticTask().train_rows()
+
+
+def heldout_rows() -> List[Dict[str, str]]:
+    """The demo's held-out rows, by name for configs: ``eval_dataset: rllib_p3o.tasks.arithmetic:heldout_rows``."""
+    return ArithmeticTask().heldout_rows()

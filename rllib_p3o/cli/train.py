@@ -1,0 +1,273 @@
+"""``rllib-p3o train CONFIG.yaml``: a P3O run from a config file, through Ray Tune, one line per iteration.
+
+The file's top-level sections are `P3OConfig`'s methods, their keys the methods' arguments (the configuration
+reference), and ``run`` says how Tune runs it:
+
+    training:      {model: runs/demo/base_model, group_size: 8, prompts_per_step: 64, max_tokens: 3, lr: 5.0e-4}
+    environment:   {env_config: {dataset: train.jsonl, eval_dataset: heldout.jsonl, reward_fn: "my_pkg.rewards:exact"}}
+    env_runners:   {num_env_runners: 1}
+    learners:      {num_learners: 0}
+    debugging:     {seed: 0}
+    run:
+      name: demo                                  # experiment name (default: the file's name)
+      storage_path: runs/cli                      # where Tune writes (default: ~/ray_results)
+      stop: {training_iteration: 100, time_total_s: 600}          # Tune's stop conditions (any result column)
+      target: {p3o/heldout_reward_mean: 0.9}      # stop when reached; the run fails (exit 1) if never reached
+      checkpoint: {checkpoint_frequency: 5, checkpoint_at_end: true, num_to_keep: 2}   # tune.CheckpointConfig
+      progress_every: 1                           # iterations between progress lines
+      tracking: {wandb: {project: demo, mode: offline}, mlflow: {tracking_uri: "file:./mlruns"}}
+      ray: {num_cpus: 4}                          # ray.init arguments: a new local Ray instance, unless
+                                                  # `address` (or RAY_ADDRESS) names a cluster to join
+
+``--set SECTION.KEY=VALUE`` overrides one key (the value is read as YAML: ``--set training.lr=1e-5``,
+``--set run.stop.training_iteration=2``). Paths are as given (relative to the working directory), and
+``"module:function"`` strings work where the config takes callables (``reward_fn``) or datasets.
+``--resume`` continues the experiment from its latest checkpoint when it exists (``tune.Tuner.restore``).
+
+Exit status: 0 when the trial finished and reached its target (if any); 1 when it errored or missed the target;
+2 when the file is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+NAME = "train"
+# P3OConfig methods a config file may use as sections (the AlgorithmConfig methods that set options).
+SECTIONS = (
+    "training",
+    "environment",
+    "env_runners",
+    "learners",
+    "resources",
+    "debugging",
+    "fault_tolerance",
+    "offline_data",
+    "evaluation",
+    "reporting",
+    "rl_module",
+    "framework",
+)
+RUN = "run"
+RUN_KEYS = ("name", "storage_path", "stop", "target", "checkpoint", "progress_every", "tracking", "ray")
+TRACKERS = ("wandb", "mlflow")
+
+
+class ConfigFileError(ValueError):
+    """The config file is invalid; the message names the file and the key."""
+
+
+def add_parser(sub: Any) -> None:
+    t = sub.add_parser(NAME, help="run P3O from a YAML config file through Ray Tune")
+    t.add_argument("config", help="YAML file: P3OConfig sections (training, environment, ...) and run")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one key of the file (value read as YAML); repeatable",
+    )
+    t.add_argument("--resume", action="store_true", help="continue the experiment from its latest checkpoint")
+
+
+def read_config_file(path: str, overrides: List[str] = ()) -> Dict[str, Any]:
+    """The file's sections as a dict, with ``SECTION.KEY=VALUE`` overrides applied. `ConfigFileError` when the file
+    is unreadable or has an unknown section."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            spec = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ConfigFileError(f"cannot read {path}: {e}") from e
+    except yaml.YAMLError as e:
+        raise ConfigFileError(f"{path} is not valid YAML: {e}") from e
+    if not isinstance(spec, dict):
+        raise ConfigFileError(f"{path} must hold a mapping of sections, got a {type(spec).__name__}")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            raise ConfigFileError(f"--set {item!r}: expected SECTION.KEY=VALUE")
+        node = spec
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigFileError(f"--set {item!r}: {part} is not a section")
+        node[leaf] = yaml.safe_load(value)
+    unknown = sorted(set(spec) - set(SECTIONS) - {RUN})
+    if unknown:
+        raise ConfigFileError(
+            f"{path}: unknown section(s) {', '.join(unknown)}; sections are P3OConfig's methods "
+            f"({', '.join(SECTIONS)}) and '{RUN}' (Tune: {', '.join(RUN_KEYS)})"
+        )
+    for section, value in spec.items():
+        if not isinstance(value, dict):
+            raise ConfigFileError(f"{path}: section {section!r} must be a mapping of keys, got {value!r:.100}")
+    unknown = sorted(set(spec.get(RUN, {})) - set(RUN_KEYS))
+    if unknown:
+        raise ConfigFileError(f"{path}: unknown key(s) run.{', run.'.join(unknown)}; known: {', '.join(RUN_KEYS)}")
+    return spec
+
+
+def build_config(spec: Dict[str, Any], path: str = "config"):
+    """The `P3OConfig` of a config file's sections (each applied as ``config.<section>(**keys)``), validated."""
+    from rllib_p3o import P3OConfig
+
+    config = P3OConfig()
+    for section in SECTIONS:
+        if section in spec:
+            try:
+                getattr(config, section)(**spec[section])
+            except TypeError as e:  # an unknown key: Python names it
+                raise ConfigFileError(f"{path}: section {section!r}: {e}") from e
+    try:
+        config.validate()
+    except ValueError as e:
+        raise ConfigFileError(f"{path}: {e}") from e
+    return config
+
+
+def target_of(run: Dict[str, Any]) -> Optional[Tuple[str, float]]:
+    """``(column, value)`` of ``run.target`` (one column, reached at >=), or None."""
+    target = run.get("target") or {}
+    if len(target) > 1:
+        raise ConfigFileError(f"run.target names {len(target)} columns; give one, e.g. p3o/heldout_reward_mean: 0.9")
+    return next(((str(k), float(v)) for k, v in target.items()), None)
+
+
+def _callbacks(run: Dict[str, Any], target: Optional[Tuple[str, float]]) -> List[Any]:
+    from rllib_p3o.progress import IterationPrinter
+
+    stop = run.get("stop") or {}
+    callbacks = [
+        IterationPrinter(
+            every=int(run.get("progress_every", 1)),
+            time_limit=stop.get("time_total_s"),
+            max_iterations=stop.get("training_iteration"),
+            target=target[1] if target else None,
+        )
+    ]
+    tracking = run.get("tracking") or {}
+    unknown = sorted(set(tracking) - set(TRACKERS))
+    if unknown:
+        raise ConfigFileError(f"run.tracking: unknown tracker(s) {', '.join(unknown)}; known: {', '.join(TRACKERS)}")
+    if "wandb" in tracking:
+        from ray.air.integrations.wandb import WANDB_MODE_ENV_VAR, WandbLoggerCallback
+
+        mode = tracking["wandb"].get("mode")
+        if mode in ("offline", "disabled"):  # Tune asks for an API key unless the environment says so
+            os.environ.setdefault(WANDB_MODE_ENV_VAR, mode)
+        callbacks.append(WandbLoggerCallback(**tracking["wandb"]))
+    if "mlflow" in tracking:
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+        callbacks.append(MLflowLoggerCallback(**tracking["mlflow"]))
+    return callbacks
+
+
+def _ray_init_args(given: Dict[str, Any]) -> Dict[str, Any]:
+    """``run.ray`` as ``ray.init`` arguments: a new local Ray instance unless ``address`` (or ``RAY_ADDRESS``) names a
+    cluster to join, so that a Ray started on this machine by another program is never joined by accident. A
+    cluster that is joined has its own resources: ``num_cpus``/``num_gpus`` are then left out."""
+    args = dict(given)
+    address = args.get("address") or os.environ.get("RAY_ADDRESS")
+    if not address:
+        args["address"] = "local"
+    elif address != "local":
+        dropped = [k for k in ("num_cpus", "num_gpus") if args.pop(k, None) is not None]
+        if dropped:
+            print(f"joining the Ray cluster at {address}: run.ray's {', '.join(dropped)} left out", flush=True)
+    return args
+
+
+def _reached(df: Any, target: Tuple[str, float]) -> Tuple[bool, float]:
+    """Whether the target column ever reached its value in the trial's results, and its best value (NaN if none)."""
+    column, value = target
+    if df is None or column not in df:
+        return False, math.nan
+    best = df[column].max(skipna=True)
+    best = float(best) if best == best else math.nan
+    return best >= value, best
+
+
+def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
+    """Run the file's experiment (module docstring); returns the exit status."""
+    spec = read_config_file(path, overrides)
+    run = dict(spec.get(RUN) or {})
+    target = target_of(run)
+    from rllib_p3o.progress import quiet_library_output
+
+    env = quiet_library_output()
+    config = build_config(spec, path)
+    import ray
+    from ray import tune
+
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            runtime_env={"env_vars": env},
+            **_ray_init_args(run.get("ray") or {}),
+        )
+    try:
+        name = run.get("name") or os.path.splitext(os.path.basename(path))[0]
+        storage = os.path.abspath(os.path.expanduser(run.get("storage_path") or "~/ray_results"))
+        stop = dict(run.get("stop") or {})
+        if target:
+            stop[target[0]] = target[1]
+        run_config = tune.RunConfig(
+            name=name,
+            storage_path=storage,
+            stop=stop or None,
+            checkpoint_config=tune.CheckpointConfig(**(run.get("checkpoint") or {"checkpoint_at_end": True})),
+            callbacks=_callbacks(run, target),
+            verbose=0,
+        )
+        experiment = os.path.join(storage, name)
+        if resume and tune.Tuner.can_restore(experiment):
+            print(f"resuming {experiment} from its latest checkpoint", flush=True)
+            tuner = tune.Tuner.restore(experiment, trainable="P3O", resume_errored=True, param_space=config)
+        else:
+            tuner = tune.Tuner("P3O", param_space=config, run_config=run_config)
+        print(f"P3O run {name}: results in {experiment}", flush=True)
+        result = tuner.fit()[0]
+    finally:
+        if started_ray:
+            ray.shutdown()
+    return _report(result, target)
+
+
+def _report(result: Any, target: Optional[Tuple[str, float]]) -> int:
+    """Print how the trial ended; 0 when it finished and reached its target (if any), else 1."""
+    checkpoint = result.checkpoint.path if result.checkpoint is not None else None
+    where = f"  trial directory  {result.path}\n" + (
+        f"  checkpoint       {checkpoint}\n  export with      rllib-p3o export {checkpoint} OUT\n" if checkpoint else ""
+    )
+    if result.error is not None:
+        print(f"Trial FAILED: {type(result.error).__name__}: {result.error}\n{where}", end="", file=sys.stderr)
+        return 1
+    if target is not None:
+        reached, best = _reached(result.metrics_dataframe, target)
+        if not reached:
+            print(f"Target NOT reached: {target[0]} best {best:.4g} < {target[1]:g}\n{where}", end="", file=sys.stderr)
+            return 1
+        print(f"Target reached: {target[0]} {best:.4g} >= {target[1]:g}")
+    iterations = (result.metrics or {}).get("training_iteration")
+    print(f"Finished after {iterations} iterations\n{where}", end="")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return train(args.config, args.set, resume=args.resume)
+    except ConfigFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
