@@ -111,8 +111,10 @@ def test_tune_storage_recording_offline_input_validate_and_export_on_an_object_s
         assert algo.export_hf(uri("export")) == uri("export")
     finally:
         algo.stop()
-    exported = {f.rsplit("/", 1)[-1] for f in _bucket_files(fs, "export")}
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= exported
+    exported = _bucket_files(fs, "export")
+    assert {f"{BUCKET}/export/{name}" for name in ("config.json", "model.safetensors", "tokenizer.json")} <= set(
+        exported
+    )
 
 
 def test_uris_that_cannot_be_honoured_are_refused_by_name(tiny_model):
