@@ -58,7 +58,7 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from typing_extensions import Self
 
 from rllib_p3o.core import lora as lora_specs
-from rllib_p3o.core import metrics
+from rllib_p3o.core import metrics, storage
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.losses import LOSSES, get_loss
 from rllib_p3o.core.precision import (
@@ -321,7 +321,9 @@ class P3OConfig(AlgorithmConfig):
             offline_skip_bad_rows: Drop (and count) invalid offline rows instead of refusing to start.
             offline_rescore_model: HF model that scores, once, offline rows without ``behavior_logprobs``.
             offline_max_seq_len: Longest prompt + completion of an offline row, in tokens.
-            record_rollouts: Directory to which every sampled batch is written as trajectory Parquet.
+            record_rollouts: Directory to which every sampled batch is written as trajectory Parquet: a local path
+                or a URI pyarrow's filesystems open (``s3://bucket/traj``, ``gs://...``, ``hdfs://...``; see the
+                offline guide). A scheme pyarrow has no filesystem for is refused at validation.
             log_completions: Rows of sample completions written after each iteration to
                 ``<trial dir>/completions/iter_<iteration>.parquet``: prompt, completion, reward, each reward
                 function's value, advantage and source, whole prompt groups (TRL's ``log_completions``). 0 (default)
@@ -484,6 +486,7 @@ class P3OConfig(AlgorithmConfig):
         super().validate()
         if not self.policy_model:
             self._value_error("P3OConfig needs a policy model: .training(model='/path/to/hf-causal-lm').")
+        self._check_storage()
         if self.loss not in LOSSES:
             self._value_error(f"Unknown loss {self.loss!r}; registered losses: {', '.join(sorted(LOSSES))}.")
         try:
@@ -561,6 +564,38 @@ class P3OConfig(AlgorithmConfig):
                 self.lora = lora_specs.validate(spec, self.policy_model, self.trust_remote_code)
             except ValueError as e:
                 self._value_error(f"lora: {e}")
+
+    def _check_storage(self) -> None:
+        """Models load from a local directory or a hub id, never from a URI; data files go through pyarrow's
+        filesystems (`rllib_p3o.core.storage`), whose URI schemes are checked here. The paths themselves are opened
+        when the run starts (the recording directory is created then)."""
+        models = [("model", self.policy_model), ("offline_rescore_model", self.offline_rescore_model)]
+        models += [("behavior model", spec.get("model")) for spec in self.behavior_models]
+        for what, path in models:
+            if isinstance(path, (str, os.PathLike)) and storage.uri_scheme(path) not in ("", "file"):
+                self._value_error(
+                    f"{what}={os.fspath(path)!r} is a URI: vLLM and transformers load a model from a local directory "
+                    "(at the same path on every node) or a Hugging Face hub id. Copy the model to each node first."
+                )
+        env_config = self.env_config or {}
+        paths = [("record_rollouts", self.record_rollouts)]
+        paths += [(f"env_config['{key}']", env_config.get(key)) for key in ("dataset", "eval_dataset")]
+        if self.is_offline:
+            paths += [("input_", item) for item in (self.input_ if isinstance(self.input_, list) else [self.input_])]
+        for what, path in paths:
+            if isinstance(path, (str, os.PathLike)):
+                try:
+                    storage.check_uri(path, what)
+                except storage.StorageError as e:
+                    self._value_error(str(e))
+
+    def offline_data(self, **kwargs: Any) -> Self:
+        """RLlib's `offline_data`; a single URI as ``input_`` is kept as a one-item list, which RLlib hands to Ray Data
+        as it is (RLlib would make a single string a ``pathlib.Path``, which turns ``s3://b/k`` into ``s3:/b/k``)."""
+        super().offline_data(**kwargs)
+        if isinstance(self.input_, (str, os.PathLike)) and storage.is_uri(self.input_):
+            self.input_ = [os.fspath(self.input_)]
+        return self
 
     def _check_untruncated_sampling(self) -> None:
         """P3O's losses read the behavior log-probs as the full sampling distribution's. With processed log-probs and
@@ -933,9 +968,35 @@ class P3O(Algorithm):
     def export_hf(self, path: str, merged: bool = False) -> str:
         """Write the current policy as a Hugging Face model directory (weights + config + tokenizer). Under LoRA: the
         adapter in peft format (load it with ``peft.PeftModel.from_pretrained(base, path)``), or with ``merged`` a
-        full model with the adapter merged in."""
+        full model with the adapter merged in. Returns ``path``.
+
+        ``path`` is a directory on the driver's node or a URI (``s3://...``, `rllib_p3o.core.storage`). As RLlib
+        saves a checkpoint, the first learner writes the model into a temporary directory on its own node, which is
+        brought to the driver's node through Ray when that is another node, and copied to ``path`` from there."""
+        import shutil
+        import tempfile
+
+        import ray
+        from ray.tune.utils.file_transfer import sync_dir_between_nodes
+
+        target = storage.locate(path)
+        target.makedirs()  # a bad bucket or a read-only directory fails before the model is written anywhere
         self._weight_sync.settle()
-        results = self.learner_group.foreach_learner(
-            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().save_pretrained(path, merged=merged)
-        )
-        return [r.get() for r in results][0]
+
+        def save(learner: Learner) -> Tuple[str, str]:
+            tmp = tempfile.mkdtemp(prefix="p3o-export-")
+            learner.module[DEFAULT_MODULE_ID].unwrapped().save_pretrained(tmp, merged=merged)
+            return ray.util.get_node_ip_address(), tmp
+
+        first = None if self.learner_group.is_local else self.learner_group._worker_manager.healthy_actor_ids()[:1]
+        learner_ip, learner_tmp = next(iter(self.learner_group.foreach_learner(save, remote_actor_ids=first))).get()
+        here = learner_tmp
+        if learner_ip != ray.util.get_node_ip_address():
+            here = tempfile.mkdtemp(prefix="p3o-export-")
+            sync_dir_between_nodes(learner_ip, learner_tmp, ray.util.get_node_ip_address(), here, max_size_bytes=None)
+            self.learner_group.foreach_learner(lambda _: shutil.rmtree(learner_tmp), remote_actor_ids=first)
+        try:
+            storage.upload_dir(here, target)
+        finally:
+            shutil.rmtree(here, ignore_errors=True)
+        return os.fspath(path)

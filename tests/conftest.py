@@ -7,6 +7,20 @@ import pytest
 os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Credentials for the S3-compatible server `tests/test_storage.py` starts on 127.0.0.1 (it accepts any). Set before
+# Ray starts, so every Ray worker (runners, learners, Ray Data, Tune) inherits them, as on a real cluster; existing
+# ones are kept. No instance-metadata lookups.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+
+# The session's Ray: more logical CPUs than cores, so a runner and learners fit; the work itself is tiny.
+RAY_SESSION = dict(
+    num_cpus=6,
+    include_dashboard=False,
+    log_to_driver=False,
+    runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}},
+)
 
 
 @pytest.fixture(scope="session")
@@ -47,12 +61,6 @@ def tiny_chat_model(tmp_path_factory):
 def ray_session():
     import ray
 
-    # More logical CPUs than cores, so a runner and learners fit; the work itself is tiny.
-    ray.init(
-        num_cpus=6,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}},
-    )
+    ray.init(**RAY_SESSION)
     yield
     ray.shutdown()

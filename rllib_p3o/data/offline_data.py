@@ -16,11 +16,18 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
+from rllib_p3o.core import storage
 from rllib_p3o.core.columns import BATCH_COLUMNS, Record
 from rllib_p3o.core.objectives import group_advantages
 from rllib_p3o.core.sources import OFFLINE, offline_source_name
 from rllib_p3o.data.batching import Batch, empty_batch, pad_records
-from rllib_p3o.data.trajectories import OfflineDataError, check_row, row_to_record, validate_trajectories
+from rllib_p3o.data.trajectories import (
+    OfflineDataError,
+    check_row,
+    read_table,
+    row_to_record,
+    validate_trajectories,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +39,27 @@ def _tokenizer(config):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(config.policy_model, trust_remote_code=config.trust_remote_code)
+
+
+def input_filesystem(config) -> Any:
+    """The pyarrow filesystem of RLlib's ``input_filesystem`` setting (None: from each path or URI), built as RLlib's
+    `OfflineData` builds it, so that validation reads the files Ray Data will read."""
+    import pyarrow.fs
+
+    fs, kwargs = config.input_filesystem, config.input_filesystem_kwargs or {}
+    if fs is None or isinstance(fs, pyarrow.fs.FileSystem):
+        return fs
+    if fs == "s3":
+        return pyarrow.fs.S3FileSystem(**kwargs)
+    if fs == "gcs":
+        import gcsfs
+
+        return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(gcsfs.GCSFileSystem(**kwargs)))
+    if fs == "abs":
+        import adlfs
+
+        return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(adlfs.AzureBlobFileSystem(**kwargs)))
+    raise storage.StorageError(f"unknown input_filesystem {fs!r} (None, a pyarrow FileSystem, 's3', 'gcs' or 'abs')")
 
 
 def _normalize_group(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -100,7 +128,11 @@ class P3OOfflineData(OfflineData):
         tokenizer = _tokenizer(config)
         rescore = config.offline_rescore_model
         report = validate_trajectories(
-            config.input_, tokenizer=tokenizer, require_behavior=not rescore, max_seq_len=config.offline_max_seq_len
+            config.input_,
+            filesystem=input_filesystem(config),
+            tokenizer=tokenizer,
+            require_behavior=not rescore,
+            max_seq_len=config.offline_max_seq_len,
         )
         self.validation_report = report
         if not report.ok and not config.offline_skip_bad_rows:
@@ -113,7 +145,7 @@ class P3OOfflineData(OfflineData):
         self.rows_skipped = report.bad_rows
         self.rows_per_epoch = report.num_rows - report.bad_rows
         self.batches_taken = 0
-        self.source_names: Set[str] = _source_names(report.files)
+        self.source_names: Set[str] = _source_names(report.locations)
         super().__init__(config)
         if rescore:
             self.data = self.data.map_batches(
@@ -154,20 +186,17 @@ class P3OOfflineData(OfflineData):
         return discard
 
     def _has_missing_advantages(self) -> bool:
-        import pyarrow.parquet as pq
-
         return any(
-            pq.read_table(f, columns=["advantage"]).column("advantage").null_count for f in self.validation_report.files
+            read_table(f, columns=["advantage"]).column("advantage").null_count
+            for f in self.validation_report.locations
         )
 
 
-def _source_names(files: List[str]) -> Set[str]:
-    import pyarrow.parquet as pq
-
+def _source_names(files: List[storage.Location]) -> Set[str]:
     names = {OFFLINE}
     for f in files:
         try:
-            table = pq.read_table(f, columns=["source"])
+            table = read_table(f, columns=["source"])
         except (KeyError, ValueError, OSError):
             continue
         names |= {offline_source_name(s) for s in table.column("source").to_pylist()}

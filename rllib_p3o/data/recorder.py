@@ -1,16 +1,17 @@
 """The recorder: online completion records → trajectory Parquet files (the schema of `rllib_p3o.data.trajectories`).
 
 ``record_rollouts=DIR`` writes one file per iteration, under a temporary name and renamed: a file is complete or
-absent, whatever happens to the run. The prompt column holds the prompt as the engine saw it (a conversational
+absent, whatever happens to the run. ``DIR`` is a local path or a URI (``s3://bucket/traj``, ...) that pyarrow's
+filesystems open (`rllib_p3o.core.storage`). The prompt column holds the prompt as the engine saw it (a conversational
 prompt rendered by the chat template); the ids columns are authoritative.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any, Iterable, List, Mapping, Sequence
 
+from rllib_p3o.core import storage
 from rllib_p3o.core.columns import Infos, Record
 from rllib_p3o.core.sources import POLICY
 from rllib_p3o.data.trajectories import LOSS_MASK, POLICY_VERSION
@@ -61,37 +62,41 @@ def records_to_table(records: Iterable[Mapping[str, Any]]):
 
 
 class TrajectoryRecorder:
-    """Writes batches of completion records as Parquet files ``part-<iteration>.parquet`` under ``directory``.
+    """Writes batches of completion records as Parquet files ``part-<iteration>.parquet`` under ``directory`` (a
+    local path or a URI, `rllib_p3o.core.storage`).
 
     Each file is written under a hidden temporary name, flushed to disk and renamed into place, so a reader (or a
     resumed run) sees complete files only, even if the run is killed mid-write. A run restored from a checkpoint
-    calls `forget_after`, so the iterations it trains again are recorded once, not twice.
+    calls `forget_after`, so the iterations it trains again are recorded once, not twice. The directory is created
+    when the recorder is, so a path or bucket that cannot be written fails before training starts.
     """
 
     _PART = re.compile(r"^\.?part-(\d+)\.parquet(\.tmp)?$")
 
     def __init__(self, directory: str):
-        self.directory = os.path.abspath(directory)
-        os.makedirs(self.directory, exist_ok=True)
+        self.location = storage.locate(directory)
+        self.location.makedirs()
+        self.directory = self.location.uri
 
     def write(self, records: Sequence[Mapping[str, Any]], iteration: int) -> str:
+        """Write one iteration's file; returns its path or URI."""
         import pyarrow.parquet as pq
 
-        final = os.path.join(self.directory, f"part-{iteration:07d}.parquet")
-        tmp = os.path.join(self.directory, f".part-{iteration:07d}.parquet.tmp")
-        pq.write_table(records_to_table(records), tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        return final
+        table = records_to_table(records)
+        final = self.location.child(f"part-{iteration:07d}.parquet")
+        final.write_atomically(lambda tmp: pq.write_table(table, tmp.path, filesystem=tmp.filesystem))
+        return final.uri
 
     def forget_after(self, iterations_done: int) -> List[str]:
         """Delete the files of iterations ``>= iterations_done`` (written after the checkpoint being restored)
-        and any half-written temporary file; returns the deleted paths."""
+        and any half-written temporary file; returns the deleted file names."""
+        import pyarrow.fs
+
         removed = []
-        for name in sorted(os.listdir(self.directory)):
-            m = self._PART.match(name)
-            if m and (m.group(2) or int(m.group(1)) >= iterations_done):
-                os.remove(os.path.join(self.directory, name))
-                removed.append(name)
+        infos = self.location.filesystem.get_file_info(pyarrow.fs.FileSelector(self.location.path))
+        for info in sorted(infos, key=lambda i: i.base_name):
+            m = self._PART.match(info.base_name)
+            if info.type == pyarrow.fs.FileType.File and m and (m.group(2) or int(m.group(1)) >= iterations_done):
+                self.location.filesystem.delete_file(info.path)
+                removed.append(info.base_name)
         return removed

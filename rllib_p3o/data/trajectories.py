@@ -33,6 +33,7 @@ the ESS; the behavior log-probs of environment tokens are placeholders, 0 as rec
 log-probs are an error unless ``offline_rescore_model`` names a model that scores them once; they are never silently
 treated as on-policy.
 
+Paths are local paths or URIs that pyarrow's filesystems open (``s3://...``, `rllib_p3o.core.storage`).
 Online runs with ``record_rollouts=DIR`` write this same schema (`rllib_p3o.data.recorder`), one file per iteration,
 written to a temporary name and renamed: a file is complete or absent, whatever happens to the run. Read back, a
 row's source becomes ``offline/<source>``; files recorded when the policy source was called "online" read as
@@ -42,13 +43,13 @@ row's source becomes ``offline/<source>``; files recorded when the policy source
 from __future__ import annotations
 
 import dataclasses
-import glob
 import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from rllib_p3o.core import storage
 from rllib_p3o.core.columns import Record
 from rllib_p3o.core.sources import offline_source_name, source_id
 from rllib_p3o.data.chat import has_chat_template, is_conversational, message_problem, prompt_token_ids
@@ -82,9 +83,10 @@ class Problem:
 
 @dataclasses.dataclass
 class ValidationReport:
-    files: List[str]
+    files: List[str]  # paths or URIs, as `storage.locate` opens them again
     num_rows: int
     problems: List[Problem]
+    locations: List[storage.Location] = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -104,20 +106,31 @@ class ValidationReport:
         return "\n".join(lines)
 
 
-def list_parquet_files(paths: PathSpec) -> List[str]:
-    """Parquet files of a file, a directory (recursively) or a list of those; sorted, never empty."""
+def parquet_locations(paths: PathSpec, filesystem: Optional[Any] = None) -> List[storage.Location]:
+    """Parquet files of a file, a directory (recursively, hidden names left out) or a list of those, each a local
+    path or a URI (`rllib_p3o.core.storage`; on ``filesystem`` when given, e.g. RLlib's ``input_filesystem``);
+    sorted per directory, never empty."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    files: List[str] = []
-    for p in map(os.fspath, items):
-        if os.path.isdir(p):
-            files += sorted(glob.glob(os.path.join(p, "**", "*.parquet"), recursive=True))
-        elif os.path.exists(p):
-            files.append(p)
-        else:
-            raise OfflineDataError(f"{p}: no such file or directory")
+    files: List[storage.Location] = []
+    for p in items:
+        try:
+            location = storage.locate(p, filesystem)
+            if location.is_dir():
+                files += location.list_files(".parquet", recursive=True)
+            elif location.exists():
+                files.append(location)
+            else:
+                raise OfflineDataError(f"{location}: no such file or directory")
+        except storage.StorageError as e:
+            raise OfflineDataError(str(e)) from e
     if not files:
-        raise OfflineDataError(f"{items}: no Parquet files found (the dataset is empty)")
+        raise OfflineDataError(f"{[os.fspath(p) for p in items]}: no Parquet files found (the dataset is empty)")
     return files
+
+
+def list_parquet_files(paths: PathSpec, filesystem: Optional[Any] = None) -> List[str]:
+    """`parquet_locations` as paths or URIs (local paths absolute)."""
+    return [location.uri for location in parquet_locations(paths, filesystem)]
 
 
 def _finite(x) -> bool:
@@ -270,22 +283,23 @@ def _completion_length(row: Mapping[str, Any], tokenizer) -> Optional[int]:
 def validate_trajectories(
     paths: PathSpec,
     *,
+    filesystem: Optional[Any] = None,
     tokenizer=None,
     vocab_size: Optional[int] = None,
     require_behavior: bool = True,
     max_seq_len: Optional[int] = None,
 ) -> ValidationReport:
-    """Check every file and row of a trajectory dataset against the schema (see module docstring)."""
-    import pyarrow.parquet as pq
-
-    files = list_parquet_files(paths)
+    """Check every file and row of a trajectory dataset against the schema (see module docstring). ``paths`` are
+    local paths or URIs (`parquet_locations`)."""
+    locations = parquet_locations(paths, filesystem)
     if tokenizer is not None and vocab_size is None:
         vocab_size = len(tokenizer)
     problems: List[Problem] = []
     num_rows = 0
-    for f in files:
+    for location in locations:
+        f = str(location)
         try:
-            table = pq.read_table(f)
+            table = read_table(location)
         except Exception as e:
             problems.append(Problem(f, None, None, f"cannot read Parquet: {e}"))
             continue
@@ -309,8 +323,17 @@ def validate_trajectories(
                 problems.append(Problem(f, i, column, message))
         num_rows += table.num_rows
     if num_rows == 0 and not problems:
-        problems.append(Problem(", ".join(files), None, None, "the dataset has no rows"))
-    return ValidationReport(files=files, num_rows=num_rows, problems=problems)
+        problems.append(Problem(", ".join(map(str, locations)), None, None, "the dataset has no rows"))
+    return ValidationReport(
+        files=[location.uri for location in locations], num_rows=num_rows, problems=problems, locations=locations
+    )
+
+
+def read_table(location: storage.Location, columns: Optional[List[str]] = None):
+    """One Parquet file (a `storage.Location`) as a pyarrow table."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(location.path, columns=columns, filesystem=location.filesystem)
 
 
 def row_to_record(row: Mapping[str, Any], tokenizer) -> Dict[str, Any]:

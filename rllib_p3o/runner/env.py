@@ -41,6 +41,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import gymnasium as gym
 import numpy as np
 
+from rllib_p3o.core import storage
 from rllib_p3o.data.chat import check_chat_template, is_conversational, message_problem
 
 logger = logging.getLogger(__name__)
@@ -123,40 +124,42 @@ def materialize_dataset(spec: DatasetSpec, name: str = "dataset") -> DatasetSpec
 
 
 def read_prompt_rows(spec: DatasetSpec, name: str = "dataset") -> tuple:
-    """``(rows, where)``: the raw rows of a prompt dataset (any `DatasetSpec`) and a name for messages (the file's
-    path), unchecked. `DatasetError` when the file is missing, unreadable or empty."""
+    """``(rows, where)``: the raw rows of a prompt dataset (any `DatasetSpec`; a file is a local path or a URI,
+    `rllib_p3o.core.storage`) and a name for messages (the file's path), unchecked. `DatasetError` when the file is missing, unreadable or empty."""
     spec = materialize_dataset(spec, name)
     if isinstance(spec, (str, os.PathLike)):
-        path = os.fspath(spec)
-        if not os.path.exists(path):
+        try:
+            location = storage.locate(spec)
+            found, is_dir = location.exists(), location.is_dir()
+        except storage.StorageError as e:
+            raise DatasetError(f"{name}: {e}") from e
+        path = where = str(location)
+        if not found:
             raise DatasetError(f"{name}: file not found: {path}")
-        if path.endswith(".parquet") or os.path.isdir(path):
+        if path.endswith(".parquet") or is_dir:
             import pyarrow.parquet as pq
 
             try:
-                rows = pq.read_table(path).to_pylist()
+                rows = pq.read_table(location.path, filesystem=location.filesystem).to_pylist()
             except Exception as e:
                 raise DatasetError(f"{name}: cannot read Parquet {path}: {e}") from e
         elif path.endswith(".jsonl"):
             rows = []
-            with open(path) as f:
-                for i, line in enumerate(f):
-                    if line.strip():
-                        try:
-                            rows.append(json.loads(line))
-                        except json.JSONDecodeError as e:
-                            raise DatasetError(f"{name}: {path} line {i + 1} is not valid JSON: {e}") from e
+            for i, line in enumerate(location.read_bytes().decode("utf-8").splitlines()):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise DatasetError(f"{name}: {path} line {i + 1} is not valid JSON: {e}") from e
         elif path.endswith(".json"):
             try:
-                with open(path) as f:
-                    rows = json.load(f)
+                rows = json.loads(location.read_bytes().decode("utf-8"))
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{name}: {path} is not valid JSON: {e}") from e
             if not isinstance(rows, list):
                 raise DatasetError(f"{name}: {path} must hold a JSON list of rows, got a {type(rows).__name__}")
         else:
             raise DatasetError(f"{name}: unsupported file type {path} (use .parquet, .jsonl or .json)")
-        where = path
     else:
         rows, where = list(spec), f"{name} (in-memory list)"
     if not rows:
@@ -199,17 +202,22 @@ def dataset_is_conversational(spec: DatasetSpec) -> bool:
     row) for config validation; the full check happens when the runners load the rows."""
     if not isinstance(spec, (str, os.PathLike)):
         return has_conversational_prompts([r for r in spec if isinstance(r, Mapping)])
-    path = os.fspath(spec)
     try:
-        if path.endswith(".parquet") or os.path.isdir(path):
+        location = storage.locate(spec)
+        path = str(location)
+        if path.endswith(".parquet") or location.is_dir():
             import pyarrow as pa
             import pyarrow.dataset as ds
 
-            field = ds.dataset(path, format="parquet").schema.field("prompt")
+            dataset = ds.dataset(location.path, format="parquet", filesystem=location.filesystem)
+            field = dataset.schema.field("prompt")
             return pa.types.is_list(field.type) or pa.types.is_large_list(field.type)
         if path.endswith(".jsonl"):
-            with open(path) as f:
-                first = next((line for line in f if line.strip()), "{}")
+            with location.filesystem.open_input_stream(location.path) as f:
+                head = b""
+                while b"\n" not in head.lstrip() and (chunk := f.read(1 << 16)):
+                    head += chunk
+            first = next((line for line in head.decode("utf-8", "replace").splitlines() if line.strip()), "{}")
             return is_conversational(json.loads(first).get("prompt"))
     except (OSError, KeyError, ValueError):
         return False  # a missing or malformed file is reported, with its row, when it is loaded

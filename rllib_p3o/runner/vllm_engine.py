@@ -86,7 +86,20 @@ def make_engine(
     if lora is not None:
         from rllib_p3o.core.lora import vllm_max_lora_rank
 
-        kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(lora["r"]), max_loras=1, max_cpu_loras=1)
+        # The engine wraps only the layers the adapter trains. Without `lora_target_modules` vLLM wraps every layer
+        # it can, which for models that declare `lm_head` an embedding module (Llama, Qwen3, Phi3, Granite, ...; not
+        # Qwen2, Mistral or Gemma) includes the LM head: its logits then go through punica's `add_lora_logits`, which
+        # indexes adapters by `sampler_indices` (one row per request) even when `compute_logits` gets a request's
+        # prompt positions for `prompt_logprobs` (vLLM 0.32 `gpu_model_runner._get_prompt_logprobs_dict`). A probe
+        # riding along with a batch of requests (`rllib_p3o.runner.probe_rider`) then failed in `einsum` ("subscript
+        # b has size 17 ... previously seen size 6"). Our adapters never target lm_head (`rllib_p3o.core.lora`).
+        kwargs.update(
+            enable_lora=True,
+            max_lora_rank=vllm_max_lora_rank(lora["r"]),
+            max_loras=1,
+            max_cpu_loras=1,
+            lora_target_modules=list(lora["target_modules"]),
+        )
     kwargs.update(cfg.vllm_kwargs or {})
     # vLLM's start runs gc.collect() several times (model loading, memory profiling), each a scan of every object
     # its imports created: 1.0 of the 2.0 s of `LLM()` at 0.33M on this machine. Frozen first, those objects are

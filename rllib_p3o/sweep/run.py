@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import pandas as pd
 from ray import tune
 
+from rllib_p3o.core import storage
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import (
     CELL,
@@ -247,7 +248,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             GRIDS["arithmetic", "full"].num_trials(), GRIDS["sorting", "full"].num_trials()
         ),
     )
-    parser.add_argument("--out", default="runs/sweep")
+    parser.add_argument(
+        "--out",
+        default="runs/sweep",
+        help="a local (or network-mounted) directory: the sweep builds its models there and resumes from its files",
+    )
     parser.add_argument("--fresh", action="store_true", help="delete --out first instead of resuming it")
     parser.add_argument("--regimes", nargs="+", choices=sorted(REGIMES))
     parser.add_argument("--methods", nargs="+", choices=sorted(METHODS))
@@ -257,6 +262,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--base-model", help="a base model directory instead of building the task's")
     parser.add_argument("--report-only", action="store_true", help="redraw table and figures from curves.csv")
     args = parser.parse_args(argv)
+    if storage.is_uri(args.out) and storage.uri_scheme(args.out) != "file":
+        # The prepared models must be local directories (vLLM and transformers load them), and a resumed sweep reads
+        # its per-trial files back: an object store cannot hold either. Refused rather than written to "./s3:".
+        parser.error(
+            f"--out {args.out}: the sweep needs a local or network-mounted directory (it builds its models there "
+            "and resumes from its files); copy the directory to object storage afterwards"
+        )
 
     grid = GRIDS[args.task, "quick" if args.quick else "full"]
     changes = {

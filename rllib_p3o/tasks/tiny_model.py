@@ -10,9 +10,20 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 PAD, EOS = "<pad>", "<eos>"
+# Architectures `build_tiny_model` builds: transformers' ``model_type`` -> settings that differ from its config
+# class's defaults beyond the shared sizes (each test builds these as a user's checkpoint of that family would be).
+ARCHITECTURES: Dict[str, Dict[str, Any]] = {
+    "qwen2": {},
+    "qwen3": {},
+    "llama": {},
+    "mistral": {"sliding_window": None},
+    "gemma": {"hidden_act": "gelu_pytorch_tanh"},
+    "gemma2": {"query_pre_attn_scalar": 64, "sliding_window": 64},
+    "phi3": {},
+}
 # ChatML-style turn markers, and a chat template over them, for tiny models that take conversational prompts.
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 CHAT_TOKENS = (IM_START, IM_END)
@@ -76,18 +87,23 @@ def build_tiny_model(
     special_tokens: Sequence[str] = (),
     added_tokens: Sequence[str] = (),
     chat_template: Optional[str] = None,
+    architecture: str = "qwen2",
     overwrite: bool = False,
 ) -> str:
-    """Write a tiny Qwen2-architecture model + tokenizer to ``path`` and return ``path``.
+    """Write a tiny causal LM (Qwen2 unless ``architecture``, one of `ARCHITECTURES`) + tokenizer to ``path`` and
+    return ``path``.
 
     ``corpus`` defaults to the built-in arithmetic task's text. ``special_tokens``, ``added_tokens`` and
     ``chat_template`` go to the tokenizer (`build_tokenizer`; e.g. `CHAT_TOKENS` and `CHAT_TEMPLATE`). An existing directory built with the
     same arguments is reused unless ``overwrite``.
     """
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture {architecture!r} is not one of {sorted(ARCHITECTURES)}")
     args = dict(
+        architecture=architecture,
         hidden_size=hidden_size,
         num_layers=num_layers,
         num_heads=num_heads,
@@ -119,7 +135,8 @@ def build_tiny_model(
         added_tokens=added_tokens,
         chat_template=chat_template,
     )
-    config = Qwen2Config(
+    config = AutoConfig.for_model(
+        architecture,
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -133,11 +150,14 @@ def build_tiny_model(
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **ARCHITECTURES[architecture],
     )
-    if config.head_dim != 64:
-        raise ValueError(f"head_dim = hidden_size / num_heads must be 64 for vLLM on CPU, got {config.head_dim}")
+    if hidden_size // num_heads != 64:
+        raise ValueError(
+            f"head_dim = hidden_size / num_heads must be 64 for vLLM on CPU, got {hidden_size // num_heads}"
+        )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
