@@ -243,8 +243,11 @@ class MultiTurnRollouts:
                 [r for _, r in requests], params, use_tqdm=False, lora_request=engine.lora_request
             )
             params_used = params[0]
-            for (e, _), out in zip(requests, outputs):
-                self._advance(e, out.outputs[0], last_turn=turn == self.max_turns - 1)
+            # Every episode's model turn first, each environment told of it (`MultiTurnEnv.prepare_step`: tool calls
+            # start), then the environments' answers: the turn's tool calls run at once.
+            turns = [self._model_turn(e, out.outputs[0]) for (e, _), out in zip(requests, outputs)]
+            for (e, _), out, model_turn in zip(requests, outputs, turns):
+                self._env_turn(e, out.outputs[0], model_turn, last_turn=turn == self.max_turns - 1)
         episodes = []
         for e in live:
             if not e.turns:  # the prompt alone filled max_total_tokens: nothing to train on
@@ -274,13 +277,22 @@ class MultiTurnRollouts:
             )
         return episodes
 
-    def _advance(self, e: _Live, completion: Any, last_turn: bool) -> None:
-        """Append a model turn, let the environment answer, append its turn (or end the episode)."""
+    def _model_turn(self, e: _Live, completion: Any) -> Tuple[List[int], List[float], str]:
+        """Append a model turn to the episode and hand its text to the environment's `prepare_step`; returns the
+        turn's ids, their behavior log-probs and its text."""
         action = list(completion.token_ids)
         logps = [lp[t].logprob for t, lp in zip(action, completion.logprobs)]
         e.ids += action
         e.finish_reason = completion.finish_reason
         text = self.tokenizer.decode(action, skip_special_tokens=True)
+        self._call(e.env, "prepare_step", {"role": "assistant", "content": text}, e.row)
+        return action, logps, text
+
+    def _env_turn(
+        self, e: _Live, completion: Any, model_turn: Tuple[List[int], List[float], str], last_turn: bool
+    ) -> None:
+        """Let the environment answer the model turn and append its turn (or end the episode)."""
+        action, logps, text = model_turn
         result = check_turn_result(self._call(e.env, "step", {"role": "assistant", "content": text}, e.row), e.env)
         e.terminated = bool(result.terminated)
         e.truncated = bool(result.truncated) or (
