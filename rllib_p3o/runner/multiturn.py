@@ -4,7 +4,8 @@ An episode alternates model turns and environment turns (gymnasium-style, one in
 
     messages = env.reset(row)                     # the first messages (or a string prompt)
     while True:
-        <the policy generates an assistant turn>
+        <the policy generates an assistant turn, text>  # turn k of every active episode: one vLLM call
+        env.prepare_step({"role": "assistant", "content": text})  # optional: every episode's before any step
         result = env.step({"role": "assistant", "content": text})
         # result.messages: the next messages (a user turn, tool results), result.reward: this turn's reward,
         # result.terminated / result.truncated: the episode ends

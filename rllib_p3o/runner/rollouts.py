@@ -6,8 +6,9 @@ prompt group in one vLLM call; the reward function scores all completions in one
 Multi-turn (`MultiTurnRollouts`): every episode of a sample() call is played at once, one vLLM call per turn and
 engine. Turn k of all active episodes of an engine is one ``llm.generate`` call (a `TokensPrompt` of each episode's
 ids so far; vLLM's prefix cache keeps the shared history cheap), so an iteration costs about turns × one single-turn
-call.
-Episodes that end leave the batch. Each episode keeps its token sequence itself (`rllib_p3o.data.chat` for why):
+call. Then every active episode's environment gets its `MultiTurnEnv.prepare_step` before any `step`, so that a
+turn's slow environment work (`ToolEnv`'s tool calls, in worker processes) runs at once. Episodes that end leave the
+batch. Each episode keeps its token sequence itself (`rllib_p3o.data.chat` for why):
 
     prompt ids | model turn 1 (engine ids) | env turn 1 (template ids) | model turn 2 | ... | model turn K
 

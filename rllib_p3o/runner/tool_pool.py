@@ -94,7 +94,8 @@ def pickle_tool(name: str, fn: Callable) -> bytes:
     import cloudpickle
 
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    if isinstance(fn, types.FunctionType) and module is not None and module.__name__ != "__main__":
+    by_value_already = module is None or module.__name__ in cloudpickle.list_registry_pickle_by_value()
+    if isinstance(fn, types.FunctionType) and not by_value_already and module.__name__ != "__main__":
         cloudpickle.register_pickle_by_value(module)
         try:
             return cloudpickle.dumps(fn)
