@@ -12,6 +12,10 @@ forever):
 - a dead runner (its process killed, out of memory, node lost) is RLlib's case: with ``restart_failed_env_runners``
   or ``ignore_env_runner_failures`` its calls are left out of the results (the caller redistributes its work) and
   RLlib restarts it between iterations; without either, `EnvRunnerFailedError` names the runner and the cause.
+
+A runner that fails to start (an exception in its constructor, or a config it cannot unpickle) is neither: it is a
+configuration error, and `EngineRunners.raise_start_failure` raises it on the driver as it happened, whatever the
+fault-tolerance settings (RLlib would log it and go on to fail elsewhere, e.g. with an IndexError in ``get_spaces``).
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from __future__ import annotations
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, TypeVar
 
-from ray.exceptions import RayError
+import ray
+from ray.exceptions import RayActorError, RayError, RaySystemError, RayTaskError
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
+
+from rllib_p3o.runner.env import CallableImportError, make_importable_hint
 
 if TYPE_CHECKING:
     from rllib_p3o.runner.env_runner import VLLMEnvRunner
@@ -35,6 +42,10 @@ LOCAL_ID = 0
 
 class EnvRunnerFailedError(RuntimeError):
     """A runner died and the fault-tolerance settings say not to go on without it."""
+
+
+class EnvRunnerStartError(RuntimeError):
+    """A runner failed to start, and its own exception cannot be raised on the driver as it is."""
 
 
 class _Outcome(NamedTuple):
@@ -81,6 +92,26 @@ class EngineRunners:
 
     def num_runners(self) -> int:
         return self.group.num_remote_env_runners() if self.remote else 1
+
+    def raise_start_failure(self, env_config: Optional[Mapping[str, Any]] = None) -> None:
+        """Wait until every remote runner has started, and raise what one raised if it could not: its own exception
+        (type and message), with the runner's id and traceback in a note. A config the runner could not unpickle
+        (a function or class of a module the runner cannot import) raises `CallableImportError` naming the module,
+        the ``env_config`` entries defined in it and how to make it importable. Runners that died otherwise (killed,
+        node lost) are left to RLlib's fault tolerance."""
+        if not self.remote:
+            return
+        ids = list(range(1, self.group.num_remote_env_runners() + 1))  # RLlib numbers remote runners from 1
+        refs = self.group.foreach_env_runner(
+            lambda runner: None, remote_worker_ids=ids, local_env_runner=False, healthy_only=False, return_obj_refs=True
+        )
+        for runner_id, ref in zip(ids, refs):
+            try:
+                ray.get(ref)
+            except RayActorError as e:
+                cause = e.args[0] if e.args else None
+                if e.actor_init_failed and isinstance(cause, RayTaskError):
+                    raise _start_error(runner_id, cause, env_config or {}) from None
 
     def call(self, fns: Mapping[int, RunnerCall[T]], timeout_s: Optional[float] = None) -> Dict[int, T]:
         """``fns[i](runner i)`` for each runner id, in parallel; ``{id: result}`` of those that answered.
@@ -137,3 +168,39 @@ class EngineRunners:
                 "restart_failed_env_runners=True) to restart failed runners and go on."
             ) from e
         return [(o.runner_id, _unwrap(o)) for _, o in ready]
+
+
+def _start_error(runner_id: int, error: RayTaskError, env_config: Mapping[str, Any]) -> BaseException:
+    """The exception to raise for runner ``runner_id``'s failed start (`EngineRunners.raise_start_failure`)."""
+    cause = error.cause
+    where = f"(raised in EnvRunner {runner_id} while it started; its traceback:)\n{error.traceback_str}"
+    if isinstance(cause, RaySystemError) and isinstance(getattr(cause, "client_exc", None), ImportError):
+        missing = cause.client_exc.name or str(cause.client_exc)
+        users = _entries_from_module(env_config, missing)
+        error = CallableImportError(
+            f"EnvRunner {runner_id} could not start: it cannot import module {missing!r}, needed to unpickle its "
+            f"config ({type(cause.client_exc).__name__}: {cause.client_exc})"
+            + (f"; defined there: {', '.join(users)}" if users else "")
+            + ". Functions and classes of an importable module travel by reference (only functions of the "
+            "script you run, __main__, travel by value). " + make_importable_hint(missing),
+            name=missing,
+        )
+        error.add_note(where)
+        return error
+    if isinstance(cause, BaseException) and not isinstance(cause, RayError):
+        cause.add_note(where)
+        return cause
+    return EnvRunnerStartError(f"EnvRunner {runner_id} could not start: {error}")
+
+
+def _entries_from_module(env_config: Mapping[str, Any], module: str) -> List[str]:
+    """The ``env_config`` entries (and the items of dict entries, such as ``tools``) defined in ``module``."""
+    found = []
+    for key, value in env_config.items():
+        items = value.items() if isinstance(value, Mapping) else [(None, value)]
+        for name, item in items:
+            defined_in = getattr(item, "__module__", None) or ""
+            if defined_in == module or defined_in.startswith(module + "."):
+                label = f"env_config[{key!r}]" + (f"[{name!r}]" if name is not None else "")
+                found.append(f"{label} ({defined_in}.{getattr(item, '__qualname__', repr(item))})")
+    return found

@@ -675,8 +675,16 @@ class P3O(Algorithm):
 
     def setup(self, config: P3OConfig) -> None:
         t0 = time.perf_counter()
-        super().setup(config)
+        try:
+            super().setup(config)
+        except Exception:
+            # A runner that failed to start makes RLlib fail later and elsewhere (an IndexError in get_spaces): raise
+            # the runner's own error instead.
+            if getattr(self, "env_runner_group", None) is not None:
+                EngineRunners(self.env_runner_group).raise_start_failure(self.config.env_config)
+            raise
         self._runners = runners = EngineRunners(self.env_runner_group)
+        runners.raise_start_failure(self.config.env_config)  # every runner, not only the one RLlib asked for its spaces
         self._pad_id = runners.call_first(VLLMEnvRunner.pad_token_id)
         self._has_engine = bool(runners.call_first(VLLMEnvRunner.has_engine))
         self._probe_ids = (

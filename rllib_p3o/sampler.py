@@ -247,7 +247,9 @@ class Sampler:
         }
 
     def set_state(self, state: Dict[str, Any]) -> int:
-        """Continue from a checkpoint; returns how many groups were pending there (sampled again first)."""
+        """Continue from a checkpoint; returns how many groups were pending there (sampled again first). Samples in
+        flight or queued now (async) were generated with the weights the restore replaces: they are discarded."""
+        self.drain()
         self.schedule.set_state(state[SCHEDULE])
         self.samples_lost_lifetime = int(state.get(SAMPLES_LOST_LIFETIME, 0))
         self.dropped_stale_lifetime = int(state.get(DROPPED_STALE_LIFETIME, 0))

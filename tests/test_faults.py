@@ -88,9 +88,18 @@ def test_restored_run_samples_what_the_uninterrupted_run_samples(
         assert [x[:3] for x in a] == [x[:3] for x in b], f"iteration {it + 1}: other prompts"
     # The iteration after the restore samples with the checkpoint's weights: the very same completions.
     assert _sampled(tmp_path / "straight", 2) == _sampled(tmp_path / "resumed", 2)
+    # ... and records them under the same weights version: the initial weights are v1, each iteration adds one.
+    versions = [_policy_versions(tmp_path / "resumed", it) for it in range(4)]
+    assert versions == [_policy_versions(tmp_path / "straight", it) for it in range(4)] == [[1], [2], [3], [4]]
     # 4 prompts per iteration over 24 rows: the 16 prompts of 4 iterations are 16 different rows.
     prompts = [p for it in range(4) for _, p, source, _ in _sampled(tmp_path / "resumed", it) if source == "policy"]
     assert len(set(prompts)) == 16
+
+
+def _policy_versions(record_dir, iteration):
+    """The weights versions (``policy_version``) the policy's completions of one recorded iteration were sampled with."""
+    table = pq.read_table(os.path.join(record_dir, f"part-{iteration:07d}.parquet")).to_pylist()
+    return sorted({r["policy_version"] for r in table if r["source"] == "policy"})
 
 
 def _kill_runner(algo, runner_id):

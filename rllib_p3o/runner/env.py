@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import re
+import socket
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 import gymnasium as gym
@@ -101,7 +102,7 @@ def materialize_dataset(spec: DatasetSpec, name: str = "dataset") -> DatasetSpec
     """
     if isinstance(spec, str) and _BY_NAME.match(spec) and not os.path.exists(spec):
         try:
-            fn = resolve_callable(spec)
+            fn = resolve_callable(spec, what=name)
         except (ImportError, AttributeError) as e:
             raise DatasetError(f"{name}: cannot import {spec!r}: {e}") from e
         try:
@@ -235,14 +236,48 @@ def check_chat_dataset(env_config: Mapping[str, Any], model: str, trust_remote_c
     check_chat_template(AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code), model)
 
 
-def resolve_callable(fn: Union[str, Callable]) -> Callable:
-    """A callable, or ``"package.module:function"`` imported by name (handy in Tune/CLI configs)."""
+class CallableImportError(ImportError):
+    """A function or class that the config names (``"module:function"``, or pickled by reference to its module) cannot
+    be imported in the process that needs it, typically a runner process; the message says how to make it
+    importable there."""
+
+
+def make_importable_hint(module: str) -> str:
+    """How to make ``module`` importable in Ray's worker processes (for `CallableImportError` messages)."""
+    top = module.split(".")[0]
+    return (
+        f"Runner processes import {module!r} by name, so it must be importable on every node: install it, put its "
+        f'folder on PYTHONPATH before Ray starts, or let Ray ship it: ray.init(runtime_env={{"py_modules": [{top}]}}) '
+        f'(the imported module, or its folder\'s path), or ray.init(runtime_env={{"working_dir": "."}}) for the '
+        "folder you run from."
+    )
+
+
+def resolve_callable(fn: Union[str, Callable], what: str = "reward_fn") -> Callable:
+    """A callable, or ``"package.module:function"`` imported by name (handy in Tune/CLI configs); ``what`` names the
+    setting in errors. `CallableImportError` when the module or the name cannot be imported here."""
     if callable(fn):
         return fn
     if isinstance(fn, str) and ":" in fn:
         module, attr = fn.split(":", 1)
-        return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
-    raise ValueError(f"reward_fn must be a callable or 'module:function', got {fn!r}")
+        where = f"in this process (pid {os.getpid()} on {socket.gethostname()})"
+        try:
+            imported = importlib.import_module(module)
+        except ImportError as e:
+            raise CallableImportError(
+                f"env_config[{what!r}] = {fn!r}: cannot import module {module!r} {where}: {type(e).__name__}: {e}. "
+                + make_importable_hint(module),
+                name=module,
+            ) from e
+        try:
+            return functools.reduce(getattr, attr.split("."), imported)
+        except AttributeError:
+            raise CallableImportError(
+                f"env_config[{what!r}] = {fn!r}: module {module!r} ({getattr(imported, '__file__', '?')}) has no "
+                f"attribute {attr!r} {where}.",
+                name=module,
+            ) from None
+    raise ValueError(f"{what} must be a callable or 'module:function', got {fn!r}")
 
 
 def function_name(fn: Callable) -> str:

@@ -101,7 +101,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         # Multi-turn episodes (`rllib_p3o.runner.multiturn`) when env_config names an environment class.
         self._rollouts: Optional[MultiTurnRollouts] = None
         if self.env is not None and env_config.get("multi_turn_env"):
-            multi_turn_cls = resolve_callable(env_config["multi_turn_env"])
+            multi_turn_cls = resolve_callable(env_config["multi_turn_env"], what="multi_turn_env")
             self._rollouts = MultiTurnRollouts(
                 tokenizer=self.tokenizer,
                 make_env=lambda: multi_turn_cls(env_config),

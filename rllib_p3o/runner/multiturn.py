@@ -4,7 +4,8 @@ An episode alternates model turns and environment turns (gymnasium-style, one in
 
     messages = env.reset(row)                     # the first messages (or a string prompt)
     while True:
-        <the policy generates an assistant turn>
+        <the policy generates an assistant turn, text>  # turn k of every active episode: one vLLM call
+        env.prepare_step({"role": "assistant", "content": text})  # optional: every episode's before any step
         result = env.step({"role": "assistant", "content": text})
         # result.messages: the next messages (a user turn, tool results), result.reward: this turn's reward,
         # result.terminated / result.truncated: the episode ends
@@ -26,13 +27,20 @@ truncated (it cannot continue sensibly mid-sentence).
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import re
+from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from rllib_p3o.data.chat import Message, Messages, Prompt, is_conversational
 from rllib_p3o.runner.env import RewardFunction, Row, make_reward_function
+from rllib_p3o.runner.tool_pool import (  # noqa: F401  (ToolError: public here)
+    DEFAULT_MEMORY_MB,
+    DEFAULT_WORKERS,
+    ToolError,
+    ToolLimits,
+    tool_pool,
+)
 
 DEFAULT_MAX_TURNS = 4
 
@@ -65,6 +73,12 @@ class MultiTurnEnv:
         """The episode's first messages (or a string prompt) for dataset row ``row``."""
         self.row = row
         return row["prompt"]
+
+    def prepare_step(self, assistant: Message) -> None:
+        """Called with the assistant turn of every active episode of a turn before `step` is called on any of them
+        (turn k of all episodes is one vLLM call; their `step` calls follow one another). Start slow work here
+        without waiting for it, so that the turn's episodes do theirs at once: `ToolEnv` starts its tool call.
+        The default does nothing."""
 
     def step(self, assistant: Message) -> TurnResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -121,36 +135,62 @@ def parse_tool_call(text: str) -> Optional[Tuple[str, Union[Dict[str, Any], str]
 class ToolEnv(MultiTurnEnv):
     """The model may call tools; an answer without a tool call ends the episode and is scored.
 
-    ``env_config``: ``tools`` ``{name: python callable}``; ``reward_fn`` (one or a list, with ``reward_weights``;
-    TRL's signature, as for single-turn rows) scores the final answer against the row's columns: for a string
-    prompt the answer's text, for a conversational prompt the episode's messages after the prompt (assistant turns
-    and tool results, ending with the answer), as TRL passes completions of tool-calling episodes; ``tool_timeout_s`` (default 5). A tool that raises, times
-    out, is unknown or gets malformed arguments returns an error message to the model; the runner never crashes
-    on it. A timed-out call keeps running in its worker thread (Python cannot kill a thread): tools should be quick.
-    Tool results go back as ``{"role": "tool", "content": ...}`` messages; without a chat template they read
+    ``env_config``: ``tools`` ``{name: callable}``; ``reward_fn`` (one or a list, with ``reward_weights``; TRL's
+    signature, as for single-turn rows) scores the final answer against the row's columns: for a string prompt the
+    answer's text, for a conversational prompt the episode's messages after the prompt (assistant turns and tool
+    results, ending with the answer), as TRL passes completions of tool-calling episodes. Each call runs in a worker
+    process (`rllib_p3o.runner.tool_pool`):
+        ``tool_timeout_s`` (default 5): wall-clock seconds from the call's start; then it is killed.
+        ``tool_memory_mb`` (default 1024): the worker's address space during the call (None: no limit).
+        ``tool_cpu_s`` (default: ``tool_timeout_s``): CPU seconds of the call, all its threads together.
+        ``tool_workers`` (default 4): worker processes per runner; a turn's calls run at once up to this many.
+    A tool that raises, times out, runs out of memory or CPU time, crashes its process, is unknown or gets malformed
+    arguments returns an error message to the model; the runner goes on. A tool that cannot be pickled or loaded
+    in a worker raises `rllib_p3o.runner.tool_pool.ToolError` (a configuration error). Tool results go back as
+    ``{"role": "tool", "content": ...}`` messages; without a chat template they read
     ``<tool_response>...</tool_response>``.
     """
 
     def __init__(self, config: Mapping[str, Any]):
         super().__init__(config)
         self.tools: Dict[str, Callable] = dict(config.get("tools") or {})
-        self.timeout_s = float(config.get("tool_timeout_s", 5.0))
+        self.limits = tool_limits(config)
+        self.workers = int(config.get("tool_workers", DEFAULT_WORKERS))
         reward_fn = make_reward_function(config)
         if reward_fn is None:
             raise ValueError("ToolEnv needs env_config['reward_fn'] (TRL signature: prompts, completions, **columns).")
         self.reward_fn: RewardFunction = reward_fn
+        if self.tools:  # the first episode starts the runner's workers (and a tool that cannot be pickled raises)
+            tool_pool(self.tools, self.workers)
         self.tool_calls = 0
         self.tool_errors = 0
         self.turns: Messages = []  # the episode's messages after the prompt
         self._rewards: Dict[str, float] = {}
+        # What `prepare_step` parsed and started: (the assistant text, the call or None, its future or None).
+        self._started: Optional[Tuple[str, Any, Optional[Future]]] = None
 
     def reset(self, row: Row) -> Prompt:
         self.turns = []
         return super().reset(row)
 
+    def parse_call(self, text: str) -> Optional[Tuple[str, Union[Dict[str, Any], str]]]:
+        """The tool call in an assistant turn's text, ``(name, arguments)``, or None (the turn is the answer).
+        Override for another tool-call format; the default is `parse_tool_call`'s."""
+        return parse_tool_call(text)
+
+    def prepare_step(self, assistant: Message) -> None:
+        call = self.parse_call(assistant["content"])
+        future = submit_tool(self.tools, *call, limits=self.limits, workers=self.workers) if call else None
+        self._started = (assistant["content"], call, future)
+
     def step(self, assistant: Message) -> TurnResult:
         self.turns.append(dict(assistant))
-        call = parse_tool_call(assistant["content"])
+        started, self._started = self._started, None
+        if started is not None and started[0] == assistant["content"]:
+            _, call, future = started  # (the runner's way: `prepare_step` parsed and started it)
+        else:
+            call = self.parse_call(assistant["content"])
+            future = submit_tool(self.tools, *call, limits=self.limits, workers=self.workers) if call else None
         if call is None:
             prompt = self.row["prompt"]
             completion = list(self.turns) if is_conversational(prompt) else assistant["content"]
@@ -159,7 +199,7 @@ class ToolEnv(MultiTurnEnv):
             reward = float(rewards.total[0])
             return TurnResult([], reward=reward, terminated=True, info={UNSCORABLE: reward != reward})
         self.tool_calls += 1
-        result, ok = run_tool(self.tools, *call, timeout_s=self.timeout_s)
+        result, ok = future.result()
         self.tool_errors += not ok
         message = {"role": "tool", "content": result}
         self.turns.append(message)
@@ -177,26 +217,49 @@ class ToolEnv(MultiTurnEnv):
         return dict(self._rewards)
 
 
-_TOOL_POOL: Optional[concurrent.futures.ThreadPoolExecutor] = None
+def tool_limits(env_config: Mapping[str, Any]) -> ToolLimits:
+    """The per-call limits ``env_config`` sets (`ToolEnv`)."""
+    timeout_s = float(env_config.get("tool_timeout_s", 5.0))
+    memory_mb = env_config.get("tool_memory_mb", DEFAULT_MEMORY_MB)
+    cpu_s = env_config.get("tool_cpu_s", timeout_s)
+    return ToolLimits(
+        timeout_s=timeout_s,
+        memory_mb=int(memory_mb) if memory_mb is not None else None,
+        cpu_s=float(cpu_s) if cpu_s is not None else None,
+    )
+
+
+def submit_tool(
+    tools: Mapping[str, Callable],
+    name: str,
+    arguments: Union[Dict[str, Any], str],
+    *,
+    limits: ToolLimits,
+    workers: int = DEFAULT_WORKERS,
+) -> "Future[Tuple[str, bool]]":
+    """Start one tool call in this process's pool for ``tools``; the future gives ``(text for the model,
+    succeeded)``. An unknown tool is answered at once."""
+    if name not in tools:
+        done: Future = Future()
+        done.set_result((f"error: unknown tool {name!r} (tools: {', '.join(sorted(tools))})", False))
+        return done
+    return tool_pool(tools, workers).submit(name, arguments, limits)
 
 
 def run_tool(
-    tools: Mapping[str, Callable], name: str, arguments: Union[Dict[str, Any], str], *, timeout_s: float
+    tools: Mapping[str, Callable],
+    name: str,
+    arguments: Union[Dict[str, Any], str],
+    *,
+    timeout_s: float,
+    memory_mb: Optional[int] = DEFAULT_MEMORY_MB,
+    cpu_s: Optional[float] = None,
+    workers: int = DEFAULT_WORKERS,
 ) -> Tuple[str, bool]:
-    """Run one tool call with a time limit; returns ``(text for the model, succeeded)``, never raises."""
-    global _TOOL_POOL
-    if name not in tools:
-        return f"error: unknown tool {name!r} (tools: {', '.join(sorted(tools))})", False
-    if _TOOL_POOL is None:
-        _TOOL_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="p3o-tool")
-    fn = tools[name]
-    future = _TOOL_POOL.submit(lambda: fn(**arguments) if isinstance(arguments, dict) else fn(arguments))
-    try:
-        return str(future.result(timeout=timeout_s)), True
-    except concurrent.futures.TimeoutError:
-        return f"error: tool {name} timed out after {timeout_s:g} s", False
-    except Exception as e:  # the model sees the error and may try again
-        return f"error: {type(e).__name__}: {e}", False
+    """Run one tool call in a worker process and wait; returns ``(text for the model, succeeded)``. Raises only
+    `ToolError` (a tool that cannot be pickled or loaded at all)."""
+    limits = ToolLimits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s if cpu_s is not None else timeout_s)
+    return submit_tool(tools, name, arguments, limits=limits, workers=workers).result()
 
 
 def check_turn_result(result: Any, env: MultiTurnEnv) -> TurnResult:

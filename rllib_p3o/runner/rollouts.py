@@ -6,8 +6,9 @@ prompt group in one vLLM call; the reward function scores all completions in one
 Multi-turn (`MultiTurnRollouts`): every episode of a sample() call is played at once, one vLLM call per turn and
 engine. Turn k of all active episodes of an engine is one ``llm.generate`` call (a `TokensPrompt` of each episode's
 ids so far; vLLM's prefix cache keeps the shared history cheap), so an iteration costs about turns × one single-turn
-call.
-Episodes that end leave the batch. Each episode keeps its token sequence itself (`rllib_p3o.data.chat` for why):
+call. Then every active episode's environment gets its `MultiTurnEnv.prepare_step` before any `step`, so that a
+turn's slow environment work (`ToolEnv`'s tool calls, in worker processes) runs at once. Episodes that end leave the
+batch. Each episode keeps its token sequence itself (`rllib_p3o.data.chat` for why):
 
     prompt ids | model turn 1 (engine ids) | env turn 1 (template ids) | model turn 2 | ... | model turn K
 
@@ -254,8 +255,11 @@ class MultiTurnRollouts:
                 [r for _, r in requests], params, use_tqdm=False, lora_request=engine.lora_request
             )
             params_used = params[0]
-            for (e, _), out in zip(requests, outputs):
-                self._advance(e, out.outputs[0], last_turn=turn == self.max_turns - 1)
+            # Every episode's model turn first, each environment told of it (`MultiTurnEnv.prepare_step`: tool calls
+            # start), then the environments' answers: the turn's tool calls run at once.
+            turns = [self._model_turn(e, out.outputs[0]) for (e, _), out in zip(requests, outputs)]
+            for (e, _), out, model_turn in zip(requests, outputs, turns):
+                self._env_turn(e, out.outputs[0], model_turn, last_turn=turn == self.max_turns - 1)
         episodes = []
         for e in live:
             if not e.turns:  # the prompt alone filled max_total_tokens: nothing to train on
@@ -288,13 +292,22 @@ class MultiTurnRollouts:
             )
         return episodes
 
-    def _advance(self, e: _Live, completion: Any, last_turn: bool) -> None:
-        """Append a model turn, let the environment answer, append its turn (or end the episode)."""
+    def _model_turn(self, e: _Live, completion: Any) -> Tuple[List[int], List[float], str]:
+        """Append a model turn to the episode and hand its text to the environment's `prepare_step`; returns the
+        turn's ids, their behavior log-probs and its text."""
         action = list(completion.token_ids)
         logps = [lp[t].logprob for t, lp in zip(action, completion.logprobs)]
         e.ids += action
         e.finish_reason = completion.finish_reason
         text = self.tokenizer.decode(action, skip_special_tokens=True)
+        self._call(e.env, "prepare_step", {"role": "assistant", "content": text}, e.row)
+        return action, logps, text
+
+    def _env_turn(
+        self, e: _Live, completion: Any, model_turn: Tuple[List[int], List[float], str], last_turn: bool
+    ) -> None:
+        """Let the environment answer the model turn and append its turn (or end the episode)."""
+        action, logps, text = model_turn
         result = check_turn_result(self._call(e.env, "step", {"role": "assistant", "content": text}, e.row), e.env)
         e.terminated = bool(result.terminated)
         e.truncated = bool(result.truncated) or (

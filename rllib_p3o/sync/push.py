@@ -112,6 +112,13 @@ class LearnerProbes:
         """Wait for the scoring in flight, then stop the thread."""
         self._pool.shutdown(wait=True)
 
+    def forget(self) -> None:
+        """Wait for the scoring in flight, then drop every version's log-probs and the runners' verified versions
+        (after a restore, version numbers start again from the restored iteration's)."""
+        self.settle()
+        self._versions.clear()
+        self.verified.clear()
+
     def check(self, result: ProbeResult) -> Optional[float]:
         """Compare a runner's probe result with the learner's log-probs of the same version; raises
         `WeightSyncError` on a mismatch. Returns the max |difference|, or None for a version no longer kept (its
@@ -247,12 +254,17 @@ class WeightSync:
         return self._push_to(runner_ids, check_at_load=True)
 
     def push_restored(self, iteration: int) -> Dict[str, float]:
-        """After a checkpoint restore: continue the version count past the restored iterations, push and wait.
+        """After a checkpoint restore: push the restored weights as the version an uninterrupted run holds after
+        ``iteration`` iterations, ``iteration + 1`` (the initial weights are v1; each iteration's push adds one), and
+        wait. So a restored run records the same ``policy_version`` per iteration as the uninterrupted one.
 
-        RLlib's own post-restore sync is fire-and-forget; the restored weights must be in the engines (and verified)
-        before sampling goes on.
+        Probe results of the versions held before the restore are forgotten: their numbers may now name other
+        weights. RLlib's own post-restore sync is fire-and-forget; the restored weights must be in the engines (and
+        verified) before sampling goes on.
         """
-        self.weights_seq_no = max(self.weights_seq_no, iteration + 1)
+        if self.probes is not None:
+            self.probes.forget()
+        self.weights_seq_no = iteration
         return self.push_verified()
 
     def check(self, result: Optional[ProbeResult]) -> None:
