@@ -61,22 +61,26 @@ def _probe_logprobs(lm, probe):
 
 
 def _load_and_log(runner, payload):
-    """Runs in the runner's process (``__ray_call__``): loads ``payload`` and returns the load's statistics and what
-    vLLM's layerwise reload logged at WARNING or above."""
-    import logging
+    """Loads ``payload`` in the runner's own process (``__ray_call__``) and returns the load's statistics and what vLLM's
+    layerwise reload logged at WARNING or above."""
 
-    messages = []
+    def load_and_log(runner, payload, logger_name):  # local: cloudpickle ships it by value
+        import logging
 
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
+        messages = []
 
-    log, handler = logging.getLogger(LAYERWISE_LOGGER), Collect(logging.WARNING)
-    log.addHandler(handler)
-    try:
-        return runner.load_policy_weights(payload), messages
-    finally:
-        log.removeHandler(handler)
+        class Collect(logging.Handler):
+            def emit(self, record):
+                messages.append(record.getMessage())
+
+        log, handler = logging.getLogger(logger_name), Collect(logging.WARNING)
+        log.addHandler(handler)
+        try:
+            return runner.load_policy_weights(payload), messages
+        finally:
+            log.removeHandler(handler)
+
+    return ray.get(runner.__ray_call__.remote(load_and_log, payload, LAYERWISE_LOGGER))
 
 
 def _perturbed_state(path, seed):
@@ -111,7 +115,7 @@ def test_behavior_logprobs_and_in_place_weight_sync(ray_session, request, model_
             "probe": {"token_ids": probe, "logprobs": expected},
             "tolerance": 1e-4,
         }
-        stats, logged = ray.get(runner.__ray_call__.remote(_load_and_log, payload))
+        stats, logged = _load_and_log(runner, payload)
         assert stats["probe_max_abs_diff"] < 1e-4
         # vLLM's "<layer>: Failed to load weights" for the layers a sync leaves out on purpose (rotary embeddings,
         # a tied LM head) is dropped at the source; the probe shows that those layers are right.
