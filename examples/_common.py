@@ -10,6 +10,8 @@ if TYPE_CHECKING:
 
 # Held-out accuracy at which the examples call a run successful (and stop it).
 DEFAULT_TARGET = 0.9
+# Iterations between the examples' checkpoints (and one at the end).
+CHECKPOINT_EVERY = 10
 
 
 def add_run_args(parser, out: str) -> None:
@@ -81,18 +83,22 @@ def run_tuner(
     print_every: int = 10,
     time_limit: Optional[float] = None,
     max_iterations: Optional[int] = None,
-    keep_checkpoint: bool = False,
+    checkpoint_every: int = CHECKPOINT_EVERY,
 ) -> Tuple["pandas.DataFrame", Dict]:
-    """Train ``config`` with ``tune.Tuner("P3O")`` until ``stop``; returns the metrics and `summarize`'s summary
-    (plus ``checkpoint``, the final checkpoint's path, with ``keep_checkpoint``)."""
+    """Train ``config`` with ``tune.Tuner("P3O")`` until ``stop``; returns the metrics and `summarize`'s summary,
+    with ``checkpoint``, the final checkpoint's path.
+
+    Checkpoints every ``checkpoint_every`` iterations and at the end, so that an interrupted run resumes with
+    ``tune.Tuner.restore(f"{storage}/{name}", trainable="P3O", resume_errored=True)``. A failed trial's error is
+    printed once (by Tune); the script then exits with status 1.
+    """
     from ray import tune
 
     import rllib_p3o  # noqa: F401  (registers "P3O")
     from rllib_p3o.progress import IterationPrinter
 
     printer = IterationPrinter(every=print_every, time_limit=time_limit, max_iterations=max_iterations, target=target)
-    checkpoints = tune.CheckpointConfig(checkpoint_at_end=keep_checkpoint, num_to_keep=1 if keep_checkpoint else None)
-    result = tune.Tuner(
+    results = tune.Tuner(
         "P3O",
         param_space=config,
         run_config=tune.RunConfig(
@@ -101,16 +107,17 @@ def run_tuner(
             verbose=0,
             stop=stop,
             callbacks=[printer],
-            checkpoint_config=checkpoints,
-            failure_config=tune.FailureConfig(fail_fast="raise"),
+            checkpoint_config=tune.CheckpointConfig(
+                checkpoint_frequency=checkpoint_every, checkpoint_at_end=True, num_to_keep=2
+            ),
         ),
-    ).fit()[0]
-    if result.error:
-        raise result.error
+    ).fit()
+    if results.errors:  # printed above by Tune
+        raise SystemExit(1)
+    result = results[0]
     df = result.metrics_dataframe
     summary = summarize(df, target)
-    if keep_checkpoint:
-        summary["checkpoint"] = result.checkpoint.path
+    summary["checkpoint"] = result.checkpoint.path
     return df, summary
 
 

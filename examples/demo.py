@@ -91,7 +91,6 @@ def main() -> int:
         print_every=PRINT_EVERY,
         time_limit=args.time_limit,
         max_iterations=args.iterations,
-        keep_checkpoint=True,
     )
 
     print("[3/3] curves, final model, summary", flush=True)
@@ -125,7 +124,7 @@ def main() -> int:
             f"Target NOT reached: held-out accuracy {summary['heldout_before']:.3f} -> "
             f"{summary['heldout_after']:.3f} (best {summary['heldout_max']:.3f}, target {args.target}) after "
             f"{_clock(summary['train_time_s'])} of training, {summary['iterations']} iterations. Look at "
-            f"'groups w/o signal' in the lines above and at the plot."
+            f"the 'w/o signal' column above and at the plot."
         )
     print(
         f"  plot     {rel(summary['plot'])}\n  model    {rel(summary['final_model'])} (Hugging Face format)\n"

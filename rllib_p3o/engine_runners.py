@@ -48,6 +48,11 @@ class EnvRunnerStartError(RuntimeError):
     """A runner failed to start, and its own exception cannot be raised on the driver as it is."""
 
 
+class RemoteTraceback(Exception):
+    """Where an error raised in a runner came from: the runner's id and its traceback, as the error's cause (the
+    error itself travels without its traceback)."""
+
+
 class _Outcome(NamedTuple):
     """What a guarded call returns from the actor: the runner's id and its result or exception."""
 
@@ -62,17 +67,26 @@ def _guarded(fn: Callable[[Any], Any]) -> Callable[[Any], _Outcome]:
         try:
             return _Outcome(runner.worker_index, True, fn(runner), "")
         except Exception as e:  # noqa: BLE001 - handed to the driver, which raises it
-            return _Outcome(runner.worker_index, False, e, traceback.format_exc())
+            return _Outcome(runner.worker_index, False, e, _traceback_without_message(e))
 
     return call
+
+
+def _traceback_without_message(error: BaseException) -> str:
+    """The error's traceback (and its causes') without its own closing message line, which the driver prints when
+    it raises the error again: the message then shows once."""
+    report = traceback.TracebackException.from_exception(error)
+    text, message = "".join(report.format()), "".join(report.format_exception_only())
+    return text[: -len(message)] if text.endswith(message) else text
 
 
 def _unwrap(outcome: _Outcome) -> Any:
     if outcome.ok:
         return outcome.value
-    error = outcome.value
-    error.add_note(f"(raised in EnvRunner {outcome.runner_id}; its traceback:)\n{outcome.remote_traceback}")
-    raise error
+    try:  # raised, so that its report has the shape Ray's error formatting expects (it drops a report's first frame)
+        raise RemoteTraceback(f"in EnvRunner {outcome.runner_id}:\n{outcome.remote_traceback}")
+    except RemoteTraceback as where:
+        raise outcome.value from where
 
 
 class EngineRunners:

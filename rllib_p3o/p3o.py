@@ -40,6 +40,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 import numpy as np
+import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -55,10 +56,11 @@ from ray.rllib.utils.metrics import (
     TIMERS,
 )
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+from ray.util.debug import log_once
 from typing_extensions import Self
 
 from rllib_p3o.core import lora as lora_specs
-from rllib_p3o.core import metrics, storage
+from rllib_p3o.core import metrics, quiet, storage
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.losses import LOSSES, get_loss
 from rllib_p3o.core.precision import (
@@ -80,12 +82,14 @@ from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.engine_runners import EngineRunners
-from rllib_p3o.learner.p3o_torch_learner import P3OTorchLearner
+from rllib_p3o.learner.p3o_torch_learner import NonFiniteStepError, P3OTorchLearner
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
+from rllib_p3o.preflight import ModelPathError, absolute_if_local, absolute_paths, check_cluster_fits, check_model_path
 from rllib_p3o.runner.env import TextEnv, check_chat_dataset, make_reward_function, materialize_dataset
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
 from rllib_p3o.sampler import OnlineSource, Sampler
 from rllib_p3o.sync.payload import default_tolerance
+from rllib_p3o.sync.probe import PolicyDivergedError
 from rllib_p3o.sync.push import WeightSync
 from rllib_p3o.trial_reuse import RESETTABLE_KEYS, config_differences
 
@@ -94,9 +98,15 @@ __all__ = ["P3O", "P3OConfig"]
 logger = logging.getLogger(__name__)
 
 ESS_SCOPES = ("batch", "source")
+# env_config keys that may name files (`rllib_p3o.runner.env`).
+DATASET_KEYS = ("dataset", "eval_dataset")
 # Loss settings that were top-level config keys before `loss_config`.
 LEGACY_LOSS_KEYS = ("clip_low", "clip_high")
 LOGPROBS_MODES = ("processed", "raw")
+
+# P3O exists only on RLlib's new API stack: RLlib's notice that the new stack is now the default (a warning in every
+# process that validates a config, keyed by the algorithm class's name) is spent here, once, so that it never prints.
+log_once("P3O_on_new_api_stack")
 
 
 class P3OConfig(AlgorithmConfig):
@@ -188,6 +198,9 @@ class P3OConfig(AlgorithmConfig):
         self.add_default_connectors_to_learner_pipeline = False
         self.observation_space = TextEnv.observation_space_default()
         self.action_space = TextEnv.action_space_default()
+        # RLlib's own loggers: errors only (RLlib's default "WARN" shows its notices about its own internals), unless
+        # RLLIB_P3O_VERBOSE (`rllib_p3o.core.quiet`). ``.debugging(log_level="WARN")`` brings them back.
+        self.log_level = "WARN" if quiet.verbose() else "ERROR"
 
     def training(
         self,
@@ -240,7 +253,9 @@ class P3OConfig(AlgorithmConfig):
         """Sets the P3O training options.
 
         Args:
-            model: Hugging Face causal-LM directory (or hub id) of the policy; the tokenizer is loaded from it.
+            model: Hugging Face causal-LM directory (or hub id) of the policy; the tokenizer is loaded from it. A
+                relative directory is made absolute here (Tune runs each trial in a directory of its own); a path
+                that is neither a directory nor a hub id fails validation, naming it.
             model_dtype: The learner's weights and compute in one dtype, as before ``precision`` existed:
                 "float32" (default), "bfloat16" or "float16" mean ``precision`` "fp32", "bf16" and "fp16".
             precision: The learner's precision: "fp32" (default), "bf16-mixed" (float32 master weights and
@@ -322,17 +337,29 @@ class P3OConfig(AlgorithmConfig):
             offline_rescore_model: HF model that scores, once, offline rows without ``behavior_logprobs``.
             offline_max_seq_len: Longest prompt + completion of an offline row, in tokens.
             record_rollouts: Directory to which every sampled batch is written as trajectory Parquet: a local path
-                or a URI pyarrow's filesystems open (``s3://bucket/traj``, ``gs://...``, ``hdfs://...``; see the
+                (a relative one is made absolute here, not inside a Tune trial's directory) or a URI pyarrow's filesystems open (``s3://bucket/traj``, ``gs://...``, ``hdfs://...``; see the
                 offline guide). A scheme pyarrow has no filesystem for is refused at validation.
             log_completions: Rows of sample completions written after each iteration to
                 ``<trial dir>/completions/iter_<iteration>.parquet``: prompt, completion, reward, each reward
                 function's value, advantage and source, whole prompt groups (TRL's ``log_completions``). 0 (default)
                 writes none.
         """
+        # Relative paths are resolved here, where the script runs: Tune runs each trial in a directory of its own.
         if isinstance(model, (str, os.PathLike)):
-            self.policy_model = os.fspath(model)
+            self.policy_model = absolute_if_local(os.fspath(model))
         elif model is not NotProvided:
             kwargs["model"] = model  # RLlib's own (old-stack) model dict
+        if isinstance(behavior_models, list):
+            behavior_models = [
+                {**spec, "model": absolute_if_local(spec["model"])}
+                if isinstance(spec, dict) and "model" in spec
+                else spec
+                for spec in behavior_models
+            ]
+        if isinstance(offline_rescore_model, (str, os.PathLike)):
+            offline_rescore_model = absolute_if_local(os.fspath(offline_rescore_model))
+        if isinstance(record_rollouts, (str, os.PathLike)) and not storage.is_uri(record_rollouts):
+            record_rollouts = os.path.abspath(record_rollouts)  # an output directory: never inside a trial's directory
         super().training(**kwargs)
         for name, value in dict(
             model_dtype=model_dtype,
@@ -385,15 +412,18 @@ class P3OConfig(AlgorithmConfig):
     def environment(
         self, env: Any = NotProvided, *, env_config: Optional[Dict[str, Any]] = NotProvided, **kwargs
     ) -> Self:
-        """RLlib's ``environment``; a Hugging Face or Ray Data dataset in ``env_config`` (``dataset``,
-        ``eval_dataset``) is read into rows here, on the driver (`rllib_p3o.runner.env.materialize_dataset`)."""
+        """RLlib's ``environment``. In ``env_config`` (``dataset``, ``eval_dataset``), relative paths are made absolute
+        here, where the script runs (Tune reads them in each trial's own directory), and a Hugging Face or Ray Data
+        dataset is read into rows, on the driver (`rllib_p3o.runner.env.materialize_dataset`)."""
+        if isinstance(env_config, dict):
+            env_config = absolute_paths(env_config, DATASET_KEYS)
         super().environment(env, env_config=env_config, **kwargs)
         self._materialize_datasets()
         return self
 
     def _materialize_datasets(self) -> None:
         env_config = self.env_config or {}
-        for key in ("dataset", "eval_dataset"):
+        for key in DATASET_KEYS:
             value = env_config.get(key)
             if value is not None and not isinstance(value, (list, tuple, os.PathLike)):
                 rows = materialize_dataset(value, key)
@@ -537,8 +567,6 @@ class P3OConfig(AlgorithmConfig):
             self._value_error(
                 f"behavior models take {behavior_samples} samples per group, more than group_size={self.group_size}."
             )
-        if self.behavior_models and not self.in_evaluation:
-            check_same_tokenizer(self.policy_model, [s["model"] for s in self.behavior_models], self.trust_remote_code)
         if self.async_sampling and self.num_env_runners < 1 and not self.in_evaluation:
             self._value_error("async_sampling needs remote EnvRunners (num_env_runners >= 1).")
         for name in ("num_threads_per_learner", "num_threads_per_env_runner"):
@@ -553,6 +581,16 @@ class P3OConfig(AlgorithmConfig):
             make_reward_function(self.env_config or {})
         except (ValueError, ImportError, AttributeError) as e:
             self._value_error(f"env_config: {e}")
+        # The filesystem last, after the settings themselves.
+        try:
+            check_model_path("model", self.policy_model)
+            for i, spec in enumerate(self.behavior_models):
+                check_model_path(f"behavior_models[{i}]['model']", spec.get("model"))
+            check_model_path("offline_rescore_model", self.offline_rescore_model)
+        except ModelPathError as e:
+            self._value_error(str(e))
+        if self.behavior_models and not self.in_evaluation:
+            check_same_tokenizer(self.policy_model, [s["model"] for s in self.behavior_models], self.trust_remote_code)
         if self.policy_model and not self.in_evaluation:
             try:
                 check_chat_dataset(self.env_config or {}, self.policy_model, self.trust_remote_code)
@@ -664,17 +702,44 @@ P3O_STATE = "p3o"
 BATCH_RNG_STATE = "batch_rng"
 ROWS_TRAINED = "rows_trained"
 SKIPPED_NONFINITE = metrics.SKIPPED_NONFINITE_STEPS
+RESULT_COLUMNS = "result_columns"
+# RLlib's learning-rate figure of the default optimizer, under learners/<module>/.
+LEARNING_RATE = "default_optimizer_learning_rate"
+HELDOUT_REWARD = metrics.HELDOUT_REWARD
+
+
+class NothingToResumeError(RuntimeError):
+    """A Tune trial that has trained before is started again without a checkpoint: it would start over silently."""
 
 
 class P3O(Algorithm):
     """The P3O algorithm; see the module docstring for one training step."""
 
+    # What Tune prints of a trial's result when it completes or fails (its status table shows the same keys: they
+    # are the first top-level numbers of every result).
+    _progress_metrics = tuple(key for key, _ in metrics.SUMMARY)
+
     @classmethod
     def get_default_config(cls) -> P3OConfig:
         return P3OConfig()
 
+    @classmethod
+    def default_resource_request(cls, config):
+        """RLlib's (Tune asks for it on the driver, before the trial waits for resources), refused with the numbers
+        when the cluster could never meet it (`rllib_p3o.preflight.check_cluster_fits`) instead of a trial that
+        stays PENDING."""
+        request = super().default_resource_request(config)
+        if not isinstance(config, AlgorithmConfig):
+            config = cls.get_default_config().update_from_dict(config)
+        check_cluster_fits(config, include_main_process=True)
+        return request
+
     def setup(self, config: P3OConfig) -> None:
         t0 = time.perf_counter()
+        if ray.is_initialized() and ray.util.get_current_placement_group() is None:
+            # Built directly (``config.build_algo()``), not in a Tune trial that already holds its resources: the
+            # runners and learners start as actors of their own, which would wait forever for what is not there.
+            check_cluster_fits(config, include_main_process=False)
         try:
             super().setup(config)
         except Exception:
@@ -718,6 +783,10 @@ class P3O(Algorithm):
             max_staleness=config.max_staleness,
         )
         self._skipped_nonfinite = 0  # lifetime
+        self._result_columns = metrics.ResultColumns()  # fixed by the trial's first result (or its checkpoint)
+        self._first_result_after_restore = False
+        self._heldout_reward = float("nan")  # of the latest held-out evaluation
+        self._restore_metrics: Dict[str, float] = {}  # reported with the first result after a restore
         self._recorder = TrajectoryRecorder(config.record_rollouts) if config.record_rollouts else None
         self._sources = self.batch_sources()
         self._source_names = SourceNames(
@@ -867,8 +936,12 @@ class P3O(Algorithm):
             {
                 metrics.SKIPPED_NONFINITE_STEPS: self._skipped_nonfinite,
                 metrics.ROLLOUT_FP8_SIMULATED: float(cfg.rollout_weights.fp8_simulated),
+                # Every iteration, so that the key is a column from the first result on (`metrics.ResultColumns`).
+                metrics.GROUPS_RESAMPLED_AFTER_RESTORE: 0.0,
+                **self._restore_metrics,
             }
         )
+        self._restore_metrics = {}
         if self._runners.remote:
             self._log(
                 {
@@ -914,6 +987,61 @@ class P3O(Algorithm):
         res = self.evaluate_heldout()
         if res is not None:
             self._log({metrics.HELDOUT_PREFIX + k: v for k, v in res.items()})
+            self._heldout_reward = float(res.get(metrics.REWARD_MEAN, float("nan")))
+
+    # -- results: the summary first, the same columns in every result -----------------------------------------------
+
+    def train(self) -> Dict[str, Any]:
+        """RLlib's (Tune's) ``train``, refusing to start a trial over silently, with `metrics.ResultColumns`'s
+        columns."""
+        if not self.iteration:
+            self._refuse_silent_restart()
+        result = super().train()
+        only_known, self._first_result_after_restore = self._first_result_after_restore, False
+        return self._result_columns.apply(result, only_known=only_known)
+
+    def step(self) -> Dict[str, Any]:
+        """RLlib's ``step``, with the run's summary (`metrics.SUMMARY`) first: Tune's status table shows it. A
+        diverged policy (or too many non-finite steps in a row) is reported as divergence, with the learning rate."""
+        try:
+            result = super().step()
+        except PolicyDivergedError as e:
+            raise PolicyDivergedError(self._divergence_message(e)) from None
+        except NonFiniteStepError as e:
+            raise NonFiniteStepError(self._divergence_message(e)) from None
+        summary = {}
+        for key, path in metrics.SUMMARY:
+            value = self._heldout_reward if key == metrics.HELDOUT_REWARD else metrics.lookup(result, *path)
+            summary[key] = float(value) if value is not None else float("nan")
+        return {**summary, **result}
+
+    def _divergence_message(self, error: Exception) -> str:
+        lr = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, LEARNING_RATE), default=None)
+        if lr is None or not np.isfinite(lr):
+            lr = self.config.lr
+        lr = f"{lr:g}" if isinstance(lr, (int, float)) else f"schedule {lr}"
+        return (
+            f"Training diverged in iteration {int(self.iteration or 0) + 1} at lr={lr}: {_own_message(error)} "
+            "Lower the learning rate (.training(lr=...)); checkpoints written before this iteration hold the weights "
+            "from before the divergence."
+        )
+
+    def _refuse_silent_restart(self) -> None:
+        """Under Tune: raise `NothingToResumeError` if this trial has reported results before but starts without a
+        checkpoint (``Tuner.restore(..., resume_errored=True)`` or a retry of a run without checkpoints): it would
+        train from iteration 1 again, next to its earlier results. Nothing of those is touched."""
+        trial_storage = getattr(self, "_storage", None)
+        if trial_storage is None or getattr(trial_storage, "trial_dir_name", None) is None:
+            return  # not a Tune trial
+        reported, where = _reported_iterations(trial_storage)
+        if reported:
+            raise NothingToResumeError(
+                f"Nothing to resume from: trial {trial_storage.trial_dir_name} has reported {reported} iteration(s) before "
+                f"({where}) but Tune has no checkpoint of it, so it would start over from iteration 1. To resume "
+                "runs, checkpoint them: tune.RunConfig(checkpoint_config=tune.CheckpointConfig(checkpoint_frequency"
+                "=N, checkpoint_at_end=True)). To start this trial over, use tune.Tuner.restore(path, "
+                "trainable='P3O', restart_errored=True) (it gets a new directory; this one is kept)."
+            )
 
     # -- lifecycle, checkpoints, export ----------------------------------------------------------------------------
 
@@ -952,6 +1080,8 @@ class P3O(Algorithm):
             BATCH_RNG_STATE: self._rng.bit_generator.state,
             ROWS_TRAINED: self._rows_trained,
             SKIPPED_NONFINITE: self._skipped_nonfinite,
+            RESULT_COLUMNS: getattr(self, "_result_columns", metrics.ResultColumns()).columns,
+            HELDOUT_REWARD: getattr(self, "_heldout_reward", float("nan")),
         }
         return state
 
@@ -962,13 +1092,16 @@ class P3O(Algorithm):
             return
         for source in self._sources:
             if own.get(source.state_key) is not None:
-                self._log(source.set_state(own[source.state_key]))
+                self._restore_metrics.update(source.set_state(own[source.state_key]))
         self._rng.bit_generator.state = own[BATCH_RNG_STATE]
         self._rows_trained = int(own[ROWS_TRAINED])
         self._skipped_nonfinite = int(own.get(SKIPPED_NONFINITE, 0))
+        self._result_columns = metrics.ResultColumns(own.get(RESULT_COLUMNS))
+        self._heldout_reward = float(own.get(HELDOUT_REWARD, float("nan")))
 
     def restore_from_path(self, path, *args, **kwargs):
         super().restore_from_path(path, *args, **kwargs)
+        self._first_result_after_restore = True
         self._weight_sync.push_restored(int(self.iteration or 0))
         if self._recorder is not None:  # iterations after the checkpoint are recorded again, not twice
             self._recorder.forget_after(int(self.iteration or 0))
@@ -1008,3 +1141,29 @@ class P3O(Algorithm):
         finally:
             shutil.rmtree(here, ignore_errors=True)
         return os.fspath(path)
+
+
+def _own_message(error: Exception) -> str:
+    """An error's own message: a remote learner's arrives as a Ray task error (with the remote traceback in its text)
+    whose ``cause`` is the original."""
+    return str(getattr(error, "cause", None) or error).strip()
+
+
+def _reported_iterations(trial_storage: Any) -> Tuple[int, str]:
+    """How many results a Tune trial has reported so far (the lines of its result.json), and where: on the storage
+    filesystem, or in the driver's staging copy when it is on this node (Tune syncs it to storage now and then)."""
+    from ray.tune.result import EXPR_RESULT_FILE
+
+    counts = []
+    try:
+        with trial_storage.storage_filesystem.open_input_stream(
+            f"{trial_storage.trial_fs_path}/{EXPR_RESULT_FILE}"
+        ) as f:
+            counts.append((f.read().count(b"\n"), f"{trial_storage.trial_fs_path}/{EXPR_RESULT_FILE}"))
+    except (FileNotFoundError, OSError):
+        pass
+    staged = os.path.join(trial_storage.trial_driver_staging_path, EXPR_RESULT_FILE)
+    if os.path.isfile(staged):
+        with open(staged, "rb") as f:
+            counts.append((f.read().count(b"\n"), staged))
+    return max(counts, default=(0, ""))

@@ -1,29 +1,25 @@
-"""What a person sees of a long run: quiet libraries, a one-line-per-iteration Tune callback, the training curves."""
+"""What a person sees of a long run: quiet libraries, a status table with a row per iteration (a Tune callback), the
+training curves."""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
-import time
 import warnings
 from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 from ray import tune
 
-from rllib_p3o.core import metrics
+from rllib_p3o.core import metrics, quiet
 
 if TYPE_CHECKING:
     import pandas
 
-# Settings that keep library chatter (start-up banners, deprecation notices, weight-loading bars) off the user's
-# screen. Errors still show: only levels below ERROR are hidden.
+# `quiet_library_output`'s settings: those ``import rllib_p3o`` applies by default (`rllib_p3o.core.quiet`), and
+# Tune's classic output engine and every Python warning for the worker processes. Errors still show.
 QUIET_ENV = {
-    "VLLM_LOGGING_LEVEL": "ERROR",
-    "TRANSFORMERS_VERBOSITY": "error",
-    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
+    **quiet.QUIET_ENV,
     "RAY_DEDUP_LOGS": "1",
     "RAY_AIR_NEW_OUTPUT": "0",  # Tune's classic output: with verbose=0 no config box or TensorBoard hint
     "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning,ignore::UserWarning",
@@ -31,8 +27,10 @@ QUIET_ENV = {
 
 
 def quiet_library_output() -> Dict[str, str]:
-    """Silence Ray/RLlib/Tune, transformers and vLLM below ERROR in this process; returns the environment variables
-    to hand to Ray workers (``ray.init(runtime_env={"env_vars": ...})``). Call it before those libraries start."""
+    """Silence Ray/RLlib/Tune, transformers and vLLM below ERROR in this process, whatever ``RLLIB_P3O_VERBOSE``
+    says (the examples' scripts); returns the environment variables to hand to Ray workers
+    (``ray.init(runtime_env={"env_vars": ...})``). Call it before those libraries start. ``import rllib_p3o`` already
+    does most of this by default (`rllib_p3o.core.quiet`)."""
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     for category in (DeprecationWarning, FutureWarning, UserWarning):
@@ -51,8 +49,8 @@ CURVES = (
 )
 
 
-def _fmt(v) -> str:
-    return "   -  " if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:6.3f}"
+def _fmt(v, spec: str = "{:.3f}") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
 
 
 def _clock(seconds: float) -> str:
@@ -61,11 +59,29 @@ def _clock(seconds: float) -> str:
 
 
 class IterationPrinter(tune.Callback):
-    """One line every ``every`` iterations: elapsed time, ETA, train reward, held-out accuracy, ESS, signal, time split.
+    """A status table with one row every ``every`` iterations: the iteration, elapsed time and the longest time left,
+    train reward, held-out reward (the latest evaluation), ESS, tokens/s, the share of groups without signal and
+    where the iteration's time went.
 
-    With ``time_limit`` (seconds of training) and/or ``max_iterations`` the line gives the longest time left until
-    the run stops (the target, if any, can only end it sooner), from the mean iteration time so far.
+    With Tune's own status table off (``tune.RunConfig(verbose=0)``: no config box either), it is the screen of a
+    run: ``tune.RunConfig(..., callbacks=[IterationPrinter()], verbose=0)``. With ``time_limit`` (seconds of
+    training) and/or ``max_iterations`` the row gives the longest time left until the run stops (a target can only
+    end it sooner), from the mean iteration time so far; Tune's ``stop={"training_iteration": N}`` counts too.
     """
+
+    COLUMNS = (
+        ("iter", 6),
+        ("time", 7),
+        ("left", 7),
+        ("reward", 8),
+        ("held-out", 9),
+        ("ESS", 7),
+        ("tokens/s", 9),
+        ("w/o signal", 11),
+        ("gen s", 7),
+        ("train s", 8),
+        ("sync s", 7),
+    )
 
     def __init__(
         self,
@@ -78,35 +94,52 @@ class IterationPrinter(tune.Callback):
         self.time_limit = time_limit
         self.max_iterations = max_iterations
         self.target = target
-        self._t0: Optional[float] = None
+        self._header_printed = False
 
-    def _time_left(self, it: int, elapsed: float) -> Optional[float]:
+    def _time_left(self, it: int, elapsed: float, max_iterations: Optional[int] = None) -> Optional[float]:
         bounds = []
+        max_iterations = self.max_iterations if self.max_iterations is not None else max_iterations
         if self.time_limit is not None:
             bounds.append(self.time_limit - elapsed)
-        if self.max_iterations is not None and it > 0:
-            bounds.append((self.max_iterations - it) * elapsed / it)
+        if max_iterations is not None and it > 0:
+            bounds.append((max_iterations - it) * elapsed / it)
         return min(bounds) if bounds else None
 
+    def header(self) -> str:
+        target = f"   (held-out target {self.target:.2f})" if self.target is not None else ""
+        return "".join(f"{name:>{width}}" for name, width in self.COLUMNS) + target
+
+    def row(self, result: Dict, max_iterations: Optional[int] = None) -> str:
+        """The table row of one result (`rllib_p3o.core.metrics.SUMMARY` and p3o/ figures)."""
+        it = result.get("training_iteration", 0)
+        p = result.get(metrics.P3O, {})
+        elapsed = result.get("time_total_s", 0.0)
+        left = self._time_left(it, elapsed, max_iterations)
+        cells = (
+            str(it),
+            _clock(elapsed),
+            "≤" + _clock(left) if left is not None else "-",
+            _fmt(result.get(metrics.REWARD)),
+            _fmt(result.get(metrics.HELDOUT_REWARD)),
+            _fmt(result.get(metrics.SUMMARY_ESS)),
+            _fmt(result.get(metrics.TOKENS_PER_S), "{:.0f}"),
+            _fmt(p.get(metrics.GROUPS_WITHOUT_SIGNAL)),
+            _fmt(p.get(metrics.TIME_GENERATE_S), "{:.2f}"),
+            _fmt(p.get(metrics.TIME_TRAIN_S), "{:.2f}"),
+            _fmt(p.get(metrics.TIME_SYNC_S), "{:.2f}"),
+        )
+        return "".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, self.COLUMNS))
+
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._t0 = self._t0 or time.time()
         it = result.get("training_iteration", 0)
         if it % self.every and it != 1:
             return
-        p = result.get(metrics.P3O, {})
-        lr = metrics.lookup(result, *metrics.LEARNER) or {}
-        elapsed = result.get("time_total_s", 0.0)
-        left = self._time_left(it, elapsed)
-        eta = f"  ≤{_clock(left)} left" if left is not None else ""
-        target = f" (target {self.target:.2f})" if self.target is not None else ""
-        print(
-            f"iter {it:4d}  {_clock(elapsed)} elapsed{eta}  reward {_fmt(p.get(metrics.REWARD_MEAN))}  "
-            f"held-out {_fmt(p.get(metrics.HELDOUT_REWARD_MEAN))}{target}  ess {_fmt(lr.get(metrics.ESS))}  "
-            f"groups w/o signal {_fmt(p.get(metrics.GROUPS_WITHOUT_SIGNAL))}  "
-            f"gen {p.get(metrics.TIME_GENERATE_S, 0):.2f}s train {p.get(metrics.TIME_TRAIN_S, 0):.2f}s "
-            f"sync {p.get(metrics.TIME_SYNC_S, 0):.2f}s",
-            flush=True,
-        )
+        if not self._header_printed:
+            print(self.header(), flush=True)
+            self._header_printed = True
+        # Tune's stop={"training_iteration": N}, when the run stops at a fixed iteration.
+        stop = getattr(trial, "stopping_criterion", None) or {}
+        print(self.row(result, stop.get("training_iteration") if isinstance(stop, dict) else None), flush=True)
 
 
 def plot_training_curves(

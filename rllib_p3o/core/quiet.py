@@ -1,0 +1,77 @@
+"""Library output a user cannot act on, kept off the screen by default in every process of a run.
+
+``import rllib_p3o`` calls `quiet_libraries` in each process that loads the package: the driver, Tune's trial
+actor, the EnvRunners and the learners (Ray workers import the package before they unpickle its classes, so before
+vLLM, transformers or RLlib speak there). What is hidden: vLLM's and transformers' start-up and loading logs below
+ERROR, the Hugging Face and vLLM progress bars, RLlib's and Tune's warnings about themselves (API-stack notices,
+deprecations of their own internals, slow-setup hints), and Python warnings raised inside those libraries.
+What stays: every error, rllib-p3o's own warnings, and warnings raised by the user's code.
+
+``RLLIB_P3O_VERBOSE=1`` in the environment (before Ray starts, so that its workers inherit it) shows all of it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from typing import Dict
+
+# The one setting that brings the libraries' output back.
+VERBOSE_ENV = "RLLIB_P3O_VERBOSE"
+
+# Environment defaults, read by the libraries when they are imported (and by Ray workers started afterwards, which
+# inherit the driver's environment). Set only where the user has not set them.
+QUIET_ENV = {
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+# Loggers held at ERROR, each unless the user set the environment variable named beside it to another level. (vLLM
+# and transformers read theirs at import; these levels matter where they were imported before us.) "ray.rllib" by
+# name: RLlib gives that logger a level of its own, from the config's ``log_level``, which P3OConfig defaults to
+# ERROR for the same reason.
+QUIET_LOGGERS = {
+    "vllm": "VLLM_LOGGING_LEVEL",
+    "transformers": "TRANSFORMERS_VERBOSITY",
+    "ray.rllib": None,
+    # Ray's deprecation notices: RLlib's RLModule warns about its own internals in every process that builds one.
+    "ray._common.deprecation": None,
+    "ray.tune": None,
+    "ray.train": None,
+    "ray.data": None,
+    "torch": None,
+    "peft": None,
+}
+# Python warnings raised inside these packages (DeprecationWarning, FutureWarning, UserWarning) are ignored.
+QUIET_WARNING_MODULES = r"(vllm|transformers|torch|ray|peft|huggingface_hub|gymnasium|pyarrow)(\.|$)"
+
+
+def verbose() -> bool:
+    """Whether ``RLLIB_P3O_VERBOSE`` asks for the libraries' full output."""
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def quiet_libraries() -> Dict[str, str]:
+    """Hide the libraries' chatter below ERROR in this process (see the module docstring), unless `verbose`.
+
+    Returns the environment defaults it applies (empty when verbose), for Ray workers started with a
+    ``runtime_env`` of their own. Idempotent; only levels below ERROR are hidden.
+    """
+    if verbose():
+        return {}
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    for category in (DeprecationWarning, FutureWarning, UserWarning):
+        warnings.filterwarnings("ignore", category=category, module=QUIET_WARNING_MODULES)
+    for name, env in QUIET_LOGGERS.items():
+        if env is None or os.environ[env].upper() == QUIET_ENV[env].upper():
+            logging.getLogger(name).setLevel(logging.ERROR)
+    if "transformers" in sys.modules:  # imported before us: its progress bars read the environment at import
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    return dict(QUIET_ENV)

@@ -1,0 +1,136 @@
+"""Checks of a config against the world it will run in, before anything starts: the Ray cluster's CPUs and GPUs, and
+model and data paths (a relative path would be read from Tune's trial directory, not from where the script ran).
+
+A request the cluster can never meet would otherwise leave a Tune trial PENDING forever (or ``build_algo()``
+waiting for actors that never start); a model path that is neither a directory nor a hub id would surface as a
+transformers error about repository names.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import ray
+
+# Ray's cluster launcher writes this file on the head node of an autoscaling cluster (Tune's own test for one,
+# `ray.tune.execution.cluster_info`): there, a request beyond today's nodes may be met by new ones.
+AUTOSCALER_BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
+RESOURCES = ("CPU", "GPU")
+
+
+class ClusterTooSmallError(ValueError):
+    """The config asks for more CPUs or GPUs than the Ray cluster has; the message gives both, by role."""
+
+
+class ModelPathError(ValueError):
+    """A model path that is neither a directory nor a Hugging Face hub id."""
+
+
+# (who, the settings that size its CPUs and GPUs)
+MAIN_PROCESS = ("the algorithm", {"CPU": "num_cpus_for_main_process", "GPU": "num_gpus_per_learner, a local learner"})
+ENV_RUNNER = ("EnvRunners", {"CPU": "num_cpus_per_env_runner", "GPU": "num_gpus_per_env_runner"})
+LEARNER = ("learners", {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_learner"})
+Role = Tuple[str, Dict[str, str]]
+
+
+def resource_request(config: Any, include_main_process: bool = True) -> List[Tuple[Role, Dict[str, float]]]:
+    """``[(role, {"CPU": n, "GPU": m}), ...]``: the Ray resources of the algorithm's process (Tune's trial actor,
+    with a local learner's), each EnvRunner and each learner, as RLlib computes them
+    (`Algorithm.default_resource_request`)."""
+    from ray.rllib.algorithms.utils import _get_env_runner_bundles, _get_learner_bundles, _get_main_process_bundle
+
+    roles: List[Tuple[Role, Dict[str, float]]] = []
+    if include_main_process:
+        roles.append((MAIN_PROCESS, _get_main_process_bundle(config)))
+    roles += [(ENV_RUNNER, bundle) for bundle in _get_env_runner_bundles(config)]
+    roles += [(LEARNER, bundle) for bundle in _get_learner_bundles(config)]
+    return roles
+
+
+def check_cluster_fits(config: Any, include_main_process: bool = True) -> None:
+    """Raise `ClusterTooSmallError` where the config asks for more CPUs or GPUs than the running Ray cluster has in
+    all (not just free now: other trials may hold some). Nothing is checked without a running Ray or on an
+    autoscaling cluster."""
+    if not ray.is_initialized() or os.path.exists(os.path.expanduser(AUTOSCALER_BOOTSTRAP_CONFIG)):
+        return
+    cluster = ray.cluster_resources()
+    roles = resource_request(config, include_main_process)
+    short = []
+    for resource in RESOURCES:
+        asked = sum(float(bundle.get(resource, 0) or 0) for _, bundle in roles)
+        have = float(cluster.get(resource, 0))
+        if asked > have + 1e-9:
+            short.append(f"{_num(asked)} {resource}s: {_breakdown(roles, resource)}; the cluster has {_num(have)}")
+    if short:
+        raise ClusterTooSmallError(
+            "This config asks for more than the Ray cluster has, so it could never start. It asks for "
+            + ". It asks for ".join(short)
+            + ". Ask for less (.env_runners(...), .learners(num_learners=..., num_gpus_per_learner=...), "
+            "num_cpus_for_main_process) or give Ray more (ray.init(num_cpus=...), nodes with GPUs)."
+        )
+
+
+def check_model_path(name: str, path: Optional[str]) -> None:
+    """Raise `ModelPathError` unless ``path`` is a directory or could be a Hugging Face hub id (``name`` or
+    ``namespace/name``, that transformers and vLLM would download). A path under an existing local directory
+    (``runs/no-such-model``) is taken for a local path, not for a hub id."""
+    if path is None or os.path.isdir(path):
+        return
+    if os.path.exists(path):
+        raise ModelPathError(
+            f"{name}={path!r} is a file; it must be a model directory (config.json, weights, tokenizer)."
+        )
+    if not _could_be_hub_id(path):
+        raise ModelPathError(
+            f"{name}={path!r}: no such directory"
+            + (f" (relative to {os.getcwd()})" if not os.path.isabs(path) else "")
+            + ", and not a Hugging Face hub id ('name' or 'namespace/name') either."
+        )
+
+
+def absolute_if_local(path: Any) -> Any:
+    """``path`` made absolute if it is a relative path to something that exists here; anything else unchanged.
+    Tune runs each trial in a directory of its own, so relative paths must be resolved where the config is made."""
+    if isinstance(path, (str, os.PathLike)) and not os.path.isabs(path) and os.path.exists(path):
+        return os.path.abspath(path)
+    return path
+
+
+def absolute_paths(mapping: Mapping[str, Any], keys: Sequence[str]) -> Dict[str, Any]:
+    """A copy of ``mapping`` with the values of ``keys`` passed through `absolute_if_local`."""
+    return {k: absolute_if_local(v) if k in keys else v for k, v in mapping.items()}
+
+
+def _could_be_hub_id(path: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if path.startswith(("/", ".", "~")) or path.count("/") > 1:
+        return False
+    if "/" in path and os.path.isdir(path.split("/", 1)[0]):
+        return False  # "runs/model": a local directory that does not exist
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _breakdown(roles: List[Tuple[Role, Dict[str, float]]], resource: str) -> str:
+    """ "1 for the algorithm (num_cpus_for_main_process) + 1 for each of 2 learners (num_cpus_per_learner)"."""
+    counts: Dict[Tuple[str, str, float], int] = {}
+    for (who, settings), bundle in roles:
+        amount = float(bundle.get(resource, 0) or 0)
+        if amount:
+            key = (who, settings[resource], amount)
+            counts[key] = counts.get(key, 0) + 1
+    return " + ".join(
+        f"{_num(amount)} for {who} ({setting})"
+        if who == MAIN_PROCESS[0]
+        else f"{_num(amount)} for each of {n} {who} ({setting})"
+        for (who, setting, amount), n in counts.items()
+    )
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"

