@@ -58,6 +58,10 @@ RUN_KEYS = ("name", "storage_path", "stop", "target", "checkpoint", "progress_ev
 TRACKERS = ("wandb", "mlflow")
 
 
+# As the README's Tune example: a run that is interrupted resumes from its latest checkpoint, not from iteration 1.
+DEFAULT_CHECKPOINT = {"checkpoint_frequency": 10, "checkpoint_at_end": True}
+
+
 class ConfigFileError(ValueError):
     """The config file is invalid; the message names the file and the key."""
 
@@ -227,7 +231,7 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
             name=name,
             storage_path=storage,
             stop=stop or None,
-            checkpoint_config=tune.CheckpointConfig(**(run.get("checkpoint") or {"checkpoint_at_end": True})),
+            checkpoint_config=tune.CheckpointConfig(**(run.get("checkpoint") or DEFAULT_CHECKPOINT)),
             callbacks=_callbacks(run, target),
             verbose=0,
         )
