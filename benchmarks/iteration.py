@@ -1,7 +1,7 @@
 """Per-iteration time split of P3O, and vLLM vs transformers generation on the same batch.
 
     python benchmarks/iteration.py [--iterations 30] [--out benchmarks/results/iteration.json]
-    python benchmarks/iteration.py --max-tokens 16 128 512 [--size 2.44M] [--mode sync async]
+    python benchmarks/iteration.py --max-tokens 16 128 512 [--size 2.44M] [--mode sync async] [--vllm-compiled]
         [--out benchmarks/results/iteration_lengths.json]
 
 Without ``--max-tokens``: the demo setting (64 prompts x 8 completions of at most 3 tokens, the demo's base model).
@@ -28,14 +28,18 @@ import time
 from _report import write_report
 
 
-def _engine_benchmark(model: str, prompts: list, n: int, max_tokens: int, spread: bool, repeats: int = 3) -> dict:
+def _engine_benchmark(
+    model: str, prompts: list, n: int, max_tokens: int, spread: bool, repeats: int = 3, compiled: bool = False
+) -> dict:
     """Warm generation of one batch with vLLM (as a runner's engine: sampled-token log-probs, seeded requests) and
     with `transformers.generate`, each in a 1-CPU Ray actor. ``spread``: completions end at EOS (the spread-length
-    model), else every completion runs to ``max_tokens``."""
+    model), else every completion runs to ``max_tokens``. ``compiled``: also vLLM with its compiled model
+    (``enforce_eager=False``, the runners' ``vllm_kwargs={"enforce_eager": False}``), which pays its compilation
+    when the engine starts."""
     import ray
 
     @ray.remote(num_cpus=1)
-    def bench_vllm():
+    def bench_vllm(enforce_eager: bool = True):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from transformers import AutoTokenizer
         from vllm import LLM, SamplingParams
@@ -43,10 +47,11 @@ def _engine_benchmark(model: str, prompts: list, n: int, max_tokens: int, spread
 
         tok = AutoTokenizer.from_pretrained(model)
         ids = [TokensPrompt(prompt_token_ids=tok(p).input_ids) for p in prompts]
+        t_start = time.perf_counter()
         llm = LLM(
             model=model,
             dtype="float32",
-            enforce_eager=True,
+            enforce_eager=enforce_eager,
             kv_cache_memory_bytes=256 << 20,
             max_model_len=max_tokens + 32,
             generation_config="vllm",
@@ -61,6 +66,7 @@ def _engine_benchmark(model: str, prompts: list, n: int, max_tokens: int, spread
                 for g in range(len(ids))
             ]
 
+        started = time.perf_counter() - t_start
         llm.generate(ids, params(0), use_tqdm=False)  # warm-up (first call pays kernel set-up)
         times, tokens = [], []
         for call in range(1, repeats + 1):
@@ -68,7 +74,7 @@ def _engine_benchmark(model: str, prompts: list, n: int, max_tokens: int, spread
             out = llm.generate(ids, params(call), use_tqdm=False)
             times.append(time.perf_counter() - t0)
             tokens.append(sum(len(c.token_ids) for o in out for c in o.outputs))
-        return {"seconds": sum(times), "tokens": sum(tokens)}
+        return {"seconds": sum(times), "tokens": sum(tokens), "engine_start_s": started}
 
     @ray.remote(num_cpus=1)
     def bench_hf():
@@ -109,13 +115,26 @@ def _engine_benchmark(model: str, prompts: list, n: int, max_tokens: int, spread
         return {"seconds": sum(times), "tokens": sum(tokens)}
 
     v, h = ray.get(bench_vllm.remote()), ray.get(bench_hf.remote())
-    return {
+    report = {
         "batch": f"{len(prompts)} prompts x {n} samples, at most {max_tokens} tokens"
         + (" (ending at EOS)" if spread else ""),
         "vllm_tokens_per_s": v["tokens"] / v["seconds"],
+        "vllm_engine_start_s": v["engine_start_s"],
         "hf_tokens_per_s": h["tokens"] / h["seconds"],
         "vllm_over_hf": (v["tokens"] / v["seconds"]) / (h["tokens"] / h["seconds"]),
     }
+    if compiled:
+        c = ray.get(bench_vllm.remote(False))
+        report["vllm_compiled_tokens_per_s"] = c["tokens"] / c["seconds"]
+        report["vllm_compiled_engine_start_s"] = c["engine_start_s"]
+        report["vllm_compiled_over_hf"] = report["vllm_compiled_tokens_per_s"] / report["hf_tokens_per_s"]
+    print(
+        f"engines, {report['batch']}: vLLM {report['vllm_tokens_per_s']:.0f} tokens/s, "
+        + (f"vLLM compiled {report['vllm_compiled_tokens_per_s']:.0f}, " if compiled else "")
+        + f"transformers generate {report['hf_tokens_per_s']:.0f}",
+        flush=True,
+    )
+    return report
 
 
 def run_iterations(config, warmup: int, iterations: int, label: str = "") -> dict:
@@ -146,6 +165,7 @@ def run_iterations(config, warmup: int, iterations: int, label: str = "") -> dic
                     "completions": p[metrics.NUM_COMPLETIONS],
                     "completion_len_mean": p[metrics.COMPLETION_LEN_MEAN],
                     "padding_share": learner.get(metrics.PADDING_SHARE, float("nan")),
+                    "padding_share_unbucketed": learner.get(metrics.PADDING_SHARE_UNBUCKETED, float("nan")),
                     # π_old's forward pass, part of the learner update (losses that need it)
                     "old_logprobs_s": learner.get(metrics.OLD_LOGPROBS_S, 0.0),
                 }
@@ -157,7 +177,7 @@ def run_iterations(config, warmup: int, iterations: int, label: str = "") -> dic
                 if i < warmup
                 else f"gen {rows[-1]['generate_s']:.2f}s  learn {rows[-1]['learner_update_s']:.2f}s  "
                 f"sync {rows[-1]['weight_sync_s']:.3f}s  other {rows[-1]['other_s']:.2f}s  "
-                f"padding {rows[-1]['padding_share']:.2f}"
+                f"padding {rows[-1]['padding_share']:.2f} (unbucketed {rows[-1]['padding_share_unbucketed']:.2f})"
             ),
             flush=True,
         )
@@ -223,7 +243,7 @@ def lengths(args) -> dict:
             )
         prompts = [r["prompt"] for r in task_rows()[:PROMPTS_PER_STEP]]
         report["runs"][f"max_tokens={max_tokens}/engines"] = _engine_benchmark(
-            model, prompts, GROUP_SIZE, max_tokens, True
+            model, prompts, GROUP_SIZE, max_tokens, True, compiled=args.vllm_compiled
         )
     return report
 
@@ -240,6 +260,11 @@ def main() -> None:
     parser.add_argument("--size", default="2.44M", help="model size of the spread-length setting")
     parser.add_argument("--mode", nargs="+", default=["sync", "async"], choices=["sync", "async"])
     parser.add_argument("--models-dir", default="runs/peer_trl")
+    parser.add_argument(
+        "--vllm-compiled",
+        action="store_true",
+        help="engine comparison: also vLLM's compiled model (enforce_eager=False)",
+    )
     parser.add_argument("--out", help="default: benchmarks/results/iteration.json (iteration_lengths.json)")
     args = parser.parse_args()
 

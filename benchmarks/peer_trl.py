@@ -115,6 +115,7 @@ def run_project(model: str, mode: str, steps: int, max_tokens: int) -> Dict:
                     "trained_tokens_per_s": p[metrics.TRAINED_TOKENS_PER_S],
                     "completion_len_mean": p[metrics.COMPLETION_LEN_MEAN],
                     "padding_share": learner.get(metrics.PADDING_SHARE, float("nan")),
+                    "padding_share_unbucketed": learner.get(metrics.PADDING_SHARE_UNBUCKETED, float("nan")),
                     "learner_wait_s": p.get(metrics.LEARNER_WAIT_FOR_DATA_S, 0.0),
                     "runner_idle_s": res.get("env_runners", {}).get(metrics.IDLE_TIME_S, 0.0),
                     **{k: v for k, v in p.items() if k.startswith(metrics.SYNC_PREFIX)},

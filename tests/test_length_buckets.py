@@ -10,7 +10,13 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from rllib_p3o.core.objectives import p3o_loss
 from rllib_p3o.learner.length_buckets import Bucket, padding_share, plan_buckets
-from rllib_p3o.learner.rl_module import REAL_TOKENS, TOKEN_LOGP, TOKEN_POSITIONS, HFCausalLMRLModule
+from rllib_p3o.learner.rl_module import (
+    LONGEST_ROW_POSITIONS,
+    REAL_TOKENS,
+    TOKEN_LOGP,
+    TOKEN_POSITIONS,
+    HFCausalLMRLModule,
+)
 from rllib_p3o.runner.env import TextEnv
 
 
@@ -92,6 +98,7 @@ def test_bucketed_forward_equals_the_padded_one_in_logprobs_loss_ess_and_gradien
     assert padded[TOKEN_POSITIONS] == rows * width
     assert bucketed[REAL_TOKENS] == float(lengths.sum())
     assert bucketed[TOKEN_POSITIONS] == float(lengths.sum())  # call cost 0: a bucket per length, no padding
+    assert bucketed[LONGEST_ROW_POSITIONS] == padded[LONGEST_ROW_POSITIONS] == rows * lengths.max()
     valid = completion.bool()
     torch.testing.assert_close(bucketed[TOKEN_LOGP][valid], padded[TOKEN_LOGP][valid], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss_b, loss_p, atol=1e-6, rtol=1e-5)

@@ -134,6 +134,8 @@ MISMATCH_NUM_TOKENS = "mismatch_num_tokens"
 # Share of the token positions the learner's forward passes computed that were padding (rows run in buckets of
 # similar length, `rllib_p3o.learner.length_buckets`), over an update's minibatches.
 PADDING_SHARE = "padding_share"
+# The same share had every row been padded to the longest row of its minibatch (as without length buckets).
+PADDING_SHARE_UNBUCKETED = "padding_share_unbucketed"
 # Seconds the learner spent recomputing π_old before an update (losses that need it: grpo_tis, grpo_seq_mask, ...).
 OLD_LOGPROBS_S = "old_logprobs_s"
 

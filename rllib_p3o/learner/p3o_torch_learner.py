@@ -35,7 +35,14 @@ from rllib_p3o.core import metrics, objectives
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.losses import LossInputs, get_loss
 from rllib_p3o.core.sources import POLICY_SOURCE_ID
-from rllib_p3o.learner.rl_module import REAL_TOKENS, TOKEN_ENTROPY, TOKEN_LOGP, TOKEN_POSITIONS, load_causal_lm
+from rllib_p3o.learner.rl_module import (
+    LONGEST_ROW_POSITIONS,
+    REAL_TOKENS,
+    TOKEN_ENTROPY,
+    TOKEN_LOGP,
+    TOKEN_POSITIONS,
+    load_causal_lm,
+)
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -78,12 +85,12 @@ class P3OTorchLearner(TorchLearner):
         self._loss = get_loss(self.config.loss)
         self._loss_settings = self.config.loss_settings()
         self._measure_mismatch = False  # set at the start of each update, for its first minibatch
-        self._token_positions = [0.0, 0.0]
+        self._token_positions = [0.0, 0.0, 0.0]
 
     def update(self, *args: Any, batch: Any = None, training_data: Any = None, **kwargs: Any) -> Any:
         # The first minibatch of an update meets the weights that sampled the fresh rows: measure the mismatch there.
         self._measure_mismatch = True
-        self._token_positions = [0.0, 0.0]  # real tokens, computed positions: over this update's minibatches
+        self._token_positions = [0.0, 0.0, 0.0]  # real tokens, computed, padded to the longest row: over an update
         if self._loss.needs_old_logprobs:
             if training_data is None:
                 training_data = TrainingData(batch=batch)
@@ -188,8 +195,15 @@ class P3OTorchLearner(TorchLearner):
         if fwd_out.get(TOKEN_POSITIONS):
             self._token_positions[0] += fwd_out[REAL_TOKENS]
             self._token_positions[1] += fwd_out[TOKEN_POSITIONS]
-            padding = 1.0 - self._token_positions[0] / self._token_positions[1]
-            self.metrics.log_value((module_id, metrics.PADDING_SHARE), padding, window=1)
+            self._token_positions[2] += fwd_out[LONGEST_ROW_POSITIONS]
+            real, computed, unbucketed = self._token_positions
+            self.metrics.log_dict(
+                {
+                    (module_id, metrics.PADDING_SHARE): 1.0 - real / computed,
+                    (module_id, metrics.PADDING_SHARE_UNBUCKETED): 1.0 - real / unbucketed,
+                },
+                window=1,
+            )
         self._loss_stats = {metrics.LOSS: float(loss.detach()), metrics.ESS: float(ess)}
         self._nonfinite_inputs = _nonfinite_inputs(batch, mask)
         if self._measure_mismatch and Columns.STALENESS in batch:

@@ -42,6 +42,8 @@ TOKEN_ENTROPY = "token_entropy"
 # Token positions the forward pass computed and real tokens among them (floats; for the learner's padding metric).
 TOKEN_POSITIONS = "token_positions"
 REAL_TOKENS = "real_tokens"
+# What padding every row to the batch's longest would have computed (for the padding share without buckets).
+LONGEST_ROW_POSITIONS = "longest_row_positions"
 
 # Full-batch float32 logits below this size are computed in one piece, without chunks or recomputation.
 HEAD_CHUNKING_MIN_BYTES = 64 * 2**20
@@ -138,7 +140,8 @@ class HFCausalLMRLModule(TorchRLModule):
         rows, width = input_ids.shape
         if not _is_right_padded(attention_mask):  # (never from our batching): the whole batch, masked as given
             out = self._forward_rows(input_ids, attention_mask, with_entropy)
-            out.update({TOKEN_POSITIONS: float(rows * width), REAL_TOKENS: float(attention_mask.sum())})
+            real = float(attention_mask.sum())
+            out.update({TOKEN_POSITIONS: float(rows * width), REAL_TOKENS: real, LONGEST_ROW_POSITIONS: rows * width})
             return out
         lengths = attention_mask.sum(-1).clamp(min=2).cpu().numpy()
         buckets = plan_buckets(lengths, self.bucket_call_cost)
@@ -154,6 +157,7 @@ class HFCausalLMRLModule(TorchRLModule):
         out = {k: torch.cat([p[k] for p in parts])[inverse] for k in parts[0]}
         out[TOKEN_POSITIONS] = float(sum(len(b.rows) * b.width for b in buckets))
         out[REAL_TOKENS] = float(lengths.sum())
+        out[LONGEST_ROW_POSITIONS] = float(rows * lengths.max())
         return out
 
     def _forward_rows(
