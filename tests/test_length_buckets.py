@@ -8,8 +8,15 @@ import pytest
 import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from rllib_p3o import P3OConfig
 from rllib_p3o.core.objectives import p3o_loss
-from rllib_p3o.learner.length_buckets import Bucket, padding_share, plan_buckets
+from rllib_p3o.learner.length_buckets import (
+    DEFAULT_CALL_COST_TOKENS,
+    Bucket,
+    bucket_call_cost,
+    padding_share,
+    plan_buckets,
+)
 from rllib_p3o.learner.rl_module import (
     LONGEST_ROW_POSITIONS,
     REAL_TOKENS,
@@ -69,6 +76,17 @@ def module(tiny_model):
         model_config={"model": tiny_model},
     )
     return spec.build()
+
+
+def test_the_length_buckets_setting_and_its_validation(tiny_model):
+    assert bucket_call_cost(True) == DEFAULT_CALL_COST_TOKENS
+    assert bucket_call_cost(False) == float("inf")
+    assert bucket_call_cost(0) == 0.0 and bucket_call_cost(300) == 300.0
+    config = P3OConfig().environment(env_config={"dataset": [{"prompt": "1+1="}]}).training(model=tiny_model)
+    config.rl_module(model_config={"length_buckets": 64}).validate()
+    for bad in ("yes", -1):
+        with pytest.raises(ValueError, match="length_buckets must be True, False or a call cost"):
+            config.copy(copy_frozen=False).rl_module(model_config={"length_buckets": bad}).validate()
 
 
 def test_bucketed_forward_equals_the_padded_one_in_logprobs_loss_ess_and_gradients(module):

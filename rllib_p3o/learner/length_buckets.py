@@ -19,13 +19,27 @@ lengths (O(U²) for U distinct lengths, vectorized).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Sequence, Union
 
 import numpy as np
 
-# One more forward/backward call costs about as much as this many token positions (per-call overhead of the model's
-# Python and kernel launches). Measured on the demo model on CPU; the plan is not sensitive to it within ~2x.
-DEFAULT_CALL_COST_TOKENS = 2048
+# One more forward/backward call costs about as much as this many token positions (the model's Python and kernel
+# launches). `benchmarks/bucket_call_cost.py` measured 47 positions for a 0.33M-parameter model and 1 for 2.44M on
+# CPU (the per-position cost grows with the model, the per-call one barely): 64 errs toward fewer calls.
+DEFAULT_CALL_COST_TOKENS = 64
+
+
+def bucket_call_cost(setting: Union[bool, float]) -> float:
+    """The call cost the model config's ``length_buckets`` asks for: ``True`` the default
+    (`DEFAULT_CALL_COST_TOKENS`), ``False`` none of it (an infinite call cost: every batch runs padded to its longest
+    row), a number that call cost in token positions (0: a bucket per distinct length)."""
+    if isinstance(setting, bool):
+        return DEFAULT_CALL_COST_TOKENS if setting else float("inf")
+    if isinstance(setting, (int, float)) and setting >= 0:
+        return float(setting)
+    raise ValueError(
+        f"length_buckets must be True, False or a call cost in token positions (a number >= 0), got {setting!r}"
+    )
 
 
 @dataclass(frozen=True)

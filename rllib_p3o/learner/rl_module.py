@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rllib_p3o.core import lora
 from rllib_p3o.core.precision import MODEL_DTYPE_PRECISION, RolloutWeights, autocast_dtype, compute_dtype
-from rllib_p3o.learner.length_buckets import DEFAULT_CALL_COST_TOKENS, plan_buckets
+from rllib_p3o.learner.length_buckets import bucket_call_cost, plan_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +110,7 @@ class HFCausalLMRLModule(TorchRLModule):
         self.compute_entropy = bool(cfg.get("compute_entropy", False))
         self._softcap = getattr(self.lm.config, "final_logit_softcapping", None)
         self.head_chunking_min_bytes = HEAD_CHUNKING_MIN_BYTES
-        # Length buckets (module docstring); ``length_buckets=False`` runs every batch padded to its longest row.
-        self.bucket_call_cost = DEFAULT_CALL_COST_TOKENS if cfg.get("length_buckets", True) else float("inf")
+        self.bucket_call_cost = bucket_call_cost(cfg.get("length_buckets", True))
         self._chunked_head_ok = self._check_chunked_head()
 
     # -- forward -------------------------------------------------------------------------------------------------
