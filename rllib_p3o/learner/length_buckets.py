@@ -24,8 +24,8 @@ from typing import List, Sequence, Union
 import numpy as np
 
 # One more forward/backward call costs about as much as this many token positions (the model's Python and kernel
-# launches). `benchmarks/bucket_call_cost.py` measured 47 positions for a 0.33M-parameter model and 1 for 2.44M on
-# CPU (the per-position cost grows with the model, the per-call one barely): 64 errs toward fewer calls.
+# launches). `benchmarks/bucket_call_cost.py` measured 47 positions for a 0.33M-parameter model on CPU, and for
+# 2.44M and 10M a per-call cost within the fit's noise of zero: 64 errs toward fewer calls.
 DEFAULT_CALL_COST_TOKENS = 64
 
 
