@@ -4,9 +4,12 @@
 
 One algorithm checkpoint of the tiny demo-sized model (1 vLLM runner, a local learner; saved right after
 `build_algo`), then, alternating, each a fresh process timed from start to exit:
-- ``cli_export_s``: ``rllib-p3o export CHECKPOINT OUT`` (reads the policy module from the checkpoint; no Ray, no vLLM);
-- ``imports_s``: a process importing what the export imports (torch, RLlib, transformers, the model's code), and
-  nothing else;
+- ``cli_export_s``: ``rllib-p3o export CHECKPOINT OUT`` (reads the policy module's files from the checkpoint and
+  writes the base model directory with the trained weights: no Ray, no vLLM, no model code);
+- ``imports_s``: a process importing what that export imports (this package, which imports torch and RLlib,
+  safetensors, huggingface_hub), and nothing else;
+- ``model_code_imports_s``: a process importing transformers and the model's code besides, what an export that
+  rebuilds the model (LoRA, ``--tokenizer``, or ``export_hf``) adds;
 - ``restore_export_s``: ``P3O.from_checkpoint(CHECKPOINT).export_hf(OUT)`` (starts Ray, the runner's vLLM engine and
   the learner), the way to export before the command existed.
 Reported: the median of each and the ratio restore / CLI. Compare figures within one run only (the machine's load
@@ -27,9 +30,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-# What the export imports: this package's module code, torch, RLlib, transformers and the model's own code.
-IMPORTS = (
-    "import rllib_p3o.cli.export, rllib_p3o.learner.rl_module, transformers.models.qwen2.modeling_qwen2; "
+# What the export imports: this package (torch, RLlib), safetensors and huggingface_hub's writer.
+IMPORTS = "import rllib_p3o.cli.export, safetensors.torch; from huggingface_hub import save_torch_state_dict"
+# What rebuilding the model adds: transformers and the model's own code.
+MODEL_CODE_IMPORTS = (
+    IMPORTS + "; import rllib_p3o.learner.rl_module, transformers.models.qwen2.modeling_qwen2; "
     "from transformers import AutoModelForCausalLM, AutoTokenizer, TokenizersBackend"
 )
 
@@ -79,11 +84,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = os.path.join(tmp, "checkpoint")
         subprocess.run([py, "-c", CHECKPOINT, checkpoint, os.path.join(tmp, "model")], check=True, env=env)
-        runs = {"cli_export_s": [], "imports_s": [], "restore_export_s": []}
+        runs = {"cli_export_s": [], "imports_s": [], "model_code_imports_s": [], "restore_export_s": []}
         for k in range(args.repeats):
             out = os.path.join(tmp, f"out{k}")
             runs["cli_export_s"].append(_timed([py, "-m", "rllib_p3o.cli", "export", checkpoint, out + "a"], env))
             runs["imports_s"].append(_timed([py, "-c", IMPORTS], env))
+            runs["model_code_imports_s"].append(_timed([py, "-c", MODEL_CODE_IMPORTS], env))
             runs["restore_export_s"].append(_timed([py, "-c", RESTORE, checkpoint, out + "b"], env))
             print({key: round(v[-1], 2) for key, v in runs.items()}, flush=True)
     result = {key: statistics.median(v) for key, v in runs.items()}

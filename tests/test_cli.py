@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -114,9 +113,8 @@ def test_train_runs_the_demo_yaml_and_export_writes_a_model_transformers_loads(
     assert len(pq.read_table(os.path.join(trial, "completions", "iter_000002.parquet"))) == 8
     assert "checkpoint_" in module_dir(trial)  # the trial's latest checkpoint (checkpoint_at_end)
 
-    # Export in a fresh process where starting Ray or importing vLLM would fail; timed against a process doing the
-    # same imports alone (torch, RLlib, transformers and its Qwen2 model code), since they are most of its time and
-    # grow several-fold on a loaded machine.
+    # Export in a fresh process where starting Ray or importing vLLM would fail (its time is
+    # benchmarks/export.py's).
     out = str(tmp_path / "exported")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     no_ray_no_vllm = (
@@ -124,22 +122,11 @@ def test_train_runs_the_demo_yaml_and_export_writes_a_model_transformers_loads(
         "ray.init = lambda *a, **k: sys.exit('export started Ray'); "
         "from rllib_p3o.cli import main; sys.exit(main(sys.argv[1:]))"
     )
-    t0 = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", no_ray_no_vllm, "export", trial, out], capture_output=True, text=True, env=env
     )
-    seconds = time.perf_counter() - t0
     assert done.returncode == 0, done.stderr
-    t0 = time.perf_counter()
-    imports_only = (
-        "import rllib_p3o.cli.export, rllib_p3o.learner.rl_module, transformers.models.qwen2.modeling_qwen2; "
-        "from transformers import AutoModelForCausalLM, AutoTokenizer, TokenizersBackend"
-    )
-    subprocess.run([sys.executable, "-c", imports_only], env=env, check=True)
-    imports = time.perf_counter() - t0
-    print(f"rllib-p3o export: {seconds:.1f} s, of which imports {imports:.1f} s")
-    # Under 10 s; on a machine so loaded that the imports alone take longer, at most 1.5 times the imports.
-    assert seconds < max(10.0, 1.5 * imports), f"export took {seconds:.1f} s beside {imports:.1f} s of imports"
+    assert done.stdout.startswith(f"wrote {out} in "), done.stdout
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

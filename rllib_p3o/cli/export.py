@@ -1,29 +1,46 @@
 """``rllib-p3o export CHECKPOINT OUT [--merged]``: a checkpoint's policy as a Hugging Face model directory.
 
 Reads the policy module straight from the checkpoint's ``learner_group/learner/rl_module/default_policy`` directory
-with RLlib's ``Checkpointable.from_checkpoint`` (`HFCausalLMRLModule`): no Ray cluster, no vLLM engine, no learner.
-``CHECKPOINT`` may be an algorithm checkpoint (``algo.save_to_path(...)``, Tune's ``checkpoint_00000N``), the module
-directory itself, or a Tune trial or experiment directory, whose latest checkpoint is used.
+(RLlib's Checkpointable files): no Ray cluster, no vLLM engine, no learner. ``CHECKPOINT`` may be an algorithm
+checkpoint (``algo.save_to_path(...)``, Tune's ``checkpoint_00000N``), the module directory itself, or a Tune trial
+or experiment directory, whose latest checkpoint is used. The base model directory the run trained (its
+``model``) must still exist.
 
-The module is rebuilt from its base model directory (the ``model`` the run trained, which must still exist) and the
-checkpoint's weights are loaded into it. Under LoRA ``OUT`` gets the adapter in peft format (load it with
-``peft.PeftModel.from_pretrained(base, OUT)``); with ``--merged``, the base model with the adapter merged in. The
-tokenizer is the base model's (``--tokenizer DIR`` for another).
+Full fine-tuning, base model a local directory with safetensors weights: ``OUT`` is that directory with the trained
+weights in place of its own, under the same tensor names and shapes (tied copies left out, as the base has them),
+``config.json``'s dtype set to the trained weights', and its other files (tokenizer, generation config, custom
+code) copied. This needs neither the model's code nor transformers' start-up, which is most of an export's time
+otherwise (`benchmarks/export.py`). Where the names do not match, and under LoRA or with ``--tokenizer``, the
+module is rebuilt from the base model (`HFCausalLMRLModule`), the checkpoint's weights are loaded into it and
+transformers saves it: under LoRA ``OUT`` gets the adapter in peft format (load it with
+``peft.PeftModel.from_pretrained(base, OUT)``), with ``--merged`` the base model with the adapter merged in;
+``--tokenizer DIR`` saves that directory's tokenizer instead of the base model's.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
+import pickle
+import shutil
 import sys
 import time
-from typing import Any
+from typing import Any, Dict, Optional, Tuple
 
 NAME = "export"
 MODULE_DIR = os.path.join("learner_group", "learner", "rl_module", "default_policy")
 # Files RLlib's Checkpointable writes into every component's directory.
 CTOR_FILE = "class_and_ctor_args.pkl"
+STATE_FILE = "module_state.pkl"
+# The RLModule holds the Hugging Face model as ``self.lm``: its state keys are the model's, under this prefix.
+LM_PREFIX = "lm."
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+CONFIG = "config.json"
+# A base directory's files that are weights (replaced by the trained ones, never copied).
+WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth", ".ckpt")
 
 
 class CheckpointNotFound(ValueError):
@@ -59,11 +76,98 @@ def module_dir(path: str) -> str:
     )
 
 
+def read_module(source: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The ``model_config`` and the state (name -> tensor) of the policy module checkpoint in ``source``, read from
+    RLlib's files without building the module."""
+    with open(os.path.join(source, CTOR_FILE), "rb") as f:
+        _, kwargs = pickle.load(f)["ctor_args_and_kwargs"]
+    with open(os.path.join(source, STATE_FILE), "rb") as f:
+        state = pickle.load(f)
+    return dict(kwargs.get("model_config") or {}), state
+
+
+def base_weight_shapes(base_dir: str) -> Optional[Dict[str, Tuple[int, ...]]]:
+    """Name -> shape of the tensors in a model directory's safetensors files (headers only); None without them."""
+    from safetensors import safe_open
+
+    index = os.path.join(base_dir, SAFETENSORS_INDEX)
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(base_dir, SAFETENSORS)):
+        files = [SAFETENSORS]
+    else:
+        return None
+    shapes = {}
+    for name in files:
+        with safe_open(os.path.join(base_dir, name), framework="pt") as f:
+            for key in f.keys():
+                shapes[key] = tuple(f.get_slice(key).get_shape())
+    return shapes
+
+
+def weights_under_base_names(
+    state: Dict[str, Any], base_shapes: Dict[str, Tuple[int, ...]]
+) -> Optional[Dict[str, Any]]:
+    """The module's weights under the base directory's tensor names, or None where they do not correspond: every
+    state key is the model's under ``LM_PREFIX``, the base's names are among them with the same shapes, and a name
+    the base does not have holds a copy of one it has (a tied LM head: the base left it out when it was saved)."""
+    weights = {k[len(LM_PREFIX) :]: v for k, v in state.items() if k.startswith(LM_PREFIX)}
+    if len(weights) != len(state) or not set(base_shapes) <= set(weights):
+        return None
+    kept = {name: weights[name] for name in base_shapes}
+    if any(tuple(t.shape) != base_shapes[name] for name, t in kept.items()):
+        return None
+    import torch
+
+    for name in set(weights) - set(kept):
+        extra = weights[name]
+        if not any(t.shape == extra.shape and t.dtype == extra.dtype and torch.equal(t, extra) for t in kept.values()):
+            return None
+    return kept
+
+
+def write_over_base(model_config: Dict[str, Any], state: Dict[str, Any], out: str) -> bool:
+    """Write ``out`` as the base model directory with the trained weights in place of its own (module docstring).
+    Returns False, having written nothing, where that does not apply."""
+    base_dir = model_config.get("model")
+    if model_config.get("lora") or not base_dir or not os.path.isdir(base_dir):
+        return False
+    base_shapes = base_weight_shapes(base_dir)
+    weights = None if base_shapes is None else weights_under_base_names(state, base_shapes)
+    if weights is None:
+        return False
+    from huggingface_hub import save_torch_state_dict
+
+    os.makedirs(out, exist_ok=True)
+    for entry in os.scandir(base_dir):
+        if entry.is_file() and entry.name != CONFIG and not entry.name.endswith(WEIGHT_SUFFIXES):
+            shutil.copyfile(entry.path, os.path.join(out, entry.name))
+    with open(os.path.join(base_dir, CONFIG)) as f:
+        config = json.load(f)
+    dtypes = {str(t.dtype).removeprefix("torch.") for t in weights.values() if t.is_floating_point()}
+    if len(dtypes) == 1:  # as transformers' save_pretrained records the model's dtype (older configs: torch_dtype)
+        config["dtype"] = dtypes.pop()
+        if "torch_dtype" in config:
+            config["torch_dtype"] = config["dtype"]
+    with open(os.path.join(out, CONFIG), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    save_torch_state_dict(weights, out, metadata={"format": "pt"})
+    return True
+
+
 def export(checkpoint: str, out: str, merged: bool = False, tokenizer: str | None = None) -> str:
-    """Write the policy of ``checkpoint`` to ``out`` as a Hugging Face directory; returns ``out``."""
+    """Write the policy of ``checkpoint`` to ``out`` as a Hugging Face directory (module docstring); returns
+    ``out``."""
+    source = module_dir(checkpoint)
+    if (
+        tokenizer is None
+        and os.path.isfile(os.path.join(source, STATE_FILE))
+        and write_over_base(*read_module(source), out)
+    ):
+        return out
     from rllib_p3o.learner.rl_module import HFCausalLMRLModule
 
-    source = module_dir(checkpoint)
     module = HFCausalLMRLModule.from_checkpoint(source)
     return module.save_pretrained(out, tokenizer_from=tokenizer, merged=merged)
 
