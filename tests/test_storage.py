@@ -1,7 +1,8 @@
 """Object stores through pyarrow's filesystems (`rllib_p3o.core.storage`): an S3-compatible server started by the test
 (moto's, on 127.0.0.1, as Ray's own storage tests use) as Tune's storage_path, the recording target, the offline
-input, `rllib-p3o validate`'s and `export_hf`'s; and URIs nothing can honour, refused by name. Real Ray, RLlib, Tune,
-Ray Data, vLLM and pyarrow; the server is moto's S3 (credentials are the dummy ones of `tests/conftest.py`)."""
+input, `rllib-p3o validate`'s, `export_hf`'s and `rllib-p3o export`'s (checkpoint and output); and URIs nothing can
+honour, refused by name. Real Ray, RLlib, Tune, Ray Data, vLLM and pyarrow; the server is moto's S3 (credentials are
+the dummy ones of `tests/conftest.py`)."""
 
 import socket
 import sys
@@ -93,6 +94,14 @@ def test_tune_storage_recording_offline_input_validate_and_export_on_an_object_s
     tune_files = _bucket_files(fs, "tune/online")
     assert any(f.endswith("/result.json") for f in tune_files)
     assert any("/checkpoint_000000/" in f for f in tune_files)
+
+    # `rllib-p3o export` from the trial's directory in the bucket (its newest checkpoint) into the bucket.
+    (checkpoint,) = {f.split("/checkpoint_000000/")[0] for f in tune_files if "/checkpoint_000000/" in f}
+    assert cli_main(["export", uri(checkpoint.removeprefix(f"{BUCKET}/")), uri("cli_export")]) == 0
+    exported = _bucket_files(fs, "cli_export")
+    assert {f"{BUCKET}/cli_export/{name}" for name in ("config.json", "model.safetensors", "tokenizer.json")} <= set(
+        exported
+    )
 
     # `rllib-p3o validate` reads the bucket.
     assert cli_main(["validate", uri("traj"), "--model", tiny_model]) == 0

@@ -3,8 +3,10 @@
 Reads the policy module straight from the checkpoint's ``learner_group/learner/rl_module/default_policy`` directory
 (RLlib's Checkpointable files): no Ray cluster, no vLLM engine, no learner. ``CHECKPOINT`` may be an algorithm
 checkpoint (``algo.save_to_path(...)``, Tune's ``checkpoint_00000N``), the module directory itself, or a Tune trial
-or experiment directory, whose latest checkpoint is used. The base model directory the run trained (its
-``model``) must still exist.
+or experiment directory, whose latest checkpoint is used. ``CHECKPOINT`` and ``OUT`` may be URIs
+(`rllib_p3o.core.storage`: ``s3://...`` where Tune's ``storage_path`` put the checkpoints; a trial's newest
+``checkpoint_*`` there is the highest-numbered one). The base model directory the run trained (its ``model``) must
+still exist.
 
 Full fine-tuning, base model a local directory with safetensors weights: ``OUT`` is that directory with the trained
 weights in place of its own, under the same tensor names and shapes (tied copies left out, as the base has them),
@@ -26,8 +28,11 @@ import os
 import pickle
 import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Dict, Optional, Tuple
+
+from rllib_p3o.core import storage
 
 NAME = "export"
 MODULE_DIR = os.path.join("learner_group", "learner", "rl_module", "default_policy")
@@ -156,10 +161,55 @@ def write_over_base(model_config: Dict[str, Any], state: Dict[str, Any], out: st
     return True
 
 
+def fetch_module_dir(uri: str, local_dir: str) -> str:
+    """`module_dir` for a checkpoint in an object store (``s3://...``: Tune's ``storage_path`` there): the module
+    directory of an algorithm checkpoint, the module directory itself, or a trial directory's highest-numbered
+    ``checkpoint_*``, copied into ``local_dir``; returns the local copy."""
+    import pyarrow.fs
+
+    root = storage.locate(uri)
+    candidates = [root.child(*MODULE_DIR.split(os.sep))]
+    if root.name == os.path.basename(MODULE_DIR):
+        candidates.insert(0, root)
+    if root.is_dir():
+        selector = pyarrow.fs.FileSelector(root.path, allow_not_found=True)
+        checkpoints = sorted(
+            info.base_name
+            for info in root.filesystem.get_file_info(selector)
+            if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("checkpoint_")
+        )
+        candidates += [root.child(name, *MODULE_DIR.split(os.sep)) for name in reversed(checkpoints)]
+    for candidate in candidates:
+        if candidate.child(CTOR_FILE).exists():
+            for remote in candidate.list_files(recursive=True):
+                local = os.path.join(local_dir, *remote.path[len(candidate.path.rstrip("/")) + 1 :].split("/"))
+                os.makedirs(os.path.dirname(local), exist_ok=True)
+                with remote.filesystem.open_input_stream(remote.path) as f, open(local, "wb") as dst:
+                    shutil.copyfileobj(f, dst, 2**24)
+            return local_dir
+    raise CheckpointNotFound(
+        f"{root} holds no policy checkpoint: looked for {MODULE_DIR}/ in it and in its checkpoint_*/ directories "
+        "(give the trial's or the checkpoint's URI)"
+    )
+
+
 def export(checkpoint: str, out: str, merged: bool = False, tokenizer: str | None = None) -> str:
     """Write the policy of ``checkpoint`` to ``out`` as a Hugging Face directory (module docstring); returns
-    ``out``."""
-    source = module_dir(checkpoint)
+    ``out``. Either may be a URI (`rllib_p3o.core.storage`): the checkpoint's module is read through a local copy,
+    and the directory is written locally, then copied to ``out``."""
+    with tempfile.TemporaryDirectory(prefix="p3o-export-") as tmp:
+        local = not storage.is_uri(checkpoint)
+        source = module_dir(checkpoint) if local else fetch_module_dir(checkpoint, os.path.join(tmp, "module"))
+        if not storage.is_uri(out):
+            return _write(source, out, merged, tokenizer)
+        target = storage.locate(out)
+        target.makedirs()  # a bad bucket fails before anything is built
+        storage.upload_dir(_write(source, os.path.join(tmp, "out"), merged, tokenizer), target)
+    return out
+
+
+def _write(source: str, out: str, merged: bool, tokenizer: Optional[str]) -> str:
+    """The module checkpoint in the local directory ``source`` as a Hugging Face directory at the local ``out``."""
     if (
         tokenizer is None
         and os.path.isfile(os.path.join(source, STATE_FILE))
@@ -176,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         out = export(args.checkpoint, args.out, merged=args.merged, tokenizer=args.tokenizer)
-    except CheckpointNotFound as e:
+    except (CheckpointNotFound, storage.StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # the base model directory the module is rebuilt from is gone

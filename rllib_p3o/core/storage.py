@@ -1,7 +1,7 @@
 """Where the project reads and writes its files: a local path or a URI, through pyarrow's filesystems.
 
-Trajectory recording (``record_rollouts``), offline input, prompt datasets, ``rllib-p3o validate`` and ``export_hf``
-take either a local path or a URI that ``pyarrow.fs.FileSystem.from_uri`` opens (``s3://``, ``gs://``,
+Trajectory recording (``record_rollouts``), offline input, prompt datasets, ``rllib-p3o validate``, ``export_hf`` and
+``rllib-p3o export`` (checkpoint and output) take either a local path or a URI that ``pyarrow.fs.FileSystem.from_uri`` opens (``s3://``, ``gs://``,
 ``hdfs://``, ``abfs://``, ``file://``), as Ray Data and Tune resolve theirs. An S3-compatible store (MinIO, Ceph,
 ...) is named in the URI the way pyarrow and Ray read it::
 
