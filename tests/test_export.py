@@ -12,7 +12,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rllib_p3o.cli import export as export_cli
-from rllib_p3o.cli.export import export
+from rllib_p3o.cli.export import OutputNotEmpty, export
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
 from rllib_p3o.runner.env import TextEnv
 
@@ -98,3 +98,17 @@ def test_names_the_base_does_not_have_send_the_export_to_the_rebuilt_module(tiny
     missing.pop(next(iter(missing)))
     assert export_cli.weights_under_base_names(missing, base) is None
     assert export_cli.weights_under_base_names({**state, "value_head.weight": torch.zeros(1)}, base) is None
+
+
+def test_export_refuses_a_directory_that_holds_files(tiny_model, tmp_path):
+    """Into the base model's own directory (it would overwrite it), or over an earlier export (a stale adapter or
+    weight file is what transformers would load)."""
+    _trained_checkpoint(tiny_model, str(tmp_path / "ckpt"))
+    before = {name: os.path.getmtime(os.path.join(tiny_model, name)) for name in os.listdir(tiny_model)}
+    with pytest.raises(OutputNotEmpty, match="already exists and is not empty"):
+        export(str(tmp_path / "ckpt"), tiny_model)
+    assert before == {name: os.path.getmtime(os.path.join(tiny_model, name)) for name in os.listdir(tiny_model)}
+    (tmp_path / "empty").mkdir()
+    export(str(tmp_path / "ckpt"), str(tmp_path / "empty"))  # an empty directory is fine
+    with pytest.raises(OutputNotEmpty):
+        export(str(tmp_path / "ckpt"), str(tmp_path / "empty"))

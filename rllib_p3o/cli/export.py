@@ -44,18 +44,38 @@ LM_PREFIX = "lm."
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 CONFIG = "config.json"
-# A base directory's files that are weights (replaced by the trained ones, never copied).
-WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth", ".ckpt")
+# A base directory's files that are weights in some format (replaced by the trained ones, never copied: other tools
+# would read the base's untrained weights beside them).
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".safetensors.index.json",
+    ".bin",
+    ".bin.index.json",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".gguf",
+    ".h5",
+    ".msgpack",
+    ".onnx",
+    ".onnx_data",
+    ".npz",
+)
 
 
 class CheckpointNotFound(ValueError):
     """The path holds no policy module checkpoint; the message says what was looked for."""
 
 
+class OutputNotEmpty(ValueError):
+    """``OUT`` already holds files: an export there would mix with them (a stale adapter or weight file is what
+    transformers would load), or overwrite the base model itself."""
+
+
 def add_parser(sub: Any) -> None:
     e = sub.add_parser(NAME, help="write a checkpoint's policy as a Hugging Face directory (no Ray, no vLLM)")
     e.add_argument("checkpoint", help="algorithm checkpoint, its rl_module directory, or a Tune trial/experiment dir")
-    e.add_argument("out", help="output directory (created)")
+    e.add_argument("out", help="output directory (created; must not exist or be empty)")
     e.add_argument("--merged", action="store_true", help="LoRA: write the base model with the adapter merged in")
     e.add_argument("--tokenizer", help="save this directory's tokenizer (default: the base model's)")
 
@@ -67,18 +87,39 @@ def module_dir(path: str) -> str:
         return path
     if os.path.isdir(os.path.join(path, MODULE_DIR)):
         return os.path.join(path, MODULE_DIR)
-    # A Tune trial directory (checkpoint_*/ inside) or experiment directory (trial dirs inside): the newest.
-    candidates = glob.glob(os.path.join(path, "checkpoint_*", MODULE_DIR)) or glob.glob(
-        os.path.join(path, "*", "checkpoint_*", MODULE_DIR)
-    )
-    if candidates:
-        return max(candidates, key=lambda p: os.path.getmtime(os.path.dirname(p)))
+    # A Tune trial directory (checkpoint_*/ inside): its highest-numbered checkpoint; an experiment directory
+    # (trial directories inside): of those, the one written last.
+    in_trial = _latest_in_trial(path)
+    if in_trial:
+        return in_trial
+    latest = [m for m in map(_latest_in_trial, glob.glob(os.path.join(path, "*"))) if m]
+    if latest:
+        return max(latest, key=lambda m: os.path.getmtime(os.path.join(m, STATE_FILE)))
     if not os.path.exists(path):
         raise CheckpointNotFound(f"checkpoint not found: {path}")
     raise CheckpointNotFound(
         f"{path} holds no policy checkpoint: looked for {MODULE_DIR}/ in it, in its checkpoint_*/ directories and in "
         "its trials' checkpoint_*/ directories (write checkpoints with Tune's CheckpointConfig or algo.save_to_path)"
     )
+
+
+def _checkpoint_number(name: str) -> int:
+    """``checkpoint_000012`` -> 12; -1 for other names."""
+    prefix, _, number = name.partition("_")
+    return int(number) if prefix == "checkpoint" and number.isdigit() else -1
+
+
+def _latest_in_trial(trial: str) -> Optional[str]:
+    """The module directory of a trial directory's highest-numbered complete checkpoint (module state written), or
+    None."""
+    if not os.path.isdir(trial):
+        return None
+    numbered = sorted((_checkpoint_number(name), name) for name in os.listdir(trial) if _checkpoint_number(name) >= 0)
+    for _, name in reversed(numbered):
+        module = os.path.join(trial, name, MODULE_DIR)
+        if os.path.isfile(os.path.join(module, STATE_FILE)):
+            return module
+    return None
 
 
 def read_module(source: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -132,9 +173,13 @@ def weights_under_base_names(
     return kept
 
 
-def write_over_base(model_config: Dict[str, Any], state: Dict[str, Any], out: str) -> bool:
-    """Write ``out`` as the base model directory with the trained weights in place of its own (module docstring).
-    Returns False, having written nothing, where that does not apply."""
+def write_over_base(source: str, out: str) -> bool:
+    """Write ``out`` as the base model directory with the trained weights of the module checkpoint ``source`` in
+    place of its own (module docstring). Returns False, having written nothing, where that does not apply."""
+    try:
+        model_config, state = read_module(source)
+    except (OSError, ImportError, AttributeError, KeyError, ValueError, pickle.UnpicklingError, EOFError):
+        return False  # files this reading does not know: RLlib's own from_checkpoint (the other way) reads them
     base_dir = model_config.get("model")
     if model_config.get("lora") or not base_dir or not os.path.isdir(base_dir):
         return False
@@ -150,11 +195,10 @@ def write_over_base(model_config: Dict[str, Any], state: Dict[str, Any], out: st
             shutil.copyfile(entry.path, os.path.join(out, entry.name))
     with open(os.path.join(base_dir, CONFIG)) as f:
         config = json.load(f)
-    dtypes = {str(t.dtype).removeprefix("torch.") for t in weights.values() if t.is_floating_point()}
-    if len(dtypes) == 1:  # as transformers' save_pretrained records the model's dtype (older configs: torch_dtype)
-        config["dtype"] = dtypes.pop()
-        if "torch_dtype" in config:
-            config["torch_dtype"] = config["dtype"]
+    # The dtype the module loaded the model in, as save_pretrained records it (older configs: torch_dtype).
+    config["dtype"] = model_config.get("dtype", "float32")
+    if "torch_dtype" in config:
+        config["torch_dtype"] = config["dtype"]
     with open(os.path.join(out, CONFIG), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     save_torch_state_dict(weights, out, metadata={"format": "pt"})
@@ -174,13 +218,13 @@ def fetch_module_dir(uri: str, local_dir: str) -> str:
     if root.is_dir():
         selector = pyarrow.fs.FileSelector(root.path, allow_not_found=True)
         checkpoints = sorted(
-            info.base_name
+            (_checkpoint_number(info.base_name), info.base_name)
             for info in root.filesystem.get_file_info(selector)
-            if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("checkpoint_")
+            if info.type == pyarrow.fs.FileType.Directory and _checkpoint_number(info.base_name) >= 0
         )
-        candidates += [root.child(name, *MODULE_DIR.split(os.sep)) for name in reversed(checkpoints)]
+        candidates += [root.child(name, *MODULE_DIR.split(os.sep)) for _, name in reversed(checkpoints)]
     for candidate in candidates:
-        if candidate.child(CTOR_FILE).exists():
+        if candidate.child(STATE_FILE).exists():  # written after the constructor file: a complete checkpoint
             for remote in candidate.list_files(recursive=True):
                 local = os.path.join(local_dir, *remote.path[len(candidate.path.rstrip("/")) + 1 :].split("/"))
                 os.makedirs(os.path.dirname(local), exist_ok=True)
@@ -197,24 +241,29 @@ def export(checkpoint: str, out: str, merged: bool = False, tokenizer: str | Non
     """Write the policy of ``checkpoint`` to ``out`` as a Hugging Face directory (module docstring); returns
     ``out``. Either may be a URI (`rllib_p3o.core.storage`): the checkpoint's module is read through a local copy,
     and the directory is written locally, then copied to ``out``."""
+    target = storage.locate(out)
+    if target.exists() and (not target.is_dir() or _has_entries(target)):
+        raise OutputNotEmpty(f"{target} already exists and is not empty: export into a new or empty directory")
     with tempfile.TemporaryDirectory(prefix="p3o-export-") as tmp:
         local = not storage.is_uri(checkpoint)
         source = module_dir(checkpoint) if local else fetch_module_dir(checkpoint, os.path.join(tmp, "module"))
-        if not storage.is_uri(out):
-            return _write(source, out, merged, tokenizer)
-        target = storage.locate(out)
+        if target.is_local:
+            return _write(source, target.path, merged, tokenizer)
         target.makedirs()  # a bad bucket fails before anything is built
         storage.upload_dir(_write(source, os.path.join(tmp, "out"), merged, tokenizer), target)
     return out
 
 
+def _has_entries(directory: storage.Location) -> bool:
+    """Whether a directory holds anything, hidden files and empty subdirectories included."""
+    import pyarrow.fs
+
+    return bool(directory.filesystem.get_file_info(pyarrow.fs.FileSelector(directory.path)))
+
+
 def _write(source: str, out: str, merged: bool, tokenizer: Optional[str]) -> str:
     """The module checkpoint in the local directory ``source`` as a Hugging Face directory at the local ``out``."""
-    if (
-        tokenizer is None
-        and os.path.isfile(os.path.join(source, STATE_FILE))
-        and write_over_base(*read_module(source), out)
-    ):
+    if tokenizer is None and write_over_base(source, out):
         return out
     from rllib_p3o.learner.rl_module import HFCausalLMRLModule
 
@@ -226,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         out = export(args.checkpoint, args.out, merged=args.merged, tokenizer=args.tokenizer)
-    except (CheckpointNotFound, storage.StorageError) as e:
+    except (CheckpointNotFound, OutputNotEmpty, storage.StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # the base model directory the module is rebuilt from is gone
