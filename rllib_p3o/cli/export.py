@@ -10,7 +10,7 @@ still exist.
 
 Full fine-tuning, base model a local directory with safetensors weights: ``OUT`` is that directory with the trained
 weights in place of its own, under the same tensor names and shapes (tied copies left out, as the base has them),
-``config.json``'s dtype set to the trained weights', and its other files (tokenizer, generation config, custom
+``config.json``'s dtype set to the one the run trained in, and its other files (tokenizer, generation config, custom
 code) copied. This needs neither the model's code nor transformers' start-up, which is most of an export's time
 otherwise (`benchmarks/export.py`). Where the names do not match, and under LoRA or with ``--tokenizer``, the
 module is rebuilt from the base model (`HFCausalLMRLModule`), the checkpoint's weights are loaded into it and
@@ -225,11 +225,7 @@ def fetch_module_dir(uri: str, local_dir: str) -> str:
         candidates += [root.child(name, *MODULE_DIR.split(os.sep)) for _, name in reversed(checkpoints)]
     for candidate in candidates:
         if candidate.child(STATE_FILE).exists():  # written after the constructor file: a complete checkpoint
-            for remote in candidate.list_files(recursive=True):
-                local = os.path.join(local_dir, *remote.path[len(candidate.path.rstrip("/")) + 1 :].split("/"))
-                os.makedirs(os.path.dirname(local), exist_ok=True)
-                with remote.filesystem.open_input_stream(remote.path) as f, open(local, "wb") as dst:
-                    shutil.copyfileobj(f, dst, 2**24)
+            storage.download_dir(candidate, local_dir)
             return local_dir
     raise CheckpointNotFound(
         f"{root} holds no policy checkpoint: looked for {MODULE_DIR}/ in it and in its checkpoint_*/ directories "
@@ -242,7 +238,7 @@ def export(checkpoint: str, out: str, merged: bool = False, tokenizer: str | Non
     ``out``. Either may be a URI (`rllib_p3o.core.storage`): the checkpoint's module is read through a local copy,
     and the directory is written locally, then copied to ``out``."""
     target = storage.locate(out)
-    if target.exists() and (not target.is_dir() or _has_entries(target)):
+    if target.exists() and (not target.is_dir() or target.has_entries()):
         raise OutputNotEmpty(f"{target} already exists and is not empty: export into a new or empty directory")
     with tempfile.TemporaryDirectory(prefix="p3o-export-") as tmp:
         local = not storage.is_uri(checkpoint)
@@ -252,13 +248,6 @@ def export(checkpoint: str, out: str, merged: bool = False, tokenizer: str | Non
         target.makedirs()  # a bad bucket fails before anything is built
         storage.upload_dir(_write(source, os.path.join(tmp, "out"), merged, tokenizer), target)
     return out
-
-
-def _has_entries(directory: storage.Location) -> bool:
-    """Whether a directory holds anything, hidden files and empty subdirectories included."""
-    import pyarrow.fs
-
-    return bool(directory.filesystem.get_file_info(pyarrow.fs.FileSelector(directory.path)))
 
 
 def _write(source: str, out: str, merged: bool, tokenizer: Optional[str]) -> str:

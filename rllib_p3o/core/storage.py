@@ -122,6 +122,12 @@ class Location:
                 out.append(dataclasses.replace(self, path=info.path))
         return sorted(out, key=lambda loc: loc.path)
 
+    def has_entries(self) -> bool:
+        """Whether this directory holds anything, hidden files and empty subdirectories included."""
+        import pyarrow.fs
+
+        return bool(self.filesystem.get_file_info(pyarrow.fs.FileSelector(self.path, allow_not_found=True)))
+
     def read_bytes(self) -> bytes:
         with self.filesystem.open_input_stream(self.path) as f:
             return f.read()
@@ -179,3 +185,19 @@ def upload_dir(local_dir: str, target: Location) -> None:
         )
     except OSError as e:
         raise StorageError(f"cannot copy {local_dir} to {target}: {e}") from e
+
+
+def download_dir(source: Location, local_dir: str) -> None:
+    """Copy the files under ``source`` (recursively, hidden names left out as in `Location.list_files`) into
+    ``local_dir``, streamed."""
+    import shutil
+
+    base = source.path.rstrip("/")
+    for remote in source.list_files(recursive=True):
+        local = os.path.join(local_dir, *remote.path[len(base) + 1 :].split("/"))
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        try:
+            with remote.filesystem.open_input_stream(remote.path) as f, open(local, "wb") as dst:
+                shutil.copyfileobj(f, dst, 2**24)
+        except OSError as e:
+            raise StorageError(f"cannot copy {remote} to {local}: {e}") from e
