@@ -112,6 +112,7 @@ def _result_lines(path: str):
 
 @pytest.mark.slow
 def test_sweep_writes_its_table_and_a_restored_sweep_does_not_rerun_finished_trials(tiny_model, tmp_path):
+    """Killed (SIGKILL) after its first stage, then interrupted (Ctrl-C) in its second, then run to the end."""
     out = str(tmp_path / "sweep")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
     job = subprocess.Popen(_sweep_args(tiny_model, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -126,6 +127,22 @@ def test_sweep_writes_its_table_and_a_restored_sweep_does_not_rerun_finished_tri
     assert len(first_stage) == 2
     before = {p: (os.path.getmtime(p), _result_lines(p)) for p in first_stage}
     assert all(lines == [1] for _, lines in before.values())
+
+    # Ctrl-C while the second stage runs: the sweep stops with 130 and says how to continue; it does not write a
+    # report from part of the grid (it went on to the next stage before: Tune returns from fit() on a Ctrl-C).
+    log = tmp_path / "interrupted.log"
+    with open(log, "w") as f:
+        job = subprocess.Popen(_sweep_args(tiny_model, out), env=env, stdout=f, stderr=subprocess.STDOUT)
+        deadline = time.time() + 400
+        while time.time() < deadline and "[temperature_1.2] " not in log.read_text():
+            assert job.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(3)
+        job.send_signal(signal.SIGINT)
+        assert job.wait(timeout=120) == 130, log.read_text()[-3000:]
+    assert "rerun the same command to continue" in log.read_text()
+    assert not os.path.exists(os.path.join(out, report.CURVES_CSV))
+    assert len(report.read_trials(out, "temperature_1.2")) < 2  # (one row per trial of 1 iteration)
 
     done = subprocess.run(_sweep_args(tiny_model, out), env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

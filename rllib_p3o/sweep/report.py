@@ -31,6 +31,7 @@ COLLAPSE_DROP = 0.1
 # Columns of curves.csv.
 STAGE, METHOD, SEED, LR_PEAK, ITERATION, SAMPLES = "stage", "method", "seed", "lr_peak", "iteration", "samples"
 HELDOUT, ESS, REWARD, SETUP_S, ACTOR_REUSED, ERROR = ("heldout", "ess", "reward", "setup_s", "actor_reused", "error")
+TIME_S = "time_total_s"  # the trial's wall time so far (Tune's), so a resumed sweep's files still add up to its cost
 PER_ITERATION = "completions_per_iteration"
 # The lr stage of a regime is the stage "lr_<regime>" (the demo sweep's single lr stage is "lr").
 LR_STAGE_PREFIX = "lr_"
@@ -47,7 +48,7 @@ TRIALS_DIR = "trials"
 
 def result_row(result: Dict[str, Any]) -> Dict[str, Any]:
     """One iteration of a trial as a row of curves.csv (without the trial's identity): NaN where not reported."""
-    row = {ITERATION: int(result.get("training_iteration", 0))}
+    row = {ITERATION: int(result.get("training_iteration", 0)), TIME_S: float(result.get(TIME_S, math.nan))}
     for key, path in _SOURCES.items():
         value = metrics.lookup(result, *path)
         try:
@@ -132,6 +133,7 @@ def per_trial(curves: pd.DataFrame, target: float, collapse_from: str = "first")
                 "collapsed": errored or not len(ev) or last < reference - COLLAPSE_DROP,
                 ERROR: errored,
                 "ess_mean": float(t[ESS].mean()),
+                TIME_S: float(t[TIME_S].max()) if TIME_S in t else math.nan,
                 SETUP_S: float(t[SETUP_S].dropna().iloc[0]) if t[SETUP_S].notna().any() else math.nan,
                 ACTOR_REUSED: bool(t[ACTOR_REUSED].fillna(0).max() > 0),
             }
@@ -311,6 +313,9 @@ def write_report(
         "reused_actor_setup_s_mean": float(reused.mean()) if len(reused) else None,
         "reused_trials": len(reused),
     }
+    all_trials = per_trial(curves, grid.target, grid.collapse_from)  # the lr stages' trials too
+    timed = all_trials[TIME_S].dropna()
+    cost = {"trial_time_s_sum": float(timed.sum()), "timed_trials": len(timed), "trials": len(all_trials)}
     table = markdown_table(summary, grid.target)
     md = os.path.join(out, SUMMARY_MD)
     with open(md, "w") as f:
@@ -322,6 +327,10 @@ def write_report(
             + "Start-up per trial: fresh actor "
             f"{_s(startup['fresh_actor_setup_s_mean'])} (n={len(fresh)}), reused actor "
             f"{_s(startup['reused_actor_setup_s_mean'])} (n={len(reused)}).\n"
+            f"Trials' wall time: {cost['trial_time_s_sum'] / 3600:.2f} h over {cost['timed_trials']} of "
+            f"{cost['trials']} trials"
+            + (" (the others' files have no time column)" if cost["timed_trials"] < cost["trials"] else "")
+            + ".\n"
         )
     facts = {
         "lr_peak": lr_peak,
@@ -330,6 +339,7 @@ def write_report(
         "completions_per_iteration": rows_per_it,
         "wall_s": wall_s,
         "startup": startup,
+        "cost": cost,
         "table": md,
         "lr_table": lr_table,
         "figures": figures,

@@ -12,7 +12,8 @@ trial of a stage pays the start-up.
 
 Resume: every trial's rows are written to ``<out>/trials/<stage>/`` when it ends. A rerun with the same ``--out``
 (after an interruption, in another session, or on a copy of ``<out>/trials``) runs only the trials without a file;
-an interrupted trial starts over. ``--fresh`` starts over.
+an interrupted trial starts over. Ctrl-C (or SIGUSR1) stops the sweep with exit status 130 after Tune has stopped
+the running trial; it never goes on to the next stage with part of a stage. ``--fresh`` starts over.
 
 Writes ``curves.csv`` (every trial's evaluations), ``summary.md``/``summary.json`` and one figure per regime
 (`rllib_p3o.sweep.report`).
@@ -53,13 +54,27 @@ from rllib_p3o.sweep.grid import (
 LR_CHOICE = "lr_choice.json"
 
 
+class SweepInterrupted(Exception):
+    """A stage ended with trials unfinished (Ctrl-C, SIGUSR1, or Tune stopping them): the sweep must stop there,
+    not choose an lr or go on to the next stage from part of the data. Its finished trials are saved."""
+
+    def __init__(self, stage: str, missing: List[tuple], total: int):
+        self.stage, self.missing, self.total = stage, missing, total
+        super().__init__(
+            f"[{stage}] interrupted: {total - len(missing)} of {total} trials finished and saved, "
+            f"{len(missing)} not (first: {'{}_seed{}_lr{:g}'.format(*missing[0])}); "
+            "rerun the same command to continue"
+        )
+
+
 class StageProgress(tune.Callback):
     """Keeps every trial's rows and writes them when the trial ends (`report.write_trial`: what makes the sweep
-    resumable), and prints one line per finished trial with the stage's progress and an ETA."""
+    resumable), and prints one line per finished trial with the stage's progress and an ETA. A trial that ends
+    before ``iterations`` without an error (stopped, not finished) is not written: a rerun runs it again."""
 
-    def __init__(self, out: str, stage: str, num_trials: int, samples_per_iteration: int):
+    def __init__(self, out: str, stage: str, num_trials: int, samples_per_iteration: int, iterations: int):
         self.out, self.stage, self.num_trials = out, stage, num_trials
-        self.samples_per_iteration = samples_per_iteration
+        self.samples_per_iteration, self.iterations = samples_per_iteration, iterations
         self.setup()
 
     def setup(self, **info) -> None:  # (also called by Tune when an experiment starts)
@@ -71,6 +86,13 @@ class StageProgress(tune.Callback):
 
     def _end(self, trials, trial, error: bool) -> None:
         rows = self.rows.pop(trial.trial_id, [])
+        if not error and len(rows) < self.iterations:
+            print(
+                f"[{self.stage}] {_trial_name(trial)}: stopped after {len(rows)} of {self.iterations} iterations, "
+                "not kept (a rerun runs it again)",
+                flush=True,
+            )
+            return
         path = report.trial_path(self.out, self.stage, _trial_name(trial))
         report.write_trial(path, self.stage, _cell(trial.config), rows, error, self.samples_per_iteration)
         self.finished_here += 1
@@ -128,12 +150,16 @@ def run_stage(out: str, stage: str, config, cells: List[tuple], iterations: int,
                 name=stage,
                 storage_path=out,
                 verbose=0,
-                callbacks=[StageProgress(out, stage, len(todo), config.train_batch_rows)],
+                callbacks=[StageProgress(out, stage, len(todo), config.train_batch_rows, iterations)],
                 stop={"training_iteration": iterations},
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
         ).fit()
     rows = report.read_trials(out, stage)
+    saved = set() if rows.empty else set(_trial_cells(rows))
+    missing = [c for c in cells if c not in saved]
+    if missing:
+        raise SweepInterrupted(stage, missing, len(cells))
     keep = [c in set(cells) for c in _trial_cells(rows)] if len(rows) else []
     return rows[keep] if len(rows) else rows
 
@@ -317,6 +343,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             flush=True,
         )
         summary = run_sweep(out, grid, base_model=args.base_model, say=lambda line: print(line, flush=True))
+    except SweepInterrupted as stop:
+        print(stop, flush=True)
+        return 130
+    except KeyboardInterrupt:  # a Ctrl-C outside Tune's own handler (between stages, in the preparation)
+        print("[sweep] interrupted: finished trials are saved; rerun the same command to continue", flush=True)
+        return 130
     finally:
         ray.shutdown()
     print(open(summary["table"]).read())
