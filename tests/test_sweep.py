@@ -17,6 +17,7 @@ from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import METHODS, lr_schedule
+from rllib_p3o.sweep.run import stage_parallelism
 from rllib_p3o.tasks import ArithmeticTask
 from rllib_p3o.trial_reuse import config_differences
 
@@ -182,8 +183,10 @@ def test_bench_quick_grid_chooses_an_lr_per_method_and_a_rerun_runs_only_missing
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
     args = [sys.executable, "-m", "rllib_p3o.cli", "sweep", "--task", "sorting", "--quick", "--out", out]
     args += ["--base-model", tiny_sorting_model, "--iterations", "1"]
-    first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    # Its first run two trials at a time (`--parallel 2`), the rerun below one at a time.
+    first = subprocess.run([*args, "--parallel", "2"], env=env, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "[lr_on_policy] 4 trials × 1 iterations, 2 at a time" in first.stdout
     choice = json.load(open(os.path.join(out, "lr_choice.json")))
     assert set(choice["lr_peak"]) == {"p3o", "grpo_tis_eps0.2"}
     assert all(p in (5e-4, 1e-3) for p in choice["lr_peak"].values())
@@ -210,6 +213,16 @@ def test_bench_quick_grid_chooses_an_lr_per_method_and_a_rerun_runs_only_missing
     assert "[fp8_rollouts] continuing: 1 of 2 trials finished earlier are kept" in again.stdout
     assert os.path.exists(lost)
     assert len(glob.glob(os.path.join(out, "fp8_rollouts", "*", "result.json"))) == 1
+
+
+def test_parallel_trials_share_the_cores_and_async_stages_run_alone(tiny_model, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    config = _config(tiny_model)
+    assert stage_parallelism(config, 1) == (1, None)  # the config's own thread budget
+    assert stage_parallelism(config, 2) == (2, 2)
+    assert stage_parallelism(config, 8) == (8, 1)
+    # An async trial's learner and runner already run side by side, a core each.
+    assert stage_parallelism(_config(tiny_model, async_sampling=True), 2) == (1, None)
 
 
 def test_lr_choice_is_the_peak_whose_worse_method_does_best():

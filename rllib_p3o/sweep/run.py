@@ -1,14 +1,14 @@
 """``rllib-p3o sweep``: the paper's comparisons on a built-in task as Ray Tune experiments, resumable.
 
-    rllib-p3o sweep [--task arithmetic|sorting] [--quick | --full] [--out runs/sweep] [--fresh] [--regimes ...]
-                    [--methods ...] [--seeds ...] [--iterations N] [--lr PEAK] [--report-only]
+    rllib-p3o sweep [--task arithmetic|sorting] [--quick | --full] [--out runs/sweep] [--fresh] [--parallel N]
+                    [--regimes ...] [--methods ...] [--seeds ...] [--iterations N] [--lr PEAK] [--report-only]
 
 Stages, each one Tune experiment under ``<out>``: first the lr stages ``lr_<regime>`` (each candidate peak lr ×
 method × seed in each of the grid's lr regimes; skipped with ``--lr``), which choose one peak for every method
 (the demo's grid: the peak whose worse method does best) or each method's best peak (the claims bench), then one
-stage per regime (methods × seeds, `rllib_p3o.sweep.grid`). Within a stage, trials share one Tune actor
+stage per regime (methods × seeds, `rllib_p3o.sweep.grid`). Within a stage, trials reuse Tune actors
 (``reuse_actors=True``; `P3O.reset_config` keeps the vLLM runner and rebuilds the learner), so only the first
-trial of a stage pays the start-up.
+trial of each of the stage's ``--parallel`` slots pays the start-up.
 
 Resume: every trial's rows are written to ``<out>/trials/<stage>/`` when it ends. A rerun with the same ``--out``
 (after an interruption, in another session, or on a copy of ``<out>/trials``) runs only the trials without a file;
@@ -118,9 +118,24 @@ def _trial_name(trial) -> str:
     return "{}_seed{}_lr{:g}".format(*_cell(trial.config))
 
 
-def run_stage(out: str, stage: str, config, cells: List[tuple], iterations: int, say=print) -> pd.DataFrame:
+def stage_parallelism(config, parallel: int) -> Tuple[int, Optional[int]]:
+    """How many trials of a stage run at once, and the torch/OpenMP threads each of their learners and runners gets.
+
+    A sync trial alternates generating and training, each phase on every core, so it keeps about one of two cores
+    busy; ``parallel`` trials share the cores (``cores // parallel`` threads each: more threads than cores spin-wait
+    on each other). An async trial runs its learner and runner side by side on a core each already: one at a time.
+    ``None`` threads: the config's own budget (`P3OConfig.learner_threads`)."""
+    if parallel <= 1 or config.async_sampling:
+        return 1, None
+    return parallel, max(1, (os.cpu_count() or 1) // parallel)
+
+
+def run_stage(
+    out: str, stage: str, config, cells: List[tuple], iterations: int, say=print, parallel: int = 1
+) -> pd.DataFrame:
     """Run the trials of ``cells`` ((method, seed, lr peak) each) that have not finished yet as one Tune experiment
-    ``<out>/<stage>``, sharing one actor; returns the rows of every finished trial of the cells.
+    ``<out>/<stage>``, ``parallel`` at a time (`stage_parallelism`), each running trial's actor reused by the next;
+    returns the rows of every finished trial of the cells.
 
     Resume: a finished trial's rows are in ``<out>/trials/<stage>/`` (written when it ended), so a rerun, in this
     or another process, on this machine or from a copy of that folder, runs only the cells without them."""
@@ -133,7 +148,15 @@ def run_stage(out: str, stage: str, config, cells: List[tuple], iterations: int,
     else:
         if finished & set(cells):
             say(f"[{stage}] continuing: {len(cells) - len(todo)} of {len(cells)} trials finished earlier are kept")
-        say(f"[{stage}] {len(todo)} trials × {iterations} iterations")
+        concurrent, threads = stage_parallelism(config, parallel)
+        if threads:
+            config = config.copy(copy_frozen=False).training(
+                num_threads_per_learner=threads, num_threads_per_env_runner=threads
+            )
+        say(
+            f"[{stage}] {len(todo)} trials × {iterations} iterations"
+            + (f", {concurrent} at a time ({threads} threads each)" if concurrent > 1 else "")
+        )
         path = os.path.join(out, stage)
         if os.path.isdir(path):
             shutil.rmtree(path)  # an interrupted experiment's Tune files: its finished trials are saved above
@@ -142,7 +165,7 @@ def run_stage(out: str, stage: str, config, cells: List[tuple], iterations: int,
             param_space=stage_space(config, todo),
             tune_config=tune.TuneConfig(
                 reuse_actors=True,
-                max_concurrent_trials=1,
+                max_concurrent_trials=concurrent,
                 trial_dirname_creator=_trial_name,
                 trial_name_creator=_trial_name,
             ),
@@ -192,7 +215,7 @@ def lr_stage_name(regime: str) -> str:
 
 
 def choose_lr(
-    out: str, grid: Grid, prepared: Prepared, say=print
+    out: str, grid: Grid, prepared: Prepared, say=print, parallel: int = 1
 ) -> Tuple[Union[float, Dict[str, float]], pd.DataFrame]:
     """The lr stage (or the given lr): each method's best peak (``lr_per_method``), or the peak whose worse method
     does best; with the lr stage's rows."""
@@ -200,7 +223,9 @@ def choose_lr(
         return grid.default_lr, pd.DataFrame()
     cells = [(m, s, float(p)) for m in grid.lr_methods for s in grid.lr_seeds for p in grid.lr_peaks]
     frames = [
-        run_stage(out, lr_stage_name(r), regime_config(REGIMES[r], prepared, grid), cells, grid.iterations, say)
+        run_stage(
+            out, lr_stage_name(r), regime_config(REGIMES[r], prepared, grid), cells, grid.iterations, say, parallel
+        )
         for r in grid.lr_regimes
     ]
     curves = report.concat(frames)
@@ -214,14 +239,15 @@ def choose_lr(
     return choice["lr_peak"], curves
 
 
-def run_sweep(out: str, grid: Grid, *, base_model: Optional[str] = None, say=print) -> Dict:
-    """Prepare, choose the lr, run every regime's experiment, then write the curves, table and figures."""
+def run_sweep(out: str, grid: Grid, *, base_model: Optional[str] = None, say=print, parallel: int = 1) -> Dict:
+    """Prepare, choose the lr, run every regime's experiment (``parallel`` trials at a time where that helps,
+    `stage_parallelism`), then write the curves, table and figures."""
     from rllib_p3o.sweep.prep import prepare
 
     t0 = time.time()
     needs = {n for r in grid.regimes for n in REGIMES[r].needs}
     prepared = prepare(out, grid, needs, base_model=base_model, say=say)
-    lr_peak, lr_curves = choose_lr(out, grid, prepared, say)
+    lr_peak, lr_curves = choose_lr(out, grid, prepared, say, parallel)
     frames = [lr_curves]
     for name in grid.regimes:
         config = regime_config(REGIMES[name], prepared, grid)
@@ -238,7 +264,7 @@ def run_sweep(out: str, grid: Grid, *, base_model: Optional[str] = None, say=pri
             frames.append(shared[kept].assign(**{report.STAGE: name}))
             cells = [c for c in cells if c not in have]
         if cells:
-            frames.append(run_stage(out, name, config, cells, grid.iterations, say))
+            frames.append(run_stage(out, name, config, cells, grid.iterations, say, parallel))
     curves = report.concat(frames)
     curves.to_csv(os.path.join(out, report.CURVES_CSV), index=False)
     summary = report.write_report(out, curves, grid, lr_peak=lr_peak, wall_s=time.time() - t0)
@@ -280,6 +306,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="a local (or network-mounted) directory: the sweep builds its models there and resumes from its files",
     )
     parser.add_argument("--fresh", action="store_true", help="delete --out first instead of resuming it")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="trials of a sync stage run at once, sharing the cores (each gets cores / N threads); async stages run "
+        "one at a time. Results do not depend on it beyond float rounding",
+    )
     parser.add_argument("--regimes", nargs="+", choices=sorted(REGIMES))
     parser.add_argument("--methods", nargs="+", choices=sorted(METHODS))
     parser.add_argument("--seeds", nargs="+", type=int)
@@ -296,6 +329,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "and resumes from its files); copy the directory to object storage afterwards"
         )
 
+    if args.parallel < 1:
+        parser.error(f"--parallel must be >= 1, got {args.parallel}")
     grid = GRIDS[args.task, "quick" if args.quick else "full"]
     changes = {
         k: tuple(v) for k, v in (("regimes", args.regimes), ("methods", args.methods), ("seeds", args.seeds)) if v
@@ -330,7 +365,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     env = quiet_library_output()
     # Logical CPUs beyond the cores: a trial holds 2 (its actor and the runner), Ray Data reads need their own.
     ray.init(
-        num_cpus=8,
+        num_cpus=max(8, 2 * args.parallel + 4),
         include_dashboard=False,
         log_to_driver=False,
         logging_level=logging.ERROR,
@@ -342,7 +377,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"{', '.join(grid.methods)}; seeds {list(grid.seeds)}; {grid.iterations} iterations each → {out}",
             flush=True,
         )
-        summary = run_sweep(out, grid, base_model=args.base_model, say=lambda line: print(line, flush=True))
+        summary = run_sweep(
+            out, grid, base_model=args.base_model, say=lambda line: print(line, flush=True), parallel=args.parallel
+        )
     except SweepInterrupted as stop:
         print(stop, flush=True)
         return 130
