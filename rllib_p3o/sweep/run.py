@@ -155,7 +155,11 @@ def run_stage(
             )
         say(
             f"[{stage}] {len(todo)} trials × {iterations} iterations"
-            + (f", {concurrent} at a time ({threads} threads each)" if concurrent > 1 else "")
+            + (
+                f", {concurrent} at a time ({threads} thread{'s' if threads > 1 else ''} each)"
+                if concurrent > 1
+                else ""
+            )
         )
         path = os.path.join(out, stage)
         if os.path.isdir(path):
