@@ -302,8 +302,9 @@ class P3OConfig(AlgorithmConfig):
                 tokens, and each token's together with ``weight_sync_rtol``. Default: by the engine's precision,
                 1e-3 for float32 and 0.08 for bfloat16 (see `rllib_p3o.sync.payload.DEFAULT_TOLERANCES`).
             weight_sync_rtol: A probe token may differ by ``weight_sync_tolerance`` plus this times its |log-prob|:
-                a low-precision engine's rounding error grows with the magnitude and varies from token to token.
-                Default: 0 for float32 engines, 0.1 for bfloat16.
+                a low-precision engine's rounding error grows with the magnitude and varies from token to token
+                (with ``rtol > 0``, up to 10% of the tokens may exceed that by up to twice it:
+                `rllib_p3o.sync.probe.check_probe`). Default: 0 for float32 engines, 0.1 for bfloat16.
             weight_sync_timeout_s: A runner that has not loaded new weights within this many seconds raises
                 `WeightSyncError` naming it (default 300), instead of a silent hang.
             max_consecutive_nonfinite_steps: An optimizer step whose loss or gradient is not finite is skipped

@@ -50,6 +50,14 @@ def check_not_diverged(learner_logprobs: Sequence[float], where: str) -> None:
         )
 
 
+# A low-precision engine's rounding moves single probe tokens past their bound now and then (a sharpening policy's
+# larger logits round coarser): up to this share of the probe's tokens (at least one) may exceed their bound by up
+# to `OUTLIER_FACTOR` times it. Found in a 30-iteration bf16-rollout run at lr 2e-3: one token of 12 off by 0.169
+# where 0.168 was allowed, which ended the run as a "sync failure".
+OUTLIER_SHARE = 0.1
+OUTLIER_FACTOR = 2.0
+
+
 def check_probe(
     engine_logprobs: np.ndarray,
     learner_logprobs: Sequence[float],
@@ -57,26 +65,37 @@ def check_probe(
     where: str,
     rtol: float = 0.0,
 ) -> float:
-    """``max_t |engine_t - learner_t|`` over the probe's log-probs. Raises `WeightSyncError` where a token's difference
-    exceeds ``tolerance + rtol · |learner_t|`` (or is NaN), or where the mean difference over the probe exceeds
-    ``tolerance`` (with ``rtol = 0`` the first bound implies the second).
+    """``max_t |engine_t - learner_t|`` over the probe's log-probs. Raises `WeightSyncError` where the mean difference
+    over the probe exceeds ``tolerance``, or a token's difference exceeds its bound ``tolerance + rtol · |learner_t|``
+    (or is NaN). With ``rtol = 0`` (a float32 engine) every token must keep its bound.
 
-    The relative and the mean bounds are for low-precision engines. Their rounding differs from torch's, and the
-    difference grows with a log-prob's magnitude and varies from token to token: on the demo model a bf16 engine's
-    log-probs differed from the same weights' bf16 forward in torch by 0.005-0.06 on most tokens, and by up to 0.26
-    on single ones. A wrong sync (a corrupted, missed or mis-mapped tensor, a stale LM head) moves every token;
-    rounding moves a few: the mean tells them apart where a single token cannot. ``where`` opens the error message
-    (e.g. "runner 1: after loading weights v7").
+    The relative and the mean bounds are for low-precision engines (``rtol > 0``). Their rounding differs from
+    torch's, and the difference grows with a log-prob's magnitude and varies from token to token: on the demo model a
+    bf16 engine's log-probs differed from the same weights' bf16 forward in torch by 0.005-0.06 on most tokens, and
+    by up to 0.26 on single ones. A wrong sync (a corrupted, missed or mis-mapped tensor, a stale LM head) moves
+    every token; rounding moves a few: the mean tells them apart where a single token cannot. So there, isolated
+    outliers pass: at most `OUTLIER_SHARE` of the tokens (at least one) may exceed their bound, by at most
+    `OUTLIER_FACTOR` times it. ``where`` opens the error message (e.g. "runner 1: after loading weights v7").
     """
     learner = np.asarray(learner_logprobs, dtype=np.float64)
-    diff = np.abs(np.asarray(engine_logprobs, dtype=np.float64) - learner)
+    raw = np.abs(np.asarray(engine_logprobs, dtype=np.float64) - learner)
+    diff = np.where(np.isnan(raw), np.inf, raw)  # a NaN is beyond every bound
     allowed = tolerance + rtol * np.abs(learner)
-    worst = int(np.argmax(np.where(np.isnan(diff), np.inf, diff - allowed)))
-    if not diff[worst] <= allowed[worst]:
+    beyond = diff > allowed
+    outliers_allowed = max(1, int(OUTLIER_SHARE * len(diff))) if rtol > 0 else 0
+    gross = diff > (OUTLIER_FACTOR * allowed if rtol > 0 else allowed)
+    if gross.any() or beyond.sum() > outliers_allowed:
+        worst = int(np.argmax(diff - allowed))
         bound = f"tolerance {tolerance}" + (f" + {rtol} x |log-prob| = {allowed[worst]:.3g}" if rtol else "")
+        others = (
+            f"; {int(beyond.sum())} of {len(diff)} tokens beyond their bound, at most {outliers_allowed} by at most "
+            f"{OUTLIER_FACTOR:g}x allowed as rounding"
+            if rtol > 0
+            else ""
+        )
         raise WeightSyncError(
-            f"{where} the engine's log-prob of probe token {worst + 1} differs from the learner's by {diff[worst]:.3g} "
-            f"(learner {learner[worst]:.3f}; {bound}); the engine does not hold the learner's weights."
+            f"{where} the engine's log-prob of probe token {worst + 1} differs from the learner's by {raw[worst]:.3g} "
+            f"(learner {learner[worst]:.3f}; {bound}{others}); the engine does not hold the learner's weights."
         )
     if not float(np.mean(diff)) <= tolerance:
         raise WeightSyncError(
