@@ -290,7 +290,8 @@ def write_report(
 
     regimes = [r for r in grid.regimes if r in set(curves[STAGE])]
     regime_curves = curves[curves[STAGE].isin(regimes)]
-    trials = per_trial(regime_curves, grid.target, grid.collapse_from)
+    all_trials = per_trial(curves, grid.target, grid.collapse_from)  # the lr stages' trials too, for the cost
+    trials = all_trials[all_trials[STAGE].isin(regimes)].reset_index(drop=True)
     summary = summarize(trials)
     rows_per_it = _rows_per_iteration(curves)
     os.makedirs(os.path.join(out, FIGURES), exist_ok=True)
@@ -313,7 +314,6 @@ def write_report(
         "reused_actor_setup_s_mean": float(reused.mean()) if len(reused) else None,
         "reused_trials": len(reused),
     }
-    all_trials = per_trial(curves, grid.target, grid.collapse_from)  # the lr stages' trials too
     timed = all_trials[TIME_S].dropna()
     cost = {"trial_time_s_sum": float(timed.sum()), "timed_trials": len(timed), "trials": len(all_trials)}
     table = markdown_table(summary, grid.target)

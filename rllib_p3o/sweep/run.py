@@ -62,7 +62,7 @@ class SweepInterrupted(Exception):
         self.stage, self.missing, self.total = stage, missing, total
         super().__init__(
             f"[{stage}] interrupted: {total - len(missing)} of {total} trials finished and saved, "
-            f"{len(missing)} not (first: {'{}_seed{}_lr{:g}'.format(*missing[0])}); "
+            f"{len(missing)} not (first: {_cell_name(missing[0])}); "
             "rerun the same command to continue"
         )
 
@@ -114,8 +114,13 @@ class StageProgress(tune.Callback):
         self._end(trials, trial, error=True)
 
 
+def _cell_name(cell: tuple) -> str:
+    """A (method, seed, lr peak) cell as its trial's name."""
+    return "{}_seed{}_lr{:g}".format(*cell)
+
+
 def _trial_name(trial) -> str:
-    return "{}_seed{}_lr{:g}".format(*_cell(trial.config))
+    return _cell_name(_cell(trial.config))
 
 
 def stage_parallelism(config, parallel: int) -> Tuple[int, Optional[int]]:
@@ -183,12 +188,13 @@ def run_stage(
             ),
         ).fit()
     rows = report.read_trials(out, stage)
-    saved = set() if rows.empty else set(_trial_cells(rows))
+    row_cells = _trial_cells(rows) if len(rows) else []
+    saved = set(row_cells)
     missing = [c for c in cells if c not in saved]
     if missing:
         raise SweepInterrupted(stage, missing, len(cells))
-    keep = [c in set(cells) for c in _trial_cells(rows)] if len(rows) else []
-    return rows[keep] if len(rows) else rows
+    wanted = set(cells)
+    return rows[[c in wanted for c in row_cells]] if len(rows) else rows
 
 
 def _trial_cells(rows: pd.DataFrame) -> List[tuple]:
