@@ -276,3 +276,72 @@ def test_lr_choice_per_method_is_each_methods_best_peak():
     assert choice["lr_peak"] == {"p3o": 5e-4, "grpo_tis_eps0.2": 2.5e-4}
     table = report.lr_spread_table(curves, target=0.7)
     assert "| p3o | 0.900 (on_policy, 0.0005) | 0.450 (bf16_rollouts, 0.00025) | 0.450 |" in table
+
+
+def _write_trial(out: str, stage: str, cell: tuple, last: float) -> None:
+    """A finished trial's file as the sweep writes it (`report.write_trial`): held-out 0.3 at iteration 1, ``last`` at
+    iteration 2."""
+    rows = [
+        {
+            report.ITERATION: it,
+            report.TIME_S: 10.0 * it,
+            report.HELDOUT: value,
+            report.ESS: 0.9,
+            report.REWARD: value,
+            report.SETUP_S: 1.0,
+            report.ACTOR_REUSED: 0.0,
+        }
+        for it, value in ((1, 0.3), (2, last))
+    ]
+    report.write_trial(report.trial_path(out, stage, "{}_seed{}_lr{:g}".format(*cell)), stage, cell, rows, False, 512)
+
+
+def test_report_only_reports_the_saved_trials_of_a_running_sweep_and_says_what_is_missing(tmp_path, capsys):
+    # Trial files as a running claims-bench sweep leaves them (no Ray: the report reads files only).
+    from rllib_p3o.sweep.grid import BENCH_QUICK, Grid
+    from rllib_p3o.sweep.run import main
+
+    methods = ("p3o", "grpo_tis_eps0.2", "grpo_tis_eps0.4")
+    grid = Grid(**{**BENCH_QUICK.__dict__, "methods": methods, "lr_methods": methods, "iterations": 2})
+    out = str(tmp_path / "bench")
+    args = ["--task", "sorting", "--quick", "--out", out, "--report-only", "--iterations", "2"]
+    args += ["--methods", *methods]
+    scores = {("p3o", 5e-4): 0.6, ("p3o", 1e-3): 0.7, ("grpo_tis_eps0.2", 5e-4): 0.8}
+    scores.update({("grpo_tis_eps0.2", 1e-3): 0.5, ("grpo_tis_eps0.4", 5e-4): 0.1, ("grpo_tis_eps0.4", 1e-3): 0.4})
+    cells = sorted(scores)
+    for method, peak in cells[:-1]:
+        _write_trial(out, "lr_on_policy", (method, 0, peak), scores[method, peak])
+
+    # The lr stage not finished: its table only, no peak chosen from part of it.
+    assert main(args) == 0
+    summary = json.load(open(os.path.join(out, report.SUMMARY_JSON)))
+    assert summary["lr_peak"] is None and summary["summary"] == []
+    missing = grid.num_trials() - 5
+    assert summary["note"].startswith(f"Partial: 5 trials finished, {missing} not yet (the lr stage first")
+    assert summary["note"] in capsys.readouterr().out
+    assert not os.path.exists(os.path.join(out, report.CURVES_CSV))  # it stands for a finished sweep
+
+    # The lr stage finished: each method's best peak; its trials there are the on-policy stage's seed 0.
+    method, peak = cells[-1]
+    _write_trial(out, "lr_on_policy", (method, 0, peak), scores[method, peak])
+    assert main(args) == 0
+    summary = json.load(open(os.path.join(out, report.SUMMARY_JSON)))
+    assert summary["lr_peak"] == {"p3o": 1e-3, "grpo_tis_eps0.2": 5e-4, "grpo_tis_eps0.4": 1e-3}
+    assert summary["note"].startswith("Partial: 6 trials finished, 3 not yet;")
+    assert [(r["stage"], r["method"]) for r in summary["summary"]] == [("on_policy", m) for m in methods]
+    assert [r["heldout_at_budget_mean"] for r in summary["summary"]] == [0.7, 0.8, 0.4]
+    # A family of clip ranges gets a row over lr × ε, beside each method's over the lr.
+    assert "| grpo_tis_eps0.4 | 0.400 (on_policy, 0.001) | 0.100 (on_policy, 0.0005) | 0.300 |" in summary["lr_table"]
+    assert (
+        "| grpo_tis (over ε too) | 0.800 (on_policy, 0.0005, ε 0.2) | 0.100 (on_policy, 0.0005, ε 0.4) | 0.700 |"
+        in (summary["lr_table"])
+    )
+
+    # Every trial saved: the finished sweep's report, with curves.csv.
+    for method, peak in summary["lr_peak"].items():
+        _write_trial(out, "fp8_rollouts", (method, 0, peak), 0.5)
+    assert main(args) == 0
+    summary = json.load(open(os.path.join(out, report.SUMMARY_JSON)))
+    assert summary["note"] is None and len(summary["summary"]) == 6 and len(summary["figures"]) == 2
+    curves = pd.read_csv(os.path.join(out, report.CURVES_CSV))
+    assert curves.groupby(report.STAGE).size().to_dict() == {"lr_on_policy": 12, "on_policy": 6, "fp8_rollouts": 6}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -201,23 +201,44 @@ def choose_lr_per_method(curves: pd.DataFrame, peaks: Sequence[float], target: f
 
 
 def lr_spread_table(curves: pd.DataFrame, target: float) -> str:
-    """Per method over the lr stage's cells (regime × peak, mean over seeds): best, worst, and the spread."""
+    """Per method over the lr stage's cells (regime × peak, mean over seeds): best, worst, and the spread. A family of
+    methods that differ only in a clip range (``grpo_tis_eps0.2``, ``grpo_tis_eps0.4``) gets a row of its own over
+    regime × peak × ε: what tuning ε on top of the lr is worth, beside P3O's spread over the lr alone."""
     trials = per_trial(curves, target)
     lines = [
         "| method | best cell (regime, peak lr) | worst cell | spread (best − worst) | per peak, mean over regimes |",
         "|---|---|---|---|---|",
     ]
+    families: Dict[str, pd.DataFrame] = {}
     for method, t in trials.groupby(METHOD, sort=False):
-        cells = t.groupby([STAGE, LR_PEAK])["heldout_last"].mean()
-        if cells.empty:
-            continue
-        (bs, bp), (ws, wp) = cells.idxmax(), cells.idxmin()
-        per_peak = t.groupby(LR_PEAK)["heldout_last"].mean()
-        lines.append(
-            f"| {method} | {cells.max():.3f} ({_regime_of(bs)}, {bp:g}) | {cells.min():.3f} ({_regime_of(ws)}, {wp:g}) "
-            f"| {cells.max() - cells.min():.3f} | " + ", ".join(f"{p:g}: {v:.3f}" for p, v in per_peak.items()) + " |"
-        )
+        lines += _spread_row(method, t, [STAGE, LR_PEAK])
+        family = method.split(EPS_SUFFIX)[0]
+        families[family] = pd.concat([families[family], t]) if family in families else t
+    for family, t in families.items():
+        if t[METHOD].nunique() > 1:
+            lines += _spread_row(f"{family} (over ε too)", t, [STAGE, LR_PEAK, METHOD])
     return "\n".join(lines) + "\n"
+
+
+EPS_SUFFIX = "_eps"  # a method name's clip-range suffix (`rllib_p3o.sweep.grid.METHODS`)
+
+
+def _spread_row(label: str, trials: pd.DataFrame, cell: List[str]) -> List[str]:
+    """One row of `lr_spread_table`: the best and worst of ``trials``' cells (mean held-out at the budget over seeds)."""
+    cells = trials.groupby(cell)["heldout_last"].mean()
+    if cells.empty:
+        return []
+
+    def where(key: tuple) -> str:
+        regime, peak, *method = key
+        eps = [f"ε {m.split(EPS_SUFFIX)[1]}" for m in method if EPS_SUFFIX in m]
+        return ", ".join([_regime_of(regime), f"{peak:g}", *eps])
+
+    per_peak = trials.groupby(LR_PEAK)["heldout_last"].mean()
+    return [
+        f"| {label} | {cells.max():.3f} ({where(cells.idxmax())}) | {cells.min():.3f} ({where(cells.idxmin())}) "
+        f"| {cells.max() - cells.min():.3f} | " + ", ".join(f"{p:g}: {v:.3f}" for p, v in per_peak.items()) + " |"
+    ]
 
 
 def _regime_of(stage: str) -> str:
@@ -282,12 +303,20 @@ def plot_regime(
 
 
 def write_report(
-    out: str, curves: pd.DataFrame, grid, *, lr_peak: Union[float, Dict[str, float]], wall_s: Optional[float]
+    out: str,
+    curves: pd.DataFrame,
+    grid,
+    *,
+    lr_peak: Union[None, float, Dict[str, float]],
+    wall_s: Optional[float],
+    note: Optional[str] = None,
 ) -> Dict:
     """summary.md, summary.json and figures/<regime>.png under ``out``; returns what was written (and the facts).
-    ``lr_peak``: one peak for every method, or each method's."""
+    ``lr_peak``: one peak for every method, or each method's (None: not chosen yet). ``note`` opens summary.md (a
+    partial report says what is missing)."""
     from rllib_p3o.sweep.grid import TASKS
 
+    curves = _in_grid_order(curves, grid)
     regimes = [r for r in grid.regimes if r in set(curves[STAGE])]
     regime_curves = curves[curves[STAGE].isin(regimes)]
     all_trials = per_trial(curves, grid.target, grid.collapse_from)  # the lr stages' trials too, for the cost
@@ -301,7 +330,9 @@ def write_report(
     ]
     lr_curves = curves[curves[STAGE].str.startswith(LR_STAGE_PREFIX)] if len(curves) else curves
     lr_table = lr_spread_table(lr_curves, grid.target) if len(lr_curves) else ""
-    if isinstance(lr_peak, dict):
+    if lr_peak is None:
+        lr_text = "Peak lr: not chosen yet (the lr stage has not finished)"
+    elif isinstance(lr_peak, dict):
         lr_text = "Peak lr per method (its best in the lr stage): " + ", ".join(
             f"{m} {p:g}" for m, p in lr_peak.items()
         )
@@ -320,7 +351,7 @@ def write_report(
     md = os.path.join(out, SUMMARY_MD)
     with open(md, "w") as f:
         f.write(
-            f"{lr_text}; {grid.iterations} iterations of {rows_per_it} completions "
+            (f"{note}\n\n" if note else "") + f"{lr_text}; {grid.iterations} iterations of {rows_per_it} completions "
             f"per trial; target held-out {grid.target:g}; collapse: errored or last held-out more than "
             f"{COLLAPSE_DROP:g} below the {grid.collapse_from}.\n\n{table}\n"
             + (f"The lr stage (held-out at the budget, mean over seeds):\n\n{lr_table}\n" if lr_table else "")
@@ -333,6 +364,7 @@ def write_report(
             + ".\n"
         )
     facts = {
+        "note": note,
         "lr_peak": lr_peak,
         "iterations": grid.iterations,
         "target": grid.target,
@@ -349,6 +381,14 @@ def write_report(
     with open(os.path.join(out, SUMMARY_JSON), "w") as f:
         json.dump(facts, f, indent=2, default=float)
     return facts
+
+
+def _in_grid_order(curves: pd.DataFrame, grid) -> pd.DataFrame:
+    """``curves`` sorted by stage (the lr stages first) and method as the grid lists them, so that tables and legends
+    follow the grid whatever order the trial files were read in."""
+    stages = [LR_STAGE_PREFIX + r for r in grid.lr_regimes] + list(grid.regimes)
+    rank = {STAGE: {s: i for i, s in enumerate(stages)}, METHOD: {m: i for i, m in enumerate(grid.methods)}}
+    return curves.sort_values([STAGE, METHOD], key=lambda col: col.map(rank[col.name]), kind="stable")
 
 
 def _rows_per_iteration(curves: pd.DataFrame) -> int:

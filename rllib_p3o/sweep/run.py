@@ -28,7 +28,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import pandas as pd
 from ray import tune
@@ -187,14 +187,21 @@ def run_stage(
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
         ).fit()
-    rows = report.read_trials(out, stage)
-    row_cells = _trial_cells(rows) if len(rows) else []
-    saved = set(row_cells)
+    rows = saved_rows(out, stage, cells)
+    saved = set(_trial_cells(rows)) if len(rows) else set()
     missing = [c for c in cells if c not in saved]
     if missing:
         raise SweepInterrupted(stage, missing, len(cells))
+    return rows
+
+
+def saved_rows(out: str, stage: str, cells: List[tuple]) -> pd.DataFrame:
+    """The rows of the trials of ``cells`` whose files are saved under ``<out>/trials/<stage>/`` (finished ones)."""
+    rows = report.read_trials(out, stage)
+    if not len(rows):
+        return rows
     wanted = set(cells)
-    return rows[[c in wanted for c in row_cells]] if len(rows) else rows
+    return rows[[c in wanted for c in _trial_cells(rows)]]
 
 
 def _trial_cells(rows: pd.DataFrame) -> List[tuple]:
@@ -231,22 +238,63 @@ def choose_lr(
     does best; with the lr stage's rows."""
     if not grid.lr_peaks:
         return grid.default_lr, pd.DataFrame()
-    cells = [(m, s, float(p)) for m in grid.lr_methods for s in grid.lr_seeds for p in grid.lr_peaks]
     frames = [
         run_stage(
-            out, lr_stage_name(r), regime_config(REGIMES[r], prepared, grid), cells, grid.iterations, say, parallel
+            out,
+            lr_stage_name(r),
+            regime_config(REGIMES[r], prepared, grid),
+            lr_cells(grid),
+            grid.iterations,
+            say,
+            parallel,
         )
         for r in grid.lr_regimes
     ]
     curves = report.concat(frames)
-    if grid.lr_per_method:
-        choice = report.choose_lr_per_method(curves, grid.lr_peaks, grid.target)
-    else:
-        choice = report.choose_lr(curves, grid.lr_peaks)
+    choice = lr_choice(curves, grid)
     with open(os.path.join(out, LR_CHOICE), "w") as f:
         json.dump(choice, f, indent=2)
     say(f"[lr] chosen peak lr {choice['lr_peak']} ({choice['why']})")
     return choice["lr_peak"], curves
+
+
+def lr_cells(grid: Grid) -> List[tuple]:
+    """The (method, seed, lr peak) cells of each of the grid's lr stages."""
+    return [(m, s, float(p)) for m in grid.lr_methods for s in grid.lr_seeds for p in grid.lr_peaks]
+
+
+def lr_choice(curves: pd.DataFrame, grid: Grid) -> Dict:
+    """The lr stage's choice from its rows: each method's best peak (``lr_per_method``), or one for every method."""
+    if grid.lr_per_method:
+        return report.choose_lr_per_method(curves, grid.lr_peaks, grid.target)
+    return report.choose_lr(curves, grid.lr_peaks)
+
+
+StageRows = Callable[[str, List[tuple]], pd.DataFrame]
+
+
+def regime_frames(
+    grid: Grid, lr_peak: Union[float, Dict[str, float]], lr_curves: pd.DataFrame, stage_rows: StageRows
+) -> List[pd.DataFrame]:
+    """Every regime stage's rows: the lr stage's trials at the chosen peak where it ran that regime (they are seeds of
+    the regime stage already, relabelled to it), and ``stage_rows(regime, cells)`` for the other cells (run them, or
+    read what is saved)."""
+    frames = []
+    for name in grid.regimes:
+        cells = [
+            (m, int(s), float(lr_peak[m] if isinstance(lr_peak, dict) else lr_peak))
+            for m in grid.methods
+            for s in grid.seeds
+        ]
+        shared = lr_curves[lr_curves[report.STAGE] == lr_stage_name(name)] if len(lr_curves) else lr_curves
+        if len(shared):
+            have = set(_trial_cells(shared))
+            kept = [c in set(cells) for c in _trial_cells(shared)]
+            frames.append(shared[kept].assign(**{report.STAGE: name}))
+            cells = [c for c in cells if c not in have]
+        if cells:
+            frames.append(stage_rows(name, cells))
+    return frames
 
 
 def run_sweep(out: str, grid: Grid, *, base_model: Optional[str] = None, say=print, parallel: int = 1) -> Dict:
@@ -258,24 +306,12 @@ def run_sweep(out: str, grid: Grid, *, base_model: Optional[str] = None, say=pri
     needs = {n for r in grid.regimes for n in REGIMES[r].needs}
     prepared = prepare(out, grid, needs, base_model=base_model, say=say)
     lr_peak, lr_curves = choose_lr(out, grid, prepared, say, parallel)
-    frames = [lr_curves]
-    for name in grid.regimes:
+
+    def run(name: str, cells: List[tuple]) -> pd.DataFrame:
         config = regime_config(REGIMES[name], prepared, grid)
-        cells = [
-            (m, int(s), float(lr_peak[m] if isinstance(lr_peak, dict) else lr_peak))
-            for m in grid.methods
-            for s in grid.seeds
-        ]
-        shared = lr_curves[lr_curves[report.STAGE] == lr_stage_name(name)] if len(lr_curves) else lr_curves
-        if len(shared):
-            # The lr stage ran this regime: its trials at the chosen peak are seeds of this stage already.
-            have = set(_trial_cells(shared))
-            kept = [c in set(cells) for c in _trial_cells(shared)]
-            frames.append(shared[kept].assign(**{report.STAGE: name}))
-            cells = [c for c in cells if c not in have]
-        if cells:
-            frames.append(run_stage(out, name, config, cells, grid.iterations, say, parallel))
-    curves = report.concat(frames)
+        return run_stage(out, name, config, cells, grid.iterations, say, parallel)
+
+    curves = report.concat([lr_curves, *regime_frames(grid, lr_peak, lr_curves, run)])
     curves.to_csv(os.path.join(out, report.CURVES_CSV), index=False)
     summary = report.write_report(out, curves, grid, lr_peak=lr_peak, wall_s=time.time() - t0)
     say(
@@ -283,6 +319,45 @@ def run_sweep(out: str, grid: Grid, *, base_model: Optional[str] = None, say=pri
         f"figures under {out}"
     )
     return summary
+
+
+def report_saved(out: str, grid: Grid) -> Dict:
+    """The report (`report.write_report`) of the trials whose files are saved under ``<out>/trials``, arranged as
+    `run_sweep` arranges them: a finished sweep's, with its ``curves.csv``, or a running or interrupted one's, which
+    opens with how many trials are missing and writes no ``curves.csv`` (that file stands for a finished sweep).
+    Before the lr stage has finished, only its table is reported: no peak is chosen from part of it."""
+    counts = {"finished": 0, "missing": 0}
+
+    def saved(stage: str, cells: List[tuple]) -> pd.DataFrame:
+        rows = saved_rows(out, stage, cells)
+        done = len(set(_trial_cells(rows))) if len(rows) else 0
+        counts["finished"] += done
+        counts["missing"] += len(cells) - done
+        return rows
+
+    lr_peak: Union[None, float, Dict[str, float]] = grid.default_lr
+    lr_curves = pd.DataFrame()
+    if grid.lr_peaks:
+        lr_curves = report.concat([saved(lr_stage_name(r), lr_cells(grid)) for r in grid.lr_regimes])
+        lr_peak = lr_choice(lr_curves, grid)["lr_peak"] if not counts["missing"] else None
+    if lr_peak is None:
+        frames = [lr_curves]
+        counts["missing"] = grid.num_trials() - counts["finished"]
+    else:
+        frames = [lr_curves, *regime_frames(grid, lr_peak, lr_curves, saved)]
+    curves = report.concat(frames)
+    if not len(curves):
+        raise FileNotFoundError(f"no finished trial under {os.path.join(out, report.TRIALS_DIR)}")
+    note = None
+    if counts["missing"]:
+        note = (
+            f"Partial: {counts['finished']} trials finished, {counts['missing']} not yet"
+            + (" (the lr stage first: no peak is chosen from part of it)" if lr_peak is None else "")
+            + "; rerun the sweep's command to continue."
+        )
+    else:
+        curves.to_csv(os.path.join(out, report.CURVES_CSV), index=False)
+    return report.write_report(out, curves, grid, lr_peak=lr_peak, wall_s=None, note=note)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -329,7 +404,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--iterations", type=int, help="iterations of 512 completions per trial")
     parser.add_argument("--lr", type=float, help="peak learning rate for every method (skips the lr stage)")
     parser.add_argument("--base-model", help="a base model directory instead of building the task's")
-    parser.add_argument("--report-only", action="store_true", help="redraw table and figures from curves.csv")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the table and figures from the trials saved under --out so far (a running or interrupted sweep's "
+        "say how many are missing), without running any; from curves.csv where there are no trial files",
+    )
     args = parser.parse_args(argv)
     if storage.is_uri(args.out) and storage.uri_scheme(args.out) != "file":
         # The prepared models must be local directories (vLLM and transformers load them), and a resumed sweep reads
@@ -354,12 +434,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     grid = Grid(**{**grid.__dict__, **changes})
     out = os.path.abspath(args.out)
     if args.report_only:
-        import pandas
-
-        lr_peak = json.load(open(os.path.join(out, LR_CHOICE)))["lr_peak"] if grid.lr_peaks else grid.default_lr
-        summary = report.write_report(
-            out, pandas.read_csv(os.path.join(out, report.CURVES_CSV)), grid, lr_peak=lr_peak, wall_s=None
-        )
+        if os.path.isdir(os.path.join(out, report.TRIALS_DIR)):
+            summary = report_saved(out, grid)
+        else:  # a sweep's published outputs without its trial files: redraw from curves.csv
+            lr_peak = json.load(open(os.path.join(out, LR_CHOICE)))["lr_peak"] if grid.lr_peaks else grid.default_lr
+            curves = pd.read_csv(os.path.join(out, report.CURVES_CSV))
+            summary = report.write_report(out, curves, grid, lr_peak=lr_peak, wall_s=None)
         print(open(summary["table"]).read())
         return 0
     if args.fresh and os.path.isdir(out):
