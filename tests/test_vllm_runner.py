@@ -212,3 +212,32 @@ def test_seeded_rollouts_are_reproducible(ray_session, tiny_model):
         for r in (a, b):
             ray.get(r.stop.remote())
             ray.kill(r)
+
+
+def test_sampled_heldout_draws_every_prompts_samples_independently(ray_session, tiny_model):
+    """Held-out sampling at T > 0 seeds each prompt on its own (`heldout_seeds`). With one seed for every prompt,
+    vLLM drew the same random numbers for all of them: 32 copies of a prompt got the same 2 completions."""
+    from rllib_p3o.core import metrics
+
+    def share_of_equal(prompts, completions, **_):  # 1.0 for each completion when all are equal
+        return [completions.count(c) / len(completions) for c in completions]
+
+    prompt = ArithmeticTask().heldout_rows()[0]["prompt"]
+    cfg = _config(tiny_model)
+    cfg.environment(
+        env_config={**cfg.env_config, "eval_dataset": [{"prompt": prompt}] * 32, "reward_fn": share_of_equal}
+    )
+    runner = ray.remote(num_cpus=1)(VLLMEnvRunner).remote(config=cfg, worker_index=1, num_workers=1)
+    try:
+        first = ray.get(runner.evaluate_heldout.remote(32, 1.0, 2, 5))
+        again = ray.get(runner.evaluate_heldout.remote(32, 1.0, 2, 5))
+        greedy = ray.get(runner.evaluate_heldout.remote(32, 0.0, 2, 5))
+    finally:
+        ray.get(runner.stop.remote())
+        ray.kill(runner)
+    assert first[metrics.NUM_COMPLETIONS] == 64
+    # One shared seed: two completions, each 32 times (mean 0.5 or 1.0). Independent samples of an untrained model
+    # rarely repeat.
+    assert first[metrics.REWARD_MEAN] < 0.3, first
+    assert again == first  # seeded: the same samples on a rerun
+    assert greedy[metrics.REWARD_MEAN] == 1.0 and greedy[metrics.NUM_COMPLETIONS] == 32  # greedy: 1 per prompt
