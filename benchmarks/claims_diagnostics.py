@@ -22,26 +22,25 @@ import os
 import re
 from typing import Dict, List
 
-LEARNER = ("learners", "default_policy")
+from rllib_p3o.core import metrics
+
+LEARNER = metrics.LEARNER
 COLUMNS: Dict[str, tuple] = {
     "seq_masked_fraction": (*LEARNER, "seq_masked_fraction"),
     "is_truncated_fraction": (*LEARNER, "is_truncated_fraction"),
     "clip_fraction": (*LEARNER, "clip_fraction"),
     "ess": (*LEARNER, "ess"),
     "mismatch_kl": (*LEARNER, "mismatch_kl"),
-    "completion_len": ("p3o", "completion_len_mean"),
+    "completion_len": (metrics.P3O, "completion_len_mean"),
 }
 TRIAL = re.compile(r"^(?P<method>.+)_seed(?P<seed>\d+)_lr(?P<lr>[0-9.e-]+)$")
 
 
 def _lookup(result: dict, path: tuple) -> float:
-    for key in path:
-        if not isinstance(result, dict) or key not in result:
-            return math.nan
-        result = result[key]
+    value = metrics.lookup(result, *path)
     try:
-        return float(result)
-    except (TypeError, ValueError):
+        return float(value)
+    except (TypeError, ValueError):  # missing (None) or not a number
         return math.nan
 
 
