@@ -345,3 +345,28 @@ def test_report_only_reports_the_saved_trials_of_a_running_sweep_and_says_what_i
     assert summary["note"] is None and len(summary["summary"]) == 6 and len(summary["figures"]) == 2
     curves = pd.read_csv(os.path.join(out, report.CURVES_CSV))
     assert curves.groupby(report.STAGE).size().to_dict() == {"lr_on_policy": 12, "on_policy": 6, "fp8_rollouts": 6}
+
+
+def test_regime_matrix_puts_each_regime_on_a_row_bolds_its_best_and_counts_collapses():
+    summary = pd.DataFrame(
+        [
+            {
+                report.STAGE: regime,
+                report.METHOD: method,
+                "seeds": 3,
+                "heldout_at_budget_mean": mean,
+                "heldout_at_budget_std": 0.01,
+                "collapses": collapses,
+            }
+            for regime, method, mean, collapses in (
+                ("on_policy", "p3o", 0.7, 0),
+                ("on_policy", "grpo_eps0.2", 0.8, 0),
+                ("temperature_1.2", "p3o", 0.84, 0),
+                ("temperature_1.2", "grpo_eps0.2", 0.66, 1),
+            )
+        ]
+    )
+    lines = report.regime_matrix(summary).splitlines()
+    assert lines[0] == "| regime | p3o | grpo_eps0.2 |"
+    assert lines[2] == "| on_policy | 0.700 ± 0.010 | **0.800 ± 0.010** |"
+    assert lines[3] == "| temperature_1.2 | **0.840 ± 0.010** | 0.660 ± 0.010 (1/3 collapsed) |"

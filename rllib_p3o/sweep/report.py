@@ -264,6 +264,33 @@ def markdown_table(summary: pd.DataFrame, target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def regime_matrix(summary: pd.DataFrame) -> str:
+    """The summary as one row per regime and one column per method: held-out at the budget (mean ± std over seeds),
+    the collapses counted after it, the regime's best mean in bold (a tie within 0.005 shares it)."""
+    if not len(summary):
+        return ""
+    regimes = list(dict.fromkeys(summary[STAGE]))
+    methods = list(dict.fromkeys(summary[METHOD]))
+    cells = summary.set_index([STAGE, METHOD])
+    lines = ["| regime | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for regime in regimes:
+        best = cells.loc[regime]["heldout_at_budget_mean"].max()
+        row = []
+        for method in methods:
+            if (regime, method) not in cells.index:
+                row.append("–")
+                continue
+            c = cells.loc[(regime, method)]
+            text = f"{c['heldout_at_budget_mean']:.3f} ± {c['heldout_at_budget_std']:.3f}"
+            if c["heldout_at_budget_mean"] >= best - 0.005:
+                text = f"**{text}**"
+            if c["collapses"]:
+                text += f" ({int(c['collapses'])}/{int(c['seeds'])} collapsed)"
+            row.append(text)
+        lines.append(f"| {regime} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_regime(
     curves: pd.DataFrame,
     regime: str,
@@ -348,12 +375,18 @@ def write_report(
     timed = all_trials[TIME_S].dropna()
     cost = {"trial_time_s_sum": float(timed.sum()), "timed_trials": len(timed), "trials": len(all_trials)}
     table = markdown_table(summary, grid.target)
+    matrix = regime_matrix(summary)
     md = os.path.join(out, SUMMARY_MD)
     with open(md, "w") as f:
         f.write(
             (f"{note}\n\n" if note else "") + f"{lr_text}; {grid.iterations} iterations of {rows_per_it} completions "
             f"per trial; target held-out {grid.target:g}; collapse: errored or last held-out more than "
             f"{COLLAPSE_DROP:g} below the {grid.collapse_from}.\n\n{table}\n"
+            + (
+                f"Held-out at the budget per regime and method (mean ± std over seeds; best in bold):\n\n{matrix}\n"
+                if matrix
+                else ""
+            )
             + (f"The lr stage (held-out at the budget, mean over seeds):\n\n{lr_table}\n" if lr_table else "")
             + "Start-up per trial: fresh actor "
             f"{_s(startup['fresh_actor_setup_s_mean'])} (n={len(fresh)}), reused actor "
@@ -374,6 +407,7 @@ def write_report(
         "cost": cost,
         "table": md,
         "lr_table": lr_table,
+        "matrix": matrix,
         "figures": figures,
         "summary": summary.to_dict(orient="records"),
         "trials": trials.to_dict(orient="records"),
