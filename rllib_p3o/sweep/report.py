@@ -372,8 +372,11 @@ def write_report(
         "reused_actor_setup_s_mean": float(reused.mean()) if len(reused) else None,
         "reused_trials": len(reused),
     }
-    timed = all_trials[TIME_S].dropna()
-    cost = {"trial_time_s_sum": float(timed.sum()), "timed_trials": len(timed), "trials": len(all_trials)}
+    # A regime stage's seeds taken from its lr stage are the same runs: count each run once.
+    regime_of_trial = all_trials[STAGE].map(_regime_of) if len(all_trials) else all_trials[STAGE]
+    runs = all_trials.loc[~all_trials.assign(_regime=regime_of_trial).duplicated(["_regime", METHOD, SEED, LR_PEAK])]
+    timed = runs[TIME_S].dropna()
+    cost = {"trial_time_s_sum": float(timed.sum()), "timed_trials": len(timed), "trials": len(runs)}
     table = markdown_table(summary, grid.target)
     matrix = regime_matrix(summary)
     md = os.path.join(out, SUMMARY_MD)
