@@ -345,6 +345,10 @@ def test_report_only_reports_the_saved_trials_of_a_running_sweep_and_says_what_i
     assert summary["note"] is None and len(summary["summary"]) == 6 and len(summary["figures"]) == 2
     curves = pd.read_csv(os.path.join(out, report.CURVES_CSV))
     assert curves.groupby(report.STAGE).size().to_dict() == {"lr_on_policy": 12, "on_policy": 6, "fp8_rollouts": 6}
+    # Paths relative to --out (a committed report stays true); the on-policy seeds are the lr stage's runs, counted once.
+    assert summary["table"] == report.SUMMARY_MD
+    assert summary["figures"] == [os.path.join(report.FIGURES, f"{r}.png") for r in ("on_policy", "fp8_rollouts")]
+    assert summary["cost"]["trials"] == 9 and summary["cost"]["trial_time_s_sum"] == 9 * 20.0
 
 
 def test_regime_matrix_puts_each_regime_on_a_row_bolds_its_best_and_counts_collapses():

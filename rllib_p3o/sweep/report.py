@@ -415,8 +415,10 @@ def write_report(
         "summary": summary.to_dict(orient="records"),
         "trials": trials.to_dict(orient="records"),
     }
+    # The file names its outputs relative to ``out``, so that a copied or committed report stays true.
+    relative = {"table": os.path.relpath(md, out), "figures": [os.path.relpath(p, out) for p in figures]}
     with open(os.path.join(out, SUMMARY_JSON), "w") as f:
-        json.dump(facts, f, indent=2, default=float)
+        json.dump({**facts, **relative}, f, indent=2, default=float)
     return facts
 
 
