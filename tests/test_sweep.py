@@ -156,10 +156,12 @@ def test_sweep_writes_its_table_and_a_restored_sweep_does_not_rerun_finished_tri
         (r, meth): 1 for r in ("on_policy_4_steps", "temperature_1.2") for meth in ("p3o", "grpo_eps0.2")
     }  # each trial trained its 1 iteration once
     table = open(os.path.join(out, report.SUMMARY_MD)).read()
-    assert table.count("| on_policy_4_steps |") == 2 and table.count("| temperature_1.2 |") == 2
+    for regime in ("on_policy_4_steps", "temperature_1.2"):  # a row per method, and one in the regime × method matrix
+        assert all(table.count(f"| {regime} | {method} |") == 1 for method in ("p3o", "grpo_eps0.2"))
+        assert table.count(f"| {regime} |") == 3
     summary = json.load(open(os.path.join(out, report.SUMMARY_JSON)))
     assert summary["lr_peak"] == 5e-4 and len(summary["figures"]) == 2
-    assert all(os.path.exists(f) for f in summary["figures"])
+    assert all(os.path.exists(os.path.join(out, f)) for f in summary["figures"])
     # The second trial of each experiment ran in the first one's actor.
     assert sorted(t[report.ACTOR_REUSED] for t in summary["trials"]) == [False, False, True, True]
 
