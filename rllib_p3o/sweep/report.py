@@ -28,6 +28,7 @@ SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
 FIGURES = "figures"
 COLLAPSE_DROP = 0.1
+BEST_TIE = 0.005  # in the regime × method matrix, means this close to a regime's best are bold too
 # Columns of curves.csv.
 STAGE, METHOD, SEED, LR_PEAK, ITERATION, SAMPLES = "stage", "method", "seed", "lr_peak", "iteration", "samples"
 HELDOUT, ESS, REWARD, SETUP_S, ACTOR_REUSED, ERROR = ("heldout", "ess", "reward", "setup_s", "actor_reused", "error")
@@ -266,7 +267,7 @@ def markdown_table(summary: pd.DataFrame, target: float) -> str:
 
 def regime_matrix(summary: pd.DataFrame) -> str:
     """The summary as one row per regime and one column per method: held-out at the budget (mean ± std over seeds),
-    the collapses counted after it, the regime's best mean in bold (a tie within 0.005 shares it)."""
+    the collapses counted after it, the regime's best mean in bold (a mean within `BEST_TIE` of it shares it)."""
     if not len(summary):
         return ""
     regimes = list(dict.fromkeys(summary[STAGE]))
@@ -282,7 +283,7 @@ def regime_matrix(summary: pd.DataFrame) -> str:
                 continue
             c = cells.loc[(regime, method)]
             text = f"{c['heldout_at_budget_mean']:.3f} ± {c['heldout_at_budget_std']:.3f}"
-            if c["heldout_at_budget_mean"] >= best - 0.005:
+            if c["heldout_at_budget_mean"] >= best - BEST_TIE:
                 text = f"**{text}**"
             if c["collapses"]:
                 text += f" ({int(c['collapses'])}/{int(c['seeds'])} collapsed)"
@@ -372,9 +373,7 @@ def write_report(
         "reused_actor_setup_s_mean": float(reused.mean()) if len(reused) else None,
         "reused_trials": len(reused),
     }
-    # A regime stage's seeds taken from its lr stage are the same runs: count each run once.
-    regime_of_trial = all_trials[STAGE].map(_regime_of) if len(all_trials) else all_trials[STAGE]
-    runs = all_trials.loc[~all_trials.assign(_regime=regime_of_trial).duplicated(["_regime", METHOD, SEED, LR_PEAK])]
+    runs = _unique_runs(all_trials)
     timed = runs[TIME_S].dropna()
     cost = {"trial_time_s_sum": float(timed.sum()), "timed_trials": len(timed), "trials": len(runs)}
     table = markdown_table(summary, grid.target)
@@ -428,6 +427,14 @@ def _in_grid_order(curves: pd.DataFrame, grid) -> pd.DataFrame:
     stages = [LR_STAGE_PREFIX + r for r in grid.lr_regimes] + list(grid.regimes)
     rank = {STAGE: {s: i for i, s in enumerate(stages)}, METHOD: {m: i for i, m in enumerate(grid.methods)}}
     return curves.sort_values([STAGE, METHOD], key=lambda col: col.map(rank[col.name]), kind="stable")
+
+
+def _unique_runs(trials: pd.DataFrame) -> pd.DataFrame:
+    """``trials`` with each run once: a regime stage's seeds taken from its lr stage are the same runs."""
+    if not len(trials):
+        return trials
+    regime = trials[STAGE].map(_regime_of).rename("_regime")
+    return trials.loc[~pd.concat([regime, trials[[METHOD, SEED, LR_PEAK]]], axis=1).duplicated()]
 
 
 def _rows_per_iteration(curves: pd.DataFrame) -> int:
