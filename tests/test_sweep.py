@@ -376,3 +376,35 @@ def test_regime_matrix_puts_each_regime_on_a_row_bolds_its_best_and_counts_colla
     assert lines[0] == "| regime | p3o | grpo_eps0.2 |"
     assert lines[2] == "| on_policy | 0.700 ± 0.010 | **0.800 ± 0.010** |"
     assert lines[3] == "| temperature_1.2 | **0.840 ± 0.010** | 0.660 ± 0.010 (1/3 collapsed) |"
+
+
+def test_compare_trials_ignores_the_machines_columns_and_fails_on_a_training_value_or_a_missing_trial(tmp_path):
+    # benchmarks/compare_trials.py on files the sweep's own writer wrote (no Ray: it reads files only).
+    reference, rerun = str(tmp_path / "reference"), str(tmp_path / "rerun")
+    for method in ("p3o", "cispo"):
+        _write_trial(reference, "on_policy", (method, 0, 5e-4), 0.7)
+    _write_trial(rerun, "on_policy", ("p3o", 0, 5e-4), 0.7)
+    # Another machine: other wall and set-up times, the same training values.
+    frame = pd.read_csv(report.trial_path(rerun, "on_policy", "p3o_seed0_lr0.0005"))
+    frame[report.TIME_S] *= 3
+    frame[report.SETUP_S] = 7.5
+    frame.to_csv(report.trial_path(rerun, "on_policy", "p3o_seed0_lr0.0005"), index=False)
+
+    def compare(*extra):
+        script = os.path.join(ROOT, "benchmarks", "compare_trials.py")
+        args = [sys.executable, script, os.path.join(reference, "trials"), os.path.join(rerun, "trials"), *extra]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
+        return subprocess.run(args, env=env, capture_output=True, text=True)
+
+    done = compare("--json", str(tmp_path / "c.json"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 of 1 trials found in both are identical (2 in the reference, 1 not in the rerun" in done.stdout
+    assert json.load(open(tmp_path / "c.json"))["missing_from_rerun"] == ["on_policy/cispo_seed0_lr0.0005.csv"]
+    # --complete: the missing trial fails the check.
+    done = compare("--complete")
+    assert done.returncode == 1 and "MISSING  on_policy/cispo_seed0_lr0.0005.csv" in done.stdout
+
+    _write_trial(rerun, "on_policy", ("cispo", 0, 5e-4), 0.6875)  # one held-out value differs
+    done = compare("--complete")
+    assert done.returncode == 1
+    assert "DIFFERS  on_policy/cispo_seed0_lr0.0005.csv: row 2 (iteration 2), heldout: 0.7 vs 0.6875" in done.stdout
