@@ -1,12 +1,19 @@
 """Whether a rerun of a sweep reproduced another's trials: every trial file found in both, compared value for value.
 
     python benchmarks/compare_trials.py docs/bench/trials runs/bench/trials [--json reproduction.json] [--complete]
+        [--table replication.md]
 
 A sweep's trial files (``<out>/trials/<stage>/<method>_seed<s>_lr<lr>.csv``) hold each iteration's held-out reward,
 ESS, reward and sample count. Those are compared as written (the CSV's text, so "equal" means bit for bit); the
 columns that measure the machine rather than the training (wall time, set-up time, whether a warm actor was reused)
 are left out. Prints one line per differing or missing trial and a total; exits non-zero when a trial differs, or,
 with ``--complete``, when the rerun lacks one of the reference's trials.
+
+On another CPU (AVX-512 against AVX2, say) the kernels round differently, the base model is not the same to the
+last bit and no trial is identical; the question is then whether the results are. ``--table`` writes, from each
+run's report (``summary.json`` beside its ``trials`` folder, from ``rllib-p3o sweep ... --report-only``), held-out
+at the budget per regime and method side by side (mean ± std over seeds, collapses), each run's best in a regime in
+bold, and per regime whether P3O's place against the best baseline is the same in both.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from rllib_p3o.sweep import report
 
 # What the machine decides, not the training: excluded from the comparison.
 MACHINE_COLUMNS = (report.TIME_S, report.SETUP_S, report.ACTOR_REUSED)
+P3O = "p3o"  # the method whose place in each regime the table checks
 
 
 def trial_files(trials_dir: str) -> List[str]:
@@ -74,12 +82,56 @@ def compare(reference_dir: str, rerun_dir: str) -> Dict[str, object]:
     }
 
 
+def _summary(trials_dir: str) -> Dict[tuple, dict]:
+    path = os.path.join(os.path.dirname(os.path.abspath(trials_dir)), report.SUMMARY_JSON)
+    with open(path) as f:
+        return {(row[report.STAGE], row[report.METHOD]): row for row in json.load(f)["summary"]}
+
+
+def _cell(row: Optional[dict], best: float) -> str:
+    if row is None:
+        return "–"
+    mean = row["heldout_at_budget_mean"]
+    text = f"{mean:.3f} ± {row['heldout_at_budget_std']:.3f}"
+    if mean >= best - report.BEST_TIE:
+        text = f"**{text}**"
+    return text + (f" ({row['collapses']}/{row['seeds']} collapsed)" if row["collapses"] else "")
+
+
+def _p3o_gap(rows: Dict[str, dict]) -> Optional[float]:
+    """P3O's held-out at the budget minus the best other method's (None: no P3O or no other method)."""
+    others = [r["heldout_at_budget_mean"] for m, r in rows.items() if m != P3O]
+    return rows[P3O]["heldout_at_budget_mean"] - max(others) if P3O in rows and others else None
+
+
+def replication_table(reference_dir: str, rerun_dir: str) -> str:
+    """Held-out at the budget of both runs per regime and method, and P3O's gap to the best other method in each."""
+    reference, rerun = _summary(reference_dir), _summary(rerun_dir)
+    regimes = list(dict.fromkeys(stage for stage, _ in [*reference, *rerun]))
+    lines = ["| regime | method | reference | rerun | Δ mean |", "|---|---|---|---|---|"]
+    gaps = ["| regime | P3O − best other (reference) | P3O − best other (rerun) | same sign |", "|---|---|---|---|"]
+    for regime in regimes:
+        ref = {m: r for (s, m), r in reference.items() if s == regime}
+        new = {m: r for (s, m), r in rerun.items() if s == regime}
+        best_ref = max((r["heldout_at_budget_mean"] for r in ref.values()), default=float("nan"))
+        best_new = max((r["heldout_at_budget_mean"] for r in new.values()), default=float("nan"))
+        for method in dict.fromkeys([*ref, *new]):
+            a, b = ref.get(method), new.get(method)
+            delta = f"{b['heldout_at_budget_mean'] - a['heldout_at_budget_mean']:+.3f}" if a and b else "–"
+            lines.append(f"| {regime} | {method} | {_cell(a, best_ref)} | {_cell(b, best_new)} | {delta} |")
+        ga, gb = _p3o_gap(ref), _p3o_gap(new)
+        if ga is not None and gb is not None:
+            gaps.append(f"| {regime} | {ga:+.3f} | {gb:+.3f} | {'yes' if (ga >= 0) == (gb >= 0) else 'no'} |")
+    return "\n".join(lines) + "\n\n" + "\n".join(gaps) + "\n"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("reference", help="the trials folder the results were published from")
     parser.add_argument("rerun", help="the trials folder of the rerun")
     parser.add_argument("--json", help="also write the comparison here")
     parser.add_argument("--complete", action="store_true", help="fail when the rerun lacks a reference trial")
+    parser.add_argument("--table", help="write both runs' results side by side here (markdown; needs their reports)")
     args = parser.parse_args(argv)
     result = compare(args.reference, args.rerun)
     for name, where in result["differing"].items():
@@ -97,6 +149,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if args.table:
+        with open(args.table, "w") as f:
+            f.write(replication_table(args.reference, args.rerun))
+        print(f"side by side: {args.table}")
     failed = bool(result["differing"]) or (args.complete and bool(result["missing_from_rerun"]))
     return 1 if failed else 0
 

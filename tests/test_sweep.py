@@ -378,7 +378,7 @@ def test_regime_matrix_puts_each_regime_on_a_row_bolds_its_best_and_counts_colla
     assert lines[3] == "| temperature_1.2 | **0.840 ± 0.010** | 0.660 ± 0.010 (1/3 collapsed) |"
 
 
-def test_compare_trials_ignores_the_machines_columns_and_fails_on_a_training_value_or_a_missing_trial(tmp_path):
+def test_compare_trials_ignores_the_machines_columns_fails_on_a_training_value_and_sets_two_runs_side_by_side(tmp_path):
     # benchmarks/compare_trials.py on files the sweep's own writer wrote (no Ray: it reads files only).
     reference, rerun = str(tmp_path / "reference"), str(tmp_path / "rerun")
     for method in ("p3o", "cispo"):
@@ -408,3 +408,20 @@ def test_compare_trials_ignores_the_machines_columns_and_fails_on_a_training_val
     done = compare("--complete")
     assert done.returncode == 1
     assert "DIFFERS  on_policy/cispo_seed0_lr0.0005.csv: row 2 (iteration 2), heldout: 0.7 vs 0.6875" in done.stdout
+
+    # --table: both runs' reports side by side, and whether P3O's place against the best other method is the same.
+    def summary_row(stage, method, mean, collapses=0):
+        keys = ("heldout_at_budget_mean", "heldout_at_budget_std", "collapses", "seeds")
+        return {report.STAGE: stage, report.METHOD: method, **dict(zip(keys, (mean, 0.01, collapses, 3)))}
+
+    for out, rows in (
+        (reference, [summary_row("fp8", "p3o", 0.8), summary_row("fp8", "cispo", 0.7)]),
+        (rerun, [summary_row("fp8", "p3o", 0.6, collapses=1), summary_row("fp8", "cispo", 0.75)]),
+    ):
+        with open(os.path.join(out, report.SUMMARY_JSON), "w") as f:
+            json.dump({"summary": rows}, f)
+    compare("--table", str(tmp_path / "side.md"))
+    side = (tmp_path / "side.md").read_text()
+    assert "| fp8 | p3o | **0.800 ± 0.010** | 0.600 ± 0.010 (1/3 collapsed) | -0.200 |" in side
+    assert "| fp8 | cispo | 0.700 ± 0.010 | **0.750 ± 0.010** | +0.050 |" in side
+    assert "| fp8 | +0.100 | -0.150 | no |" in side
