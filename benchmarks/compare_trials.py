@@ -62,13 +62,12 @@ def first_difference(reference: str, rerun: str) -> Optional[str]:
 def compare(reference_dir: str, rerun_dir: str) -> Dict[str, object]:
     """Counts and the differing/missing trials of ``rerun_dir`` against ``reference_dir``."""
     reference, rerun = trial_files(reference_dir), set(trial_files(rerun_dir))
-    differing = {}
-    for name in reference:
-        if name in rerun:
-            where = first_difference(os.path.join(reference_dir, name), os.path.join(rerun_dir, name))
-            if where is not None:
-                differing[name] = where
     compared = [name for name in reference if name in rerun]
+    differing = {}
+    for name in compared:
+        where = first_difference(os.path.join(reference_dir, name), os.path.join(rerun_dir, name))
+        if where is not None:
+            differing[name] = where
     return {
         "reference": reference_dir,
         "rerun": rerun_dir,
@@ -89,13 +88,7 @@ def _summary(trials_dir: str) -> Dict[tuple, dict]:
 
 
 def _cell(row: Optional[dict], best: float) -> str:
-    if row is None:
-        return "–"
-    mean = row["heldout_at_budget_mean"]
-    text = f"{mean:.3f} ± {row['heldout_at_budget_std']:.3f}"
-    if mean >= best - report.BEST_TIE:
-        text = f"**{text}**"
-    return text + (f" ({row['collapses']}/{row['seeds']} collapsed)" if row["collapses"] else "")
+    return "–" if row is None else report.matrix_cell(row, best)
 
 
 def _p3o_gap(rows: Dict[str, dict]) -> Optional[float]:
@@ -108,7 +101,13 @@ def replication_table(reference_dir: str, rerun_dir: str) -> str:
     """Held-out at the budget of both runs per regime and method, and P3O's gap to the best other method in each."""
     reference, rerun = _summary(reference_dir), _summary(rerun_dir)
     regimes = list(dict.fromkeys(stage for stage, _ in [*reference, *rerun]))
-    lines = ["| regime | method | reference | rerun | Δ mean |", "|---|---|---|---|---|"]
+    lines = [
+        f"Held-out at the budget, mean ± std over seeds, each method at its best lr in its own run; reference: "
+        f"`{reference_dir}`, rerun: `{rerun_dir}`.",
+        "",
+        "| regime | method | reference | rerun | Δ mean |",
+        "|---|---|---|---|---|",
+    ]
     gaps = ["| regime | P3O − best other (reference) | P3O − best other (rerun) | same sign |", "|---|---|---|---|"]
     for regime in regimes:
         ref = {m: r for (s, m), r in reference.items() if s == regime}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -265,6 +265,18 @@ def markdown_table(summary: pd.DataFrame, target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def matrix_cell(row: Mapping[str, Any], best: float) -> str:
+    """One summary row as a matrix cell: held-out at the budget, mean ± std over seeds, in bold when within
+    `BEST_TIE` of its regime's ``best``, the collapses counted after it."""
+    mean = row["heldout_at_budget_mean"]
+    text = f"{mean:.3f} ± {row['heldout_at_budget_std']:.3f}"
+    if mean >= best - BEST_TIE:
+        text = f"**{text}**"
+    if row["collapses"]:
+        text += f" ({int(row['collapses'])}/{int(row['seeds'])} collapsed)"
+    return text
+
+
 def regime_matrix(summary: pd.DataFrame) -> str:
     """The summary as one row per regime and one column per method: held-out at the budget (mean ± std over seeds),
     the collapses counted after it, the regime's best mean in bold (a mean within `BEST_TIE` of it shares it)."""
@@ -281,13 +293,7 @@ def regime_matrix(summary: pd.DataFrame) -> str:
             if (regime, method) not in cells.index:
                 row.append("–")
                 continue
-            c = cells.loc[(regime, method)]
-            text = f"{c['heldout_at_budget_mean']:.3f} ± {c['heldout_at_budget_std']:.3f}"
-            if c["heldout_at_budget_mean"] >= best - BEST_TIE:
-                text = f"**{text}**"
-            if c["collapses"]:
-                text += f" ({int(c['collapses'])}/{int(c['seeds'])} collapsed)"
-            row.append(text)
+            row.append(matrix_cell(cells.loc[(regime, method)], best))
         lines.append(f"| {regime} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
