@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
@@ -27,6 +28,10 @@ def test_the_four_losses_are_registered_with_their_settings():
     assert {"grpo_tis", "grpo_seq_mask", "cispo", "p3o_proximal"} <= set(LOSSES)
     assert get_loss("grpo_tis").needs_old_logprobs and get_loss("p3o_proximal").needs_old_logprobs
     assert not get_loss("cispo").needs_old_logprobs
+    p3o = get_loss("p3o")
+    assert not p3o.uses_old_logprobs(p3o.make_settings())
+    assert p3o.uses_old_logprobs(p3o.make_settings({"kl_anchor": "proximal"}))
+    assert get_loss("p3o_proximal").make_settings().kl_estimator == "k3_clamped"  # P4O's own
     assert P3OConfig().training(loss="grpo_tis").loss_settings().tis_cap == 2.0
     assert P3OConfig().training(loss="cispo").loss_settings() == get_loss("cispo").settings(1.0, 0.28)
     band = P3OConfig().training(loss="grpo_seq_mask").loss_settings()
@@ -75,26 +80,51 @@ def test_cispo_gradient_flows_through_every_token_with_the_clipped_weight():
     assert float(out.metrics["clip_fraction"]) == pytest.approx(1 / 3)
 
 
-def test_p3o_proximal_caps_by_the_smaller_ess_and_pulls_toward_the_mixture():
+def _ess(log_r):
+    r = torch.exp(log_r)
+    return float(r.sum() ** 2 / (r.numel() * (r**2).sum()))
+
+
+def test_p3o_proximal_is_feynrl_p4o_cap_by_the_smaller_ess_and_kl_to_the_adaptive_mixture():
     behavior = torch.tensor([[-1.0, -0.5, -0.2]])
     l_b = torch.tensor([[0.5, 0.0, -1.0]])
     logp = (behavior + l_b).requires_grad_(True)
     old = logp.detach() - torch.tensor([[0.3, -0.2, 0.1]])  # the update has moved a little from π_old
     out = _run("p3o_proximal", logp, behavior, old, torch.tensor([2.0]))
 
-    def ess(log_r):
-        r = torch.exp(log_r)
-        return float(r.sum() ** 2 / (r.numel() * (r**2).sum()))
-
-    ess_b, ess_p = ess(l_b), ess(logp.detach() - old)
+    ess_b, ess_p = _ess(l_b), _ess(logp.detach() - old)
     cap = min(ess_b, ess_p)
+    w_b, w_p = 1 - ess_b, 1 - ess_p
     r = torch.exp(l_b)
-    mixture = torch.log((torch.exp(behavior) + torch.exp(old)) / 2)
+    # P4O's mixture: (w_b·π_b + w_p·π_old) / (w_b + w_p), and its k3 with the exponent clamped (inside ±10 here).
+    mixture = torch.log((w_b * torch.exp(behavior) + w_p * torch.exp(old)) / (w_b + w_p))
     x = logp.detach() - mixture
     hand = (-torch.minimum(r, torch.tensor(cap)) * 2.0 + (1 - cap) * (1 - torch.exp(-x))) / 3  # K'(x) = 1 - e^-x
     torch.testing.assert_close(logp.grad, hand)
     assert float(out.metrics["cap"]) == pytest.approx(cap, rel=1e-5)
     assert float(out.metrics["ess_proximal"]) == pytest.approx(ess_p, rel=1e-5)
+    assert float(out.metrics["mix_weight_behavior"]) == pytest.approx(w_b / (w_b + w_p), rel=1e-4)
+
+
+def test_p3o_proximal_on_the_first_step_is_p3o_anchored_at_the_behavior_policy():
+    # πθ = π_old (the first minibatch of an iteration): ESS_p = 1, the mixture is π_b alone, the loss P3O's with the
+    # same estimator (P4O's clamped k3, equal to k3 inside ±10).
+    behavior = torch.tensor([[-1.0, -0.5, -0.2, -2.0]])
+    logp = (behavior + torch.tensor([[0.4, -0.3, 0.0, -0.8]])).requires_grad_(True)
+    out = _run("p3o_proximal", logp, behavior, logp.detach().clone(), torch.tensor([1.5]))
+    ref = logp.detach().clone().requires_grad_(True)
+    ref_out = _run("p3o", ref, behavior, None, torch.tensor([1.5]), kl_estimator="k3_clamped")
+    torch.testing.assert_close(logp.grad, ref.grad)
+    assert float(out.loss.detach()) == pytest.approx(float(ref_out.loss.detach()), rel=1e-6)
+    assert float(out.metrics["mix_weight_behavior"]) == pytest.approx(1.0)
+
+
+def test_p3o_proximal_skips_the_kl_term_when_both_policies_are_fresh():
+    behavior = torch.tensor([[-1.0, -0.5, -0.2]])
+    logp = behavior.clone().requires_grad_(True)
+    out = _run("p3o_proximal", logp, behavior, behavior.clone(), torch.tensor([2.0]))
+    torch.testing.assert_close(logp.grad, torch.full_like(logp, -2.0 / 3))  # REINFORCE at weight min(1, 1)
+    assert float(out.metrics["kl_weight"]) == 0.0 and float(out.metrics["kl_grad_share"]) == 0.0
 
 
 def test_p3o_losses_refuse_truncated_sampling_and_grpo_does_not():
@@ -123,3 +153,19 @@ def test_the_learner_recomputes_pi_old_once_per_update(ray_session, tiny_model):
         assert 0.5 < _per_learner(results, "is_weight_mean")[0] < 2.0
     finally:
         lg.shutdown()
+
+
+def test_the_learner_recomputes_pi_old_for_p3o_only_with_the_proximal_anchor(ray_session, tiny_model):
+    from test_learner import SPACES, _fixed_batch, _per_learner
+
+    for anchor, computed in (("behavior", False), ("proximal", True)):
+        config = P3OConfig().training(
+            model=tiny_model, loss="p3o", loss_config={"kl_estimator": "k3_is", "kl_anchor": anchor}, lr=3e-3
+        )
+        lg = config.build_learner_group(spaces=SPACES)
+        try:
+            results = lg.update(batch=_fixed_batch(tiny_model, behavior_shift=0.3))
+            assert (m.OLD_LOGPROBS_S in results[0][DEFAULT_MODULE_ID]) is computed
+            assert 0.0 <= _per_learner(results, "kl_grad_share")[0] <= 1.0
+        finally:
+            lg.shutdown()

@@ -11,7 +11,7 @@ ranks gives exactly the loss of one process holding the whole batch. DDP *averag
 DDP multiplies the returned loss by the world size (the learner does). All ranks must call these functions the
 same number of times (collectives inside).
 
-This module imports only torch.
+This module imports only torch (and its sibling `rllib_p3o.core.kl_estimators`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-# |log-ratio| beyond which the k3 KL is continued linearly (see `kl_k3`). exp(10) ≈ 2.2e4 bounds a token's gradient.
-KL_LOG_RATIO_CLIP = 10.0
+from rllib_p3o.core.kl_estimators import KL_LOG_RATIO_CLIP as KL_LOG_RATIO_CLIP  # re-exported
+from rllib_p3o.core.kl_estimators import get_kl_estimator, kl_k3
+
+# A token whose log-ratio log(πθ/π_b) is below this counts as rejected by the learner (`rejected_fraction`).
+REJECTED_LOG_RATIO = -10.0
 
 # A ratio counts toward `cap_fraction` only if it exceeds ESS by more than this relative margin.
 CAP_RTOL = 1e-4
@@ -103,25 +106,6 @@ def effective_sample_size(ratios: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     is valid. Never NaN (NaN ratios are left out).
     """
     return effective_sample_size_from_log_ratios(torch.log(ratios.detach().to(torch.float64)), mask)
-
-
-def kl_k3(logprobs: torch.Tensor, other_logprobs: torch.Tensor, clip: float = KL_LOG_RATIO_CLIP) -> torch.Tensor:
-    """Per-token k3 estimate of ``KL(π || π_other)``: ``K(l) = l + exp(-l) - 1`` with ``l = logπ - logπ_other``.
-
-    ``K ≥ 0``, ``K(0) = 0``, ``dK/dl = 1 - exp(-l)``: positive when π puts more mass on the token than π_other and
-    negative when less, so minimizing K always pulls ``logπ`` toward ``logπ_other``.
-
-    For ``|l| > clip`` the function is continued linearly with the slope it has at ``±clip``. This keeps value and
-    gradient finite and, unlike clamping the exponent (which makes the slope +1 for ``l < -clip``, pushing the
-    policy *further* from π_other exactly when it is far away), never flips the gradient's sign. Within
-    ``[-clip, clip]`` it is exactly the usual k3 value. Gradients flow into whichever argument requires grad.
-    """
-    l = logprobs - other_logprobs
-    lc = l.clamp(-clip, clip)
-    k_at = lc + torch.exp(-lc) - 1.0
-    slope = (1.0 - torch.exp(-lc)).detach()
-    # Inside the range (l == lc) the second term is 0 and the value is exact with autograd's own gradient.
-    return k_at + slope * (l - lc)
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -272,19 +256,24 @@ def p3o_loss(
     num_ess_groups: int = 0,
     cap: bool = True,
     behavior_kl: bool = True,
+    kl_estimator: str = "k3",
+    anchor_logprobs: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Metrics]:
     """The batch-adaptive P3O loss (``cap=False`` / ``behavior_kl=False``: its ablations, `rllib_p3o.core.losses`).
 
     With ``r_t = exp(logπθ_t - logπ_b_t)`` and ``ESS`` the normalized effective sample size of all valid ``r_t`` of
     the global batch (`effective_sample_size`), per valid token::
 
-        ℓ_t = -sg(clamp(r_t, 0, ESS)) · logπθ_t · A_t  +  (1 - ESS) · K(logπθ_t - logπ_b_t)
-              + β_ref · K(logπθ_t - logπ_ref_t)  -  β_ent · H_t
+        ℓ_t = -sg(clamp(r_t, 0, ESS)) · logπθ_t · A_t  +  (1 - ESS) · K(πθ, π_a; π_b)_t
+              + β_ref · k3(logπθ_t - logπ_ref_t)  -  β_ent · H_t
 
-    and ``L = (1/N) Σ_t ℓ_t`` with ``N`` the global number of valid tokens (``K`` is `kl_k3`, ``sg`` stop-gradient).
+    and ``L = (1/N) Σ_t ℓ_t`` with ``N`` the global number of valid tokens (``sg`` stop-gradient). ``K`` is the
+    per-token KL estimator ``kl_estimator`` (`rllib_p3o.core.kl_estimators`: ``"k3"``, ``"k3_clamped"``,
+    ``"k3_is"``) of ``KL(πθ ‖ π_a)`` from tokens sampled by π_b; the anchor ``π_a`` is π_b unless
+    ``anchor_logprobs`` is given (``kl_anchor="proximal"``: the learner's weights at the start of the iteration).
     On fresh data ``ESS ≈ 1`` and ``r ≈ 1``: plain REINFORCE with the given advantages. Off-policy data lowers ESS,
-    which both caps the importance weights lower and strengthens the pull toward the behavior policy; the policy
-    gradient never vanishes (the weight is ``min(r, ESS) > 0`` for ``r > 0``). ESS carries no gradient.
+    which both caps the importance weights lower and strengthens the pull toward the anchor; the policy gradient
+    never vanishes (the weight is ``min(r, ESS) > 0`` for ``r > 0``). ESS carries no gradient.
 
     ESS scope: by default one ESS for the whole global batch, as above. With ``ess_groups`` (``[B]`` ints in
     ``[0, num_ess_groups)``, the same numbering on every rank) each group ``g`` gets its own ``ESS_g`` over its valid
@@ -294,10 +283,12 @@ def p3o_loss(
 
     Returns ``(loss, metrics)`` where loss is this rank's share (see module docstring) and metrics are global
     token-means: ``loss``, ``pg_loss``, ``ess`` (of the whole batch), ``ratio_mean``, ``ratio_max``,
-    ``cap_fraction`` (tokens with ``r`` above their cap), ``kl_behavior``, ``kl_weight`` (token-mean of
-    ``1 - ESS``), ``num_tokens`` and, when given, ``kl_ref``/``entropy``.
+    ``cap_fraction`` (tokens with ``r`` above their cap), ``kl_behavior`` (the KL term's estimator, unweighted),
+    ``kl_weight`` (token-mean of ``1 - ESS``), ``kl_grad_share`` and ``rejected_fraction`` (`_gradient_shares`),
+    ``num_tokens`` and, when given, ``kl_ref``/``entropy``.
     """
     mask, behavior, adv = _prepare(logprobs, behavior_logprobs, advantages, mask)
+    anchor = behavior if anchor_logprobs is None else torch.where(mask, anchor_logprobs.to(logprobs.dtype), behavior)
     log_ratios = logprobs - behavior
     stats = _log_ratio_stats(log_ratios, mask)
     ess = stats["ess"]
@@ -310,16 +301,54 @@ def p3o_loss(
     ratio = torch.exp(log_ratios.detach())
     weight = torch.minimum(ratio, ess_tok) if cap else ratio
     pg_tok = -weight * logprobs * adv
-    kl_tok = kl_k3(logprobs, behavior)
+    estimator = get_kl_estimator(kl_estimator)
+    kl_tok = estimator(logprobs, anchor, behavior)
+    kl_weight = (1.0 - ess_tok) if behavior_kl else torch.zeros_like(ess_tok)
     pg_loss = _token_mean(pg_tok, mask, n_global)
-    kl_loss = _token_mean((1.0 - ess_tok) * kl_tok, mask, n_global) if behavior_kl else 0.0
+    kl_loss = _token_mean(kl_weight * kl_tok, mask, n_global) if behavior_kl else 0.0
     reg_loss, extra = _regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
     loss = pg_loss + kl_loss + reg_loss
 
-    extra = dict(extra, kl_weight=(1.0 - ess_tok) if behavior_kl else torch.zeros_like(ess_tok))
+    extra = dict(extra, kl_weight=kl_weight)
     metrics = _diagnostics(log_ratios, mask, kl_tok, n_global, cap=ess_tok, extra=extra)
+    metrics.update(_gradient_shares(logprobs, -weight * adv, kl_weight, estimator, anchor, behavior, mask))
     metrics.update(_loss_metrics(loss, pg_loss, n_global, stats))
     return loss, metrics
+
+
+def _gradient_shares(
+    logprobs: torch.Tensor,
+    pg_coeff: torch.Tensor,
+    kl_weight: torch.Tensor,
+    estimator,
+    anchor: torch.Tensor,
+    behavior: torch.Tensor,
+    mask: torch.Tensor,
+) -> Metrics:
+    """Where the gradient comes from, per token, before the model's Jacobian (no gradient; all-reduced)::
+
+        g_pg_t = ∂ℓ_pg/∂logπθ_t = -w_t·A_t        g_kl_t = (1 - ESS_t) · ∂K_t/∂logπθ_t
+        kl_grad_share     = ‖g_kl‖₂ / (‖g_pg‖₂ + ‖g_kl‖₂)                    over the valid tokens of the batch
+        rejected_fraction = |{t : log(πθ_t/π_b_t) < REJECTED_LOG_RATIO}| / N
+
+    ``kl_grad_share`` near 1: the trust-region term, not the reward, drives the update. ``rejected_fraction``:
+    tokens the learner has all but ruled out, where the KL estimators differ most (`rllib_p3o.core.kl_estimators`).
+    """
+    with torch.enable_grad():
+        lp = logprobs.detach().clone().requires_grad_(True)
+        (dk,) = torch.autograd.grad(estimator(lp, anchor.detach(), behavior.detach()).sum(), lp)
+    with torch.no_grad():
+        g_pg = pg_coeff.detach().to(torch.float64)
+        g_kl = (kl_weight.detach() * dk).to(torch.float64)
+        rejected = ((logprobs.detach() - behavior) < REJECTED_LOG_RATIO).to(torch.float64)
+        sums = _all_reduce(
+            torch.stack([_masked_sum(g_pg * g_pg, mask), _masked_sum(g_kl * g_kl, mask), _masked_sum(rejected, mask)])
+        )
+        n = _all_reduce(mask.sum().to(torch.float64).reshape(1).clone())[0].clamp(min=1.0)
+        pg_norm, kl_norm = sums[0].sqrt(), sums[1].sqrt()
+        total = pg_norm + kl_norm
+        share = kl_norm / total if total > 0 else torch.zeros((), dtype=torch.float64, device=total.device)
+        return {"kl_grad_share": share.to(torch.float32), "rejected_fraction": (sums[2] / n).to(torch.float32)}
 
 
 def _grouped_ess(log_ratios: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, num_groups: int) -> torch.Tensor:

@@ -18,10 +18,12 @@ from typing import Optional, Tuple
 
 import torch
 
+from rllib_p3o.core.kl_estimators import get_kl_estimator
 from rllib_p3o.core.objectives import (
     Metrics,
     _all_reduce,
     _diagnostics,
+    _gradient_shares,
     _log_ratio_stats,
     _loss_metrics,
     _prepare,
@@ -159,6 +161,30 @@ def cispo_loss(
     return loss, metrics
 
 
+# Below this trust-region weight ``1 - c`` the proximal loss skips its KL term (FeynRL P4O's ``eps_gate``).
+PROXIMAL_KL_GATE = 1e-6
+# Added to a mixture weight before its log, so a weight of exactly 0 drops its policy from the mixture (P4O's).
+_LOG_EPS = 1e-30
+
+
+def proximal_mixture_logprobs(
+    behavior_logprobs: torch.Tensor, old_logprobs: torch.Tensor, ess_behavior: torch.Tensor, ess_proximal: torch.Tensor
+) -> torch.Tensor:
+    """``log π_m`` of the adaptive mixture of FeynRL's P4O, per token, no gradient::
+
+        π_m = (w_b · π_b + w_p · π_old) / (w_b + w_p),   w_b = max(0, 1 - ESS_b),  w_p = max(0, 1 - ESS_p)
+
+    The policy the batch trusts less weighs more: fresh samples (ESS_b = 1) leave only π_old, a first minibatch
+    (ESS_p = 1) only π_b. Call only when ``w_b + w_p > 0``.
+    """
+    w_b = float((1.0 - ess_behavior).clamp(min=0.0))
+    w_p = float((1.0 - ess_proximal).clamp(min=0.0))
+    parts = torch.stack(
+        [math.log(w_b + _LOG_EPS) + behavior_logprobs.detach(), math.log(w_p + _LOG_EPS) + old_logprobs.detach()]
+    )
+    return torch.logsumexp(parts, dim=0) - math.log(w_b + w_p)
+
+
 def p3o_proximal_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
@@ -166,43 +192,57 @@ def p3o_proximal_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
+    kl_estimator: str = "k3_clamped",
     ref_logprobs: Optional[torch.Tensor] = None,
     kl_ref_coeff: float = 0.0,
     entropy: Optional[torch.Tensor] = None,
     entropy_coeff: float = 0.0,
 ) -> Tuple[torch.Tensor, Metrics]:
-    """P3O with a proximal snapshot (experimental; after the description of FeynRL's unmerged "P4O", PR #66).
+    """P3O with a proximal snapshot: FeynRL's P4O (``algs/P4O/p4o.py``), term for term.
 
     Two ESS: ``ESS_b`` of ``r_t = πθ/π_b`` (P3O's) and ``ESS_p`` of ``πθ/π_old`` (how far the update has moved from
-    the snapshot it started from). With ``c = min(ESS_b, ESS_p)`` and the mixture ``π_m = (π_b + π_old) / 2``::
+    the weights it started the iteration with). With ``c = min(ESS_b, ESS_p)`` and the adaptive mixture ``π_m``
+    (`proximal_mixture_logprobs`)::
 
-        ℓ_t = -sg(min(r_t, c)) · logπθ_t · A_t  +  (1 - c) · K(logπθ_t - logπ_m_t)
+        ℓ_t = -sg(min(r_t, c)) · logπθ_t · A_t  +  (1 - c) · K(πθ, π_m; π_b)_t        (KL term only if 1 - c > 1e-6)
 
-    The cap trusts the batch by the worse of the two mismatches, and the pull goes toward the mixture instead of
-    toward π_b alone, so that samples of a much weaker behavior model do not drag the policy all the way to it.
-    Metrics as in `p3o_loss`, plus ``ess_proximal`` (ESS_p) and ``cap`` (c).
+    ``K`` is the per-token estimator ``kl_estimator`` of ``KL(πθ ‖ π_m)`` (`rllib_p3o.core.kl_estimators`; P4O's own
+    is ``"k3_clamped"``, the default here). On the first minibatch of an iteration πθ = π_old, so ESS_p = 1 and the
+    loss is P3O's with the anchor π_b; with one optimizer step per batch it stays that. Metrics as in `p3o_loss`,
+    plus ``ess_proximal`` (ESS_p), ``cap`` (c) and ``mix_weight_behavior`` (w_b / (w_b + w_p), 0 when both are 0).
     """
     mask, behavior, adv = _prepare(logprobs, behavior_logprobs, advantages, mask)
     old = torch.where(mask, old_logprobs.to(logprobs.dtype), logprobs.detach())
     log_ratios = logprobs - behavior
     stats = _log_ratio_stats(log_ratios, mask)
+    ess_behavior = stats["ess"]
     ess_proximal = _log_ratio_stats(logprobs - old, mask)["ess"]
-    cap = torch.minimum(stats["ess"], ess_proximal).to(logprobs.dtype)
+    cap = torch.minimum(ess_behavior, ess_proximal).to(logprobs.dtype)
     n_global = stats["n"].clamp(min=1.0)
 
     ratio = torch.exp(log_ratios.detach())
-    mixture = torch.logaddexp(behavior, old) - math.log(2.0)
-    kl_tok = kl_k3(logprobs, mixture)
-    pg_loss = _token_mean(-torch.minimum(ratio, cap) * logprobs * adv, mask, n_global)
-    kl_loss = (1.0 - cap) * _token_mean(kl_tok, mask, n_global)
+    pg_coeff = -torch.minimum(ratio, cap) * adv
+    pg_loss = _token_mean(pg_coeff * logprobs, mask, n_global)
+    estimator = get_kl_estimator(kl_estimator)
+    gated = float(1.0 - cap) > PROXIMAL_KL_GATE
+    anchor = proximal_mixture_logprobs(behavior, old, ess_behavior, ess_proximal) if gated else behavior
+    kl_tok = estimator(logprobs, anchor, behavior)
+    kl_loss = (1.0 - cap) * _token_mean(kl_tok, mask, n_global) if gated else 0.0
     reg_loss, extra = _regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
     loss = pg_loss + kl_loss + reg_loss
 
-    cap_tok = cap.expand_as(logprobs)
-    extra = dict(extra, kl_weight=(1.0 - cap_tok))
-    metrics = _diagnostics(log_ratios, mask, kl_tok, n_global, cap=cap_tok, extra=extra)
+    kl_weight = (1.0 - cap).expand_as(logprobs) if gated else torch.zeros_like(logprobs)
+    extra = dict(extra, kl_weight=kl_weight)
+    metrics = _diagnostics(log_ratios, mask, kl_tok, n_global, cap=cap.expand_as(logprobs), extra=extra)
+    metrics.update(_gradient_shares(logprobs, pg_coeff, kl_weight, estimator, anchor, behavior, mask))
     metrics.update(_loss_metrics(loss, pg_loss, n_global, stats))
-    metrics.update(ess_proximal=ess_proximal.to(torch.float32), cap=cap.detach().to(torch.float32))
+    w_b, w_p = (1.0 - ess_behavior).clamp(min=0.0), (1.0 - ess_proximal).clamp(min=0.0)
+    mix_b = w_b / (w_b + w_p) if float(w_b + w_p) > 0 else torch.zeros_like(w_b)
+    metrics.update(
+        ess_proximal=ess_proximal.to(torch.float32),
+        cap=cap.detach().to(torch.float32),
+        mix_weight_behavior=mix_b.to(torch.float32),
+    )
     return loss, metrics
 
 
@@ -211,5 +251,6 @@ __all__ = [
     "decoupled_grpo_loss",
     "geometric_sequence_mask",
     "p3o_proximal_loss",
+    "proximal_mixture_logprobs",
     "truncated_is_weights",
 ]

@@ -91,7 +91,7 @@ class P3OTorchLearner(TorchLearner):
         # The first minibatch of an update meets the weights that sampled the fresh rows: measure the mismatch there.
         self._measure_mismatch = True
         self._token_positions = [0.0, 0.0, 0.0]  # real tokens, computed, padded to the longest row: over an update
-        if self._loss.needs_old_logprobs:
+        if self._loss.uses_old_logprobs(self._loss_settings):
             if training_data is None:
                 training_data = TrainingData(batch=batch)
             training_data.solve_refs()

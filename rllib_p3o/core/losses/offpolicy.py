@@ -3,8 +3,9 @@
 
 import dataclasses
 
+from rllib_p3o.core.kl_estimators import KL_ESTIMATORS
 from rllib_p3o.core.losses.grpo import GRPOSettings
-from rllib_p3o.core.losses.registry import LossInputs, LossOutput, NoSettings, output, register_loss
+from rllib_p3o.core.losses.registry import LossInputs, LossOutput, output, register_loss
 from rllib_p3o.core.offpolicy_objectives import cispo_loss, decoupled_grpo_loss, p3o_proximal_loss
 
 
@@ -81,11 +82,24 @@ def cispo(inputs: LossInputs, settings: CISPOSettings) -> LossOutput:
     return output(loss, metrics)
 
 
-@register_loss("p3o_proximal", needs_old_logprobs=True, needs_untruncated_sampling=True)
-def p3o_proximal(inputs: LossInputs, settings: NoSettings) -> LossOutput:
-    """Experimental: ``-sg(min(r, c))·logπθ·A + (1-c)·K(logπθ - log((π_b+π_old)/2))``, c = min(ESS_b, ESS_p)."""
+@dataclasses.dataclass(frozen=True)
+class P3OProximalSettings:
+    """The per-token KL estimator of the term toward the adaptive mixture (`rllib_p3o.core.kl_estimators`); FeynRL's
+    P4O uses ``"k3_clamped"``, the default here, so that the reference is reproduced as it is."""
+
+    kl_estimator: str = "k3_clamped"
+
+    def __post_init__(self) -> None:
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, got {self.kl_estimator!r}")
+
+
+@register_loss("p3o_proximal", settings=P3OProximalSettings, needs_old_logprobs=True, needs_untruncated_sampling=True)
+def p3o_proximal(inputs: LossInputs, settings: P3OProximalSettings) -> LossOutput:
+    """FeynRL's P4O: ``-sg(min(r, c))·logπθ·A + (1-c)·K(πθ, π_m; π_b)``, c = min(ESS_b, ESS_p), π_m the mixture of
+    π_b and π_old weighted by 1 - ESS_b and 1 - ESS_p."""
     loss, metrics = p3o_proximal_loss(
         inputs.logprobs, inputs.behavior_logprobs, inputs.old_logprobs, inputs.advantages, inputs.mask,
-        **inputs.common(),
+        **inputs.common(), kl_estimator=settings.kl_estimator,
     )  # fmt: skip
     return output(loss, metrics)

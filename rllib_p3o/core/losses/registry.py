@@ -16,7 +16,7 @@ losses that do not use it) and its metrics. The math itself stays in small pure-
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Type
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Type, Union
 
 import torch
 
@@ -67,17 +67,23 @@ LossFn = Callable[[LossInputs, Any], LossOutput]
 
 class LossSpec(NamedTuple):
     """A registered loss: its function, its settings dataclass, whether it takes ``ess_groups`` and whether it needs
-    ``old_logprobs`` (the learner then recomputes them with one forward pass per update)."""
+    ``old_logprobs`` (the learner then recomputes them with one forward pass per update): a bool, or a function of
+    the loss's settings (P3O needs them only with ``kl_anchor="proximal"``); ask `uses_old_logprobs`."""
 
     name: str
     fn: LossFn
     settings: Type[Any]
     ess_scoped: bool
-    needs_old_logprobs: bool = False
+    needs_old_logprobs: Union[bool, Callable[[Any], bool]] = False
     # The loss's statistics (P3O's ESS, cap and KL) read the behavior log-probs as the full sampling distribution's:
     # the config refuses top-p/top-k truncation for it (the truncated distribution's log-probs are higher than any
     # untruncated policy's, so even fresh samples would look off-policy).
     needs_untruncated_sampling: bool = False
+
+    def uses_old_logprobs(self, settings: Any) -> bool:
+        """Whether the learner must compute ``old_logprobs`` for this loss with these settings."""
+        needs = self.needs_old_logprobs
+        return bool(needs(settings) if callable(needs) else needs)
 
     def make_settings(self, loss_config: Optional[Mapping[str, Any]] = None) -> Any:
         """The settings dataclass from a ``loss_config`` dict; ValueError naming the loss on an unknown key or a
@@ -103,14 +109,15 @@ def register_loss(
     name: str,
     settings: Type[Any] = NoSettings,
     ess_scoped: bool = False,
-    needs_old_logprobs: bool = False,
+    needs_old_logprobs: Union[bool, Callable[[Any], bool]] = False,
     needs_untruncated_sampling: bool = False,
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn(inputs, settings) -> LossOutput`` under ``name``.
 
     ``settings``: the loss's frozen settings dataclass (defaults = the loss's defaults). ``ess_scoped``: the loss
     uses ``inputs.ess_groups`` (``ess_scope="source"``), so the learner computes them. ``needs_old_logprobs``: the
-    loss reads ``inputs.old_logprobs``, which the learner then computes before each update (one forward pass).
+    loss reads ``inputs.old_logprobs``, which the learner then computes before each update (one forward pass); a
+    function ``settings -> bool`` when that depends on the loss's settings.
     ``needs_untruncated_sampling``: the config refuses top-p/top-k sampling with this loss (`LossSpec`).
     """
     if not dataclasses.is_dataclass(settings):
