@@ -1,0 +1,14 @@
+"""The results pages the results check covers (`benchmarks/results_check.py`): one `Page` per page, each in a module
+of its own that derives the page's text from its committed result files. Adding a page is one entry here."""
+
+from __future__ import annotations
+
+from typing import List
+
+from results_check import Page
+
+from pages import claims_sweep
+
+PAGES: List[Page] = [
+    claims_sweep.PAGE,
+]

@@ -1,0 +1,51 @@
+"""Formatting shared by the page modules: numbers as the pages print them, markdown table rows, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, List, Sequence
+
+
+def load_json(root: str, path: str) -> Any:
+    """A committed result file (``path`` relative to the repository ``root``)."""
+    with open(os.path.join(root, path)) as f:
+        return json.load(f)
+
+
+def num(x: float, digits: int = 0) -> str:
+    """``x`` with ``digits`` decimals and thousands commas (``19968 → "19,968"``)."""
+    return f"{x:,.{digits}f}"
+
+
+def pm(mean: float, std: float, digits: int = 3) -> str:
+    """``mean ± std``."""
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def pct(share: float, digits: int = 0) -> str:
+    """A share as a percentage (``0.516 → "52%"``)."""
+    return f"{100 * share:.{digits}f}%"
+
+
+def span(values: Iterable[float], digits: int, sep: str = "–") -> str:
+    """``min–max`` of ``values`` (one value if they round alike)."""
+    values = list(values)
+    low, high = f"{min(values):,.{digits}f}", f"{max(values):,.{digits}f}"
+    return low if low == high else f"{low}{sep}{high}"
+
+
+def row(cells: Sequence[Any]) -> str:
+    """One markdown table row."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> List[str]:
+    """A markdown table as lines (header, separator, rows): each line is one quote."""
+    return [row(header), "|" + "---|" * len(header), *(row(r) for r in rows)]
+
+
+def words(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -1,0 +1,180 @@
+"""The results check: every results page against the committed files it reports.
+
+    python benchmarks/results_check.py [PAGE ...]     # exit 1 and a list of problems when a page disagrees
+
+A page is registered in `pages.PAGES` (one entry per page) with a function that reads its result files and returns
+the page's *quotes*: the text the page must contain, numbers included, written from the data (table rows, the
+figures its sentences quote, each claim word from `rllib_p3o.sweep.verdicts`). The check finds each quote on the page
+(whitespace and line breaks do not count), then requires every other number of the page's prose to be covered by a
+quote or by one of the page's declared *settings* (phrases that give the setup, "64 prompts × 8 completions", not a
+result). So a number changed on the page, or in a result file, fails it, and so does a number nobody derives.
+
+Not counted as prose: fenced code, inline code, link targets, HTML comments and the page's "How this was measured"
+box (which must name the command, the version and the machine, and no commit hash). A section whose figures have no
+committed file is declared `unchecked` with the reason, and must say so on the page with `UNCHECKED_NOTE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNCHECKED_NOTE = "no committed file holds them, so the results check does not cover them"
+_MASK = "§"
+# A number of the prose: digits with thousands commas or decimals, an exponent; not part of a word (Qwen2, bf16).
+_NUMBER = re.compile(r"(?<![\w.§])\d+(?:[.,]\d+)*(?:e[-+]?\d+)?(?![\w§])")
+_FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
+_INLINE_CODE = re.compile(r"`[^`]+`")
+_LINK_TARGET = re.compile(r"\]\([^)]*\)")
+_IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
+_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_INFO_BOX = re.compile(r'^!!! info "How this (?:was|is) measured"\n(?:(?: {4}.*)?\n)+', re.M)
+_HEADING = re.compile(r"^(#{1,6}) (.*)$", re.M)
+_COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """One results page and what checks it.
+
+    ``quotes(root)`` reads the committed files under ``root`` and returns the text the page must contain.
+    ``settings``: phrases of the page whose numbers describe the setup (not checked against data, but every number
+    outside a quote must be in one). ``unchecked``: heading → why its figures have no committed file (the section
+    must contain `UNCHECKED_NOTE`). ``sections``: only these headings' sections are checked for coverage (a page that
+    is mostly not results, the README); None: the whole page. ``info_box``: the page has a "How this was measured" box.
+    """
+
+    path: str
+    quotes: Callable[[str], Iterable[str]]
+    settings: Sequence[str] = ()
+    unchecked: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    sections: Optional[Sequence[str]] = None
+    info_box: bool = True
+
+
+def normalize(text: str) -> str:
+    """Whitespace runs as one space: a quote matches however the page wraps it."""
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _mask(text: str, pattern: re.Pattern, keep_whitespace: bool = True) -> str:
+    def repl(match: re.Match) -> str:
+        return "".join(c if c.isspace() and keep_whitespace else _MASK for c in match.group(0))
+
+    return pattern.sub(repl, text)
+
+
+def _sections(text: str) -> List[Tuple[str, int, int]]:
+    """(heading, start, end) of each heading's section (up to the next heading of any level); the part before the
+    first heading is ``""``."""
+    marks = [(m.group(2).strip(), m.start()) for m in _HEADING.finditer(text)]
+    starts = [("", 0)] + marks
+    return [(h, s, starts[i + 1][1] if i + 1 < len(starts) else len(text)) for i, (h, s) in enumerate(starts)]
+
+
+def prose_mask(page: Page, text: str) -> str:
+    """``text`` with everything that is not checked prose replaced by `_MASK` (whitespace kept, so it normalizes to
+    the same offsets as ``text``)."""
+    masked = text
+    for pattern in (_FENCE, _COMMENT, _INFO_BOX, _IMAGE, _INLINE_CODE, _LINK_TARGET):
+        masked = _mask(masked, pattern)
+    chars = list(masked)
+    for heading, start, end in _sections(text):
+        excluded = heading in page.unchecked or (page.sections is not None and heading not in page.sections)
+        if excluded:
+            for i in range(start, end):
+                if not chars[i].isspace():
+                    chars[i] = _MASK
+    return "".join(chars)
+
+
+def _find_all(haystack: str, needle: str) -> List[int]:
+    found, start = [], haystack.find(needle)
+    while start >= 0:
+        found.append(start)
+        start = haystack.find(needle, start + 1)
+    return found
+
+
+def check_page(page: Page, root: str = ROOT) -> List[str]:
+    """The page's problems (empty: it agrees with its files): quotes not on the page (with the text they should
+    have), numbers of the prose no quote or setting covers, an unchecked section without `UNCHECKED_NOTE`, an info
+    box without command, version or machine, or with a commit hash."""
+    with open(os.path.join(root, page.path)) as f:
+        text = f.read()
+    problems: List[str] = []
+    if page.info_box:
+        box = _INFO_BOX.search(text)
+        if not box:
+            problems.append('no "How this was measured" box')
+        else:
+            for field in ("**Command", "**Version:**", "**Machine:**"):
+                if field not in box.group(0):
+                    problems.append(f"the info box names no {field.strip('*:')}")
+    hashes = _COMMIT_HASH.findall(_mask(_mask(text, _LINK_TARGET), _COMMENT))
+    if hashes:
+        problems.append(f"commit hashes on the page: {sorted(set(hashes))}")
+    for heading, why in page.unchecked.items():
+        body = [normalize(text[s:e]) for h, s, e in _sections(text) if h == heading]
+        if not body:
+            problems.append(f"unchecked section {heading!r} not on the page")
+        elif UNCHECKED_NOTE not in body[0]:
+            problems.append(f"unchecked section {heading!r} ({why}) does not say {UNCHECKED_NOTE!r}")
+
+    flat = normalize(text)
+    masked = normalize(prose_mask(page, text))
+    assert len(flat) == len(masked)
+    covered = [False] * len(flat)
+    try:
+        quotes = list(page.quotes(root))
+    except (OSError, KeyError, ValueError) as e:
+        return problems + [f"reading its result files failed: {type(e).__name__}: {e}"]
+    for quote in [*quotes, *page.settings]:
+        needle = normalize(quote)
+        hits = _find_all(flat, needle)
+        if not hits:
+            kind = "setting" if quote in page.settings and quote not in quotes else "derived text"
+            problems.append(f"{kind} not on the page: {needle}")
+        for start in hits:
+            covered[start : start + len(needle)] = [True] * len(needle)
+    for match in _NUMBER.finditer(masked):
+        if not all(covered[match.start() : match.end()]):
+            context = flat[max(0, match.start() - 50) : match.end() + 30]
+            problems.append(f"number {match.group(0)!r} is derived by nothing: …{context}…")
+    return problems
+
+
+def check(paths: Optional[Sequence[str]] = None, root: str = ROOT) -> Dict[str, List[str]]:
+    """Every registered page (or those in ``paths``) → its problems."""
+    from pages import PAGES
+
+    selected = [p for p in PAGES if paths is None or p.path in paths]
+    if paths is not None and len(selected) != len(paths):
+        raise ValueError(f"not registered in pages.PAGES: {sorted(set(paths) - {p.path for p in selected})}")
+    return {page.path: check_page(page, root) for page in selected}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pages", nargs="*", help="pages to check (default: every page in pages.PAGES)")
+    parser.add_argument("--root", default=ROOT, help="the repository to check (default: this one)")
+    args = parser.parse_args(argv)
+    results = check(args.pages or None, args.root)
+    failed = 0
+    for path, problems in results.items():
+        print(f"{path}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
+        for problem in problems:
+            print(f"  - {problem}")
+        failed += bool(problems)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The results check (`benchmarks/results_check.py`): every results page agrees with its committed result files, and
+a page or a file changed by one number fails it. Reads files only (no Ray)."""
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import results_check  # noqa: E402
+from pages import PAGES  # noqa: E402
+from results_check import UNCHECKED_NOTE, Page, check_page  # noqa: E402
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.path for p in PAGES])
+def test_the_page_agrees_with_its_result_files(page):
+    assert check_page(page) == []
+
+
+def _copy(tmp_path, *paths):
+    for path in paths:
+        src, dst = os.path.join(ROOT, path), os.path.join(tmp_path, path)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, dst)
+    return str(tmp_path)
+
+
+def _edit(root, path, old, new):
+    full = os.path.join(root, path)
+    with open(full) as f:
+        text = f.read()
+    assert text.count(old) >= 1, f"{old!r} not in {path}"
+    with open(full, "w") as f:
+        f.write(text.replace(old, new, 1))
+
+
+SWEEP_PAGE = next(p for p in PAGES if p.path == "docs/results/claims-sweep.md")
+
+
+def test_one_number_changed_in_a_summary_file_fails_the_check(tmp_path):
+    root = _copy(tmp_path, SWEEP_PAGE.path, "docs/sweep")
+    assert check_page(SWEEP_PAGE, root) == []
+    path = os.path.join(root, "docs/sweep/summary.json")
+    with open(path) as f:
+        summary = json.load(f)
+    summary["startup"]["reused_actor_setup_s_mean"] = 0.12  # the page says 0.09 s
+    with open(path, "w") as f:
+        json.dump(summary, f)
+    problems = check_page(SWEEP_PAGE, root)
+    assert any("0.12 s on average" in p for p in problems), problems
+
+
+def test_one_held_out_value_changed_in_the_curves_changes_a_verdict(tmp_path):
+    root = _copy(tmp_path, SWEEP_PAGE.path, "docs/sweep")
+    # P3O's last held-out in one async seed: 0.985 → 0.885 moves its mean out of a tie with GRPO ε 0.4.
+    path = os.path.join(root, "docs/sweep/curves.csv")
+    import pandas as pd
+
+    curves = pd.read_csv(path)
+    rows = curves[(curves.stage == "async_staleness_2") & (curves.method == "p3o") & (curves.seed == 0)]
+    last = rows.dropna(subset=["heldout"]).index[-1]
+    curves.loc[last, "heldout"] -= 0.1
+    curves.to_csv(path, index=False)
+    problems = check_page(SWEEP_PAGE, root)
+    assert any("ties with GRPO ε 0.2" in p or "| `async_staleness_2` |" in p for p in problems), problems
+
+
+def test_one_number_changed_on_the_page_fails_the_check(tmp_path):
+    root = _copy(tmp_path, SWEEP_PAGE.path, "docs/sweep")
+    _edit(root, SWEEP_PAGE.path, "0.985 ± 0.005", "0.986 ± 0.005")
+    assert check_page(SWEEP_PAGE, root)
+    root2 = _copy(tmp_path / "b", SWEEP_PAGE.path, "docs/sweep")
+    _edit(root2, SWEEP_PAGE.path, "The task saturates quickly", "The task saturates within 3 iterations")
+    problems = check_page(SWEEP_PAGE, root2)
+    assert any("number '3' is derived by nothing" in p for p in problems), problems
+
+
+def test_a_section_without_a_committed_file_must_say_so(tmp_path):
+    page_path = "page.md"
+    with open(tmp_path / page_path, "w") as f:
+        f.write(
+            '# T\n\n!!! info "How this was measured"\n    - **Command:** `x`\n    - **Version:** 1\n'
+            "    - **Machine:** m\n\n## Old A/B\n\nIt took 12 ms.\n\n## Result\n\nIt took 3 s.\n"
+        )
+    page = Page(page_path, quotes=lambda root: ["It took 3 s."], unchecked={"Old A/B": "not kept"})
+    assert check_page(page, str(tmp_path)) == [
+        f"unchecked section 'Old A/B' (not kept) does not say {UNCHECKED_NOTE!r}"
+    ]
+    _edit(str(tmp_path), page_path, "It took 12 ms.", f"It took 12 ms; {UNCHECKED_NOTE}.")
+    assert check_page(page, str(tmp_path)) == []
+    _edit(str(tmp_path), page_path, "It took 3 s.", "It took 3 s. Or 4.")
+    assert [p[:31] for p in check_page(page, str(tmp_path))] == ["number '4' is derived by nothin"]
+
+
+def test_the_command_line_check_exits_non_zero_on_a_disagreeing_page(tmp_path, capsys):
+    root = _copy(tmp_path, SWEEP_PAGE.path, "docs/sweep")
+    assert results_check.main([SWEEP_PAGE.path, "--root", root]) == 0
+    _edit(root, SWEEP_PAGE.path, "63.7 min", "64.0 min")
+    assert results_check.main([SWEEP_PAGE.path, "--root", root]) == 1
+    assert "63.7 min" in capsys.readouterr().out  # what the page should say
