@@ -2,7 +2,13 @@
 
 ``import rllib_p3o`` registers the algorithm with Tune under the name ``"P3O"``, and keeps the libraries' chatter
 off the screen in every process of a run (`rllib_p3o.core.quiet`; ``RLLIB_P3O_VERBOSE=1`` shows it).
+
+Without Ray installed the package still imports: the objectives (`rllib_p3o.core`) and the learner's compute core
+(`rllib_p3o.learner.compute`) need only torch and transformers. ``P3O`` and ``P3OConfig`` then raise the
+ImportError that importing Ray raised.
 """
+
+from typing import Any, Optional
 
 from rllib_p3o.core.quiet import quiet_libraries
 
@@ -10,7 +16,15 @@ quiet_libraries()  # first: before the imports below load Ray, RLlib, transforme
 
 from rllib_p3o import _moved  # noqa: E402
 from rllib_p3o.core.objectives import effective_sample_size, group_advantages, grpo_loss, kl_k3, p3o_loss  # noqa: E402
-from rllib_p3o.p3o import P3O, P3OConfig  # noqa: E402
+
+try:
+    from rllib_p3o.p3o import P3O, P3OConfig  # noqa: E402
+except ImportError as e:  # Ray (or RLlib) missing: the Ray-free parts stay usable
+    if (e.name or "").partition(".")[0] != "ray":
+        raise
+    _RAY_IMPORT_ERROR: Optional[ImportError] = e
+else:
+    _RAY_IMPORT_ERROR = None
 
 __all__ = [
     "P3O",
@@ -28,10 +42,18 @@ _moved.install()
 quiet_libraries()  # again: importing RLlib above set its logger's level to WARNING
 
 
+def __getattr__(name: str) -> Any:
+    """``P3O`` and ``P3OConfig`` when Ray could not be imported (PEP 562): that ImportError, raised where used."""
+    if name in ("P3O", "P3OConfig") and _RAY_IMPORT_ERROR is not None:
+        raise ImportError(f"rllib_p3o.{name} needs Ray: {_RAY_IMPORT_ERROR}") from _RAY_IMPORT_ERROR
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _register_with_tune() -> None:
     from ray.tune.registry import register_trainable
 
     register_trainable("P3O", P3O)
 
 
-_register_with_tune()
+if _RAY_IMPORT_ERROR is None:
+    _register_with_tune()

@@ -82,7 +82,7 @@ from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.engine_runners import EngineRunners
-from rllib_p3o.learner.length_buckets import bucket_call_cost
+from rllib_p3o.learner.compute import validate_options as validate_module_options
 from rllib_p3o.learner.p3o_torch_learner import NonFiniteStepError, P3OTorchLearner
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
 from rllib_p3o.preflight import ModelPathError, absolute_if_local, absolute_paths, check_cluster_fits, check_model_path
@@ -577,7 +577,7 @@ class P3OConfig(AlgorithmConfig):
         if self.minibatch_size is not None and self.minibatch_size <= 0:
             self._value_error("minibatch_size must be positive or None.")
         try:
-            bucket_call_cost(self.model_config.get("length_buckets", True))
+            validate_module_options(self.model_config)
         except ValueError as e:
             self._value_error(f"rl_module model_config: {e}")
         if int(self.log_completions) < 0:

@@ -33,16 +33,16 @@ from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
 from rllib_p3o.core import metrics, objectives
 from rllib_p3o.core.columns import Columns
-from rllib_p3o.core.losses import LossInputs, get_loss
+from rllib_p3o.core.losses import get_loss
 from rllib_p3o.core.sources import POLICY_SOURCE_ID
-from rllib_p3o.learner.rl_module import (
+from rllib_p3o.learner.compute import (
     LONGEST_ROW_POSITIONS,
     REAL_TOKENS,
-    TOKEN_ENTROPY,
     TOKEN_LOGP,
     TOKEN_POSITIONS,
-    load_causal_lm,
+    compute_loss,
 )
+from rllib_p3o.learner.rl_module import load_causal_lm
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -77,6 +77,12 @@ class P3OTorchLearner(TorchLearner):
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         super().build()
+        # The modules' compute options resolved on this learner's device now (packing check, the bucket plan's
+        # measured call cost, compilation), before the first step and outside DDP's forward and backward.
+        for module_id in self.module.keys():
+            core = getattr(self.module[module_id].unwrapped(), "core", None)
+            if core is not None:
+                core.prepare(self._device)
         self._ref_models: Dict[ModuleID, torch.nn.Module] = {}
         self._consecutive_nonfinite = 0
         self._nonfinite_inputs: List[str] = []  # of the current step, from compute_loss_for_module
@@ -172,24 +178,21 @@ class P3OTorchLearner(TorchLearner):
         ref_logp = batch.get(Columns.REF_LOGPROBS)
         if ref_logp is None and config.kl_ref_coeff > 0:
             ref_logp = self._reference_logprobs(module_id, config, batch)
-        common = dict(
-            ref_logprobs=ref_logp,
-            kl_ref_coeff=config.kl_ref_coeff,
-            entropy=fwd_out.get(TOKEN_ENTROPY),
-            entropy_coeff=config.entropy_coeff,
-        )
         groups, num_groups = self._ess_groups(config, batch) if self._loss.ess_scoped else (None, 0)
-        inputs = LossInputs(
-            logp,
+        loss, ess, stats = compute_loss(
+            self._loss,
+            self._loss_settings,
+            fwd_out,
             batch[Columns.BEHAVIOR_LOGPROBS],
             batch[Columns.ADVANTAGES],
             mask,
+            ref_logprobs=ref_logp,
+            kl_ref_coeff=config.kl_ref_coeff,
+            entropy_coeff=config.entropy_coeff,
             ess_groups=groups,
             num_ess_groups=num_groups,
             old_logprobs=batch.get(Columns.OLD_LOGPROBS),
-            **common,
         )
-        loss, ess, stats = self._loss.fn(inputs, self._loss_settings)
 
         self.metrics.log_dict({(module_id, k): float(v) for k, v in {**stats, metrics.ESS: ess}.items()}, window=1)
         if fwd_out.get(TOKEN_POSITIONS):
