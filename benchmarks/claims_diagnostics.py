@@ -7,7 +7,9 @@ The sweep's trial files (``<out>/trials``) keep held-out, ESS and reward only; T
 run in ``<out>/<stage>/<trial>/`` has all of the learner's metrics. Per trial, the mean over its iterations of:
 ``seq_masked_fraction`` (share of valid tokens in rows `grpo_seq_mask` dropped), ``is_truncated_fraction`` (tokens
 whose TIS weight was cut at C), ``clip_fraction`` (tokens the clip bound), ``ess`` (of πθ/π_b), ``mismatch_kl``
-(the engine's log-probs against the learner's before the update) and the completions' mean length; then the mean over
+(the engine's log-probs against the learner's before the update), P3O's KL term (``kl_weight`` = 1 - ESS,
+``kl_grad_share``: its share of the gradient w.r.t. the token log-probs, ``rejected_fraction``: tokens with
+log(πθ/π_b) < -10) and the completions' mean length; then the mean over
 the trials of each stage and method. Stages whose Tune folder is gone (a stage finished in an earlier session is not
 run again) are left out, and the trial counts say how many trials each figure is over.
 """
@@ -31,6 +33,9 @@ COLUMNS: Dict[str, tuple] = {
     "clip_fraction": (*LEARNER, "clip_fraction"),
     "ess": (*LEARNER, "ess"),
     "mismatch_kl": (*LEARNER, "mismatch_kl"),
+    "kl_weight": (*LEARNER, metrics.KL_WEIGHT),
+    "kl_grad_share": (*LEARNER, metrics.KL_GRAD_SHARE),
+    "rejected_fraction": (*LEARNER, metrics.REJECTED_FRACTION),
     "completion_len": (metrics.P3O, "completion_len_mean"),
 }
 TRIAL = re.compile(r"^(?P<method>.+)_seed(?P<seed>\d+)_lr(?P<lr>[0-9.e-]+)$")

@@ -190,7 +190,7 @@ def test_bench_quick_grid_chooses_an_lr_per_method_and_a_rerun_runs_only_missing
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "[lr_on_policy] 4 trials × 1 iterations, 2 at a time" in first.stdout
     choice = json.load(open(os.path.join(out, "lr_choice.json")))
-    assert set(choice["lr_peak"]) == {"p3o", "grpo_tis_eps0.2"}
+    assert set(choice["lr_peak"]) == {"p3o_k3_is", "grpo_tis_eps0.2"}
     assert all(p in (5e-4, 1e-3) for p in choice["lr_peak"].values())
     curves = pd.read_csv(os.path.join(out, report.CURVES_CSV))
     per_stage = curves.groupby(report.STAGE).size().to_dict()
@@ -201,7 +201,7 @@ def test_bench_quick_grid_chooses_an_lr_per_method_and_a_rerun_runs_only_missing
     assert not os.path.isdir(os.path.join(out, "on_policy"))
     assert curves[report.HELDOUT].notna().all()  # evaluated before the first update (sampled, avg@4)
     summary = json.load(open(os.path.join(out, report.SUMMARY_JSON)))
-    assert "| p3o |" in summary["lr_table"] and len(summary["figures"]) == 2
+    assert "| p3o_k3_is |" in summary["lr_table"] and len(summary["figures"]) == 2
 
     # Resume from the trial files alone (as in a new session from a copy of <out>/trials): the Tune folders and one
     # trial's file gone, a rerun runs that one trial.
@@ -425,3 +425,28 @@ def test_compare_trials_ignores_the_machines_columns_fails_on_a_training_value_a
     assert "| fp8 | p3o | **0.800 ± 0.010** | 0.600 ± 0.010 (1/3 collapsed) | -0.200 |" in side
     assert "| fp8 | cispo | 0.700 ± 0.010 | **0.750 ± 0.010** | +0.050 |" in side
     assert "| fp8 | +0.100 | -0.150 | no |" in side
+
+
+def test_regime_methods_run_only_in_their_regimes_at_their_twins_lr():
+    from rllib_p3o.sweep.grid import BENCH_FULL, Grid
+    from rllib_p3o.sweep.run import regime_frames
+
+    grid = Grid(
+        regimes=("on_policy", "behavior_weaker"),
+        methods=("p3o_k3", "cispo"),
+        seeds=(0,),
+        iterations=2,
+        regime_methods={"behavior_weaker": ("p3o_k3_src",)},
+    )
+    assert grid.methods_in("on_policy") == ("p3o_k3", "cispo")
+    assert grid.methods_in("behavior_weaker") == ("p3o_k3", "cispo", "p3o_k3_src")
+    assert grid.all_methods() == ("p3o_k3", "cispo", "p3o_k3_src") and grid.num_trials() == 5
+    asked = {}
+    regime_frames(
+        grid, {"p3o_k3": 2.5e-4, "cispo": 5e-4}, pd.DataFrame(), lambda name, cells: asked.setdefault(name, cells)
+    )
+    assert asked["on_policy"] == [("p3o_k3", 0, 2.5e-4), ("cispo", 0, 5e-4)]
+    assert asked["behavior_weaker"][-1] == ("p3o_k3_src", 0, 2.5e-4)  # the lr its batch-scoped twin chose
+    # The bench: one optimizer step per batch is the primary protocol; two steps are a regime of their own.
+    assert "two_steps_per_batch" in BENCH_FULL.regimes and BENCH_FULL.regimes[:2] == ("on_policy", "behavior_weaker")
+    assert BENCH_FULL.num_trials() == 359

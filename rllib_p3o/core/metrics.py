@@ -121,6 +121,10 @@ RATIO_MAX = "ratio_max"
 PG_LOSS = "pg_loss"
 LOSS = "loss"
 CLIP_FRACTION = "clip_fraction"  # GRPO only
+# P3O's losses: the KL term's share of the gradient w.r.t. the token log-probs, and the share of tokens with
+# log(πθ/π_b) < -10 (`rllib_p3o.core.objectives._gradient_shares`).
+KL_GRAD_SHARE = "kl_grad_share"
+REJECTED_FRACTION = "rejected_fraction"
 KL_REF = "kl_ref"  # with kl_ref_coeff > 0
 
 # -- learners/default_policy/<key>: the training-inference mismatch, on fresh samples -------------------------------

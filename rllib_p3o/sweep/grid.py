@@ -30,14 +30,32 @@ METHODS: Dict[str, Dict[str, Any]] = {
     "grpo_seq_mask_eps0.2": {"loss": "grpo_seq_mask", "loss_config": {"clip_low": 0.2, "clip_high": 0.2}},
     "grpo_seq_mask_eps0.4": {"loss": "grpo_seq_mask", "loss_config": {"clip_low": 0.4, "clip_high": 0.4}},
     "cispo": {"loss": "cispo"},
+    # FeynRL's P4O, as it is (its clamped k3 toward the adaptive mixture of π_b and π_old).
     "p3o_proximal": {"loss": "p3o_proximal"},
+    # P3O's KL term, three ways (`rllib_p3o.core.kl_estimators`): the plain k3 on π_b's samples (the estimator the
+    # earlier benches ran), the importance-sampled k3 (exactly KL(πθ ‖ π_b)), and that toward π_old.
+    "p3o_k3": {"loss": "p3o", "loss_config": {"kl_estimator": "k3"}},
+    "p3o_k3_is": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is"}},
+    "p3o_k3_is_prox": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal"}},
+    # ... each with one ESS per source of rows (the policy's own, each behavior model, offline data).
+    "p3o_k3_src": {"loss": "p3o", "loss_config": {"kl_estimator": "k3"}, "ess_scope": "source"},
+    "p3o_k3_is_src": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is"}, "ess_scope": "source"},
+    "p3o_k3_is_prox_src": {
+        "loss": "p3o",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal"},
+        "ess_scope": "source",
+    },
 }
+# A method that only changes how ESS is scoped trains at the peak lr its batch-scoped twin chose.
+LR_FROM: Dict[str, str] = {"p3o_k3_src": "p3o_k3", "p3o_k3_is_src": "p3o_k3_is", "p3o_k3_is_prox_src": "p3o_k3_is_prox"}
 # The demo sweep's methods (its table predates the baselines above and stays as it is).
 DEMO_METHODS: Tuple[str, ...] = ("p3o", "grpo_eps0.2", "grpo_eps0.4", "grpo_eps0.6", "p3o_no_cap", "p3o_no_kl")
-# The claims bench's: P3O and its experimental variant, plain GRPO and the baselines peers ship (P3O's ablations are
-# in the demo's table; `--methods p3o_no_cap p3o_no_kl` adds them to a bench run).
+# The claims bench's: P3O's KL term three ways and FeynRL's P4O, plain GRPO and the baselines peers ship (P3O's
+# ablations are in the demo's table; `--methods p3o_no_cap p3o_no_kl` adds them to a bench run).
 BENCH_METHODS: Tuple[str, ...] = (
-    "p3o",
+    "p3o_k3",
+    "p3o_k3_is",
+    "p3o_k3_is_prox",
     "p3o_proximal",
     "grpo_eps0.2",
     "grpo_eps0.4",
@@ -48,8 +66,8 @@ BENCH_METHODS: Tuple[str, ...] = (
     "cispo",
 )
 # Keys a method may set: each gets a `tune.sample_from` that reads the trial's method.
-METHOD_KEYS: Tuple[str, ...] = ("loss", "loss_config")
-DEFAULTS: Dict[str, Any] = {"loss": "p3o", "loss_config": {}}
+METHOD_KEYS: Tuple[str, ...] = ("loss", "loss_config", "ess_scope")
+DEFAULTS: Dict[str, Any] = {"loss": "p3o", "loss_config": {}, "ess_scope": "batch"}
 # Tune search keys (not P3OConfig settings: `P3O.reset_config` ignores them): the trial's (method, seed, lr peak)
 # cell, and its method's name.
 CELL = "sweep_cell"
@@ -208,9 +226,15 @@ REGIMES: Dict[str, Regime] = {
         # The claims bench's regimes (with `temperature_1.2`, `behavior_*` and `offline_stale` above).
         Regime(
             "on_policy",
-            "the control: on-policy rollouts, 2 optimizer steps per iteration (minibatches of 256 of 512), "
+            "the control: on-policy rollouts, one optimizer step per iteration (the paper's protocol), "
             "engine and learner in float32",
             lambda c, p: c,
+        ),
+        Regime(
+            "two_steps_per_batch",
+            "on-policy rollouts, 2 optimizer steps per iteration (minibatches of 256 of 512): the second step's "
+            "data are one update stale, so the trust region is what is measured",
+            lambda c, p: c.training(minibatch_size=256),
         ),
         Regime(
             "bf16_rollouts",
@@ -238,16 +262,24 @@ DEMO_REGIMES: Tuple[str, ...] = (
     "behavior_weaker",
     "offline_stale",
 )
+# In the order they run: the control, then the regime the bench exists for (a weaker model writes half of each
+# group), the trust-region question, then the others.
 BENCH_REGIMES: Tuple[str, ...] = (
     "on_policy",
+    "behavior_weaker",
+    "two_steps_per_batch",
+    "behavior_stronger",
     "temperature_1.2",
+    "async_staleness_4",
     "bf16_rollouts",
     "fp8_rollouts",
-    "async_staleness_4",
-    "behavior_weaker",
-    "behavior_stronger",
     "offline_stale",
 )
+# Methods run in some regimes only: ESS per source where rows come from two models (offline-only data are one
+# source, where "source" equals "batch" by construction).
+BENCH_REGIME_METHODS: Dict[str, Tuple[str, ...]] = {
+    regime: ("p3o_k3_src", "p3o_k3_is_src", "p3o_k3_is_prox_src") for regime in ("behavior_weaker", "behavior_stronger")
+}
 
 
 @dataclass(frozen=True)
@@ -274,13 +306,23 @@ class Grid:
     eval_interval: int = 5
     collapse_from: str = "first"  # a collapse: the last held-out 0.1 below the trial's "first" or "best" (`report`)
     extra: Dict[str, Any] = field(default_factory=dict)  # other `.training()` settings (tests: a tiny task)
+    # Methods added in some regimes only (at the lr of their `LR_FROM` twin).
+    regime_methods: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+
+    def methods_in(self, regime: str) -> Tuple[str, ...]:
+        """The methods a regime's stage runs: every regime's, then its own."""
+        return tuple(self.methods) + tuple(m for m in self.regime_methods.get(regime, ()) if m not in self.methods)
+
+    def all_methods(self) -> Tuple[str, ...]:
+        """Every method of the grid, in table order."""
+        return tuple(dict.fromkeys(m for r in self.regimes for m in self.methods_in(r))) or tuple(self.methods)
 
     def lr_cells(self) -> int:
         return len(self.lr_peaks) * len(self.lr_methods) * len(self.lr_seeds) * len(self.lr_regimes)
 
     def num_trials(self) -> int:
         """Trials the grid runs (a regime stage's cells already run by the lr stage are not run again)."""
-        regime_cells = len(self.regimes) * len(self.methods) * len(self.seeds)
+        regime_cells = sum(len(self.methods_in(r)) for r in self.regimes) * len(self.seeds)
         if self.lr_per_method and self.lr_peaks:
             shared = set(self.regimes) & set(self.lr_regimes)
             regime_cells -= (
@@ -294,8 +336,9 @@ QUICK = Grid(
     regimes=("on_policy_4_steps", "temperature_1.2"), methods=("p3o", "grpo_eps0.2"), seeds=(0,), iterations=15
 )
 FULL = Grid(regimes=DEMO_REGIMES, methods=DEMO_METHODS, seeds=(0, 1, 2), iterations=40, lr_peaks=(2e-4, 5e-4, 1e-3))
-# The claims bench (the sorting task; docs/results/claims.md): stage (a) every method at 3 peaks × 2 seeds in the
-# on-policy and bf16-rollout regimes, stage (b) every regime × method at the method's best peak × 3 seeds.
+# The claims bench (the sorting task; docs/results/claims.md), one optimizer step per rollout batch: stage (a) every
+# method at 3 peaks × 2 seeds on-policy, stage (b) every regime × method at the method's best peak × 3 seeds (plus
+# the ESS-per-source variants where two models write the data).
 BENCH_FULL = Grid(
     regimes=BENCH_REGIMES,
     methods=BENCH_METHODS,
@@ -310,20 +353,21 @@ BENCH_FULL = Grid(
     lr_peaks=(1.25e-4, 2.5e-4, 5e-4),
     lr_methods=BENCH_METHODS,
     lr_seeds=(0, 1),
-    lr_regimes=("on_policy", "bf16_rollouts"),
+    lr_regimes=("on_policy",),
     lr_per_method=True,
     collapse_from="best",
+    regime_methods=BENCH_REGIME_METHODS,
 )
 # Its smoke test: the whole pipeline (lr stage per method, then the regime stages) on a few cells, ≤ 10 min.
 BENCH_QUICK = Grid(
     regimes=("on_policy", "fp8_rollouts"),
-    methods=("p3o", "grpo_tis_eps0.2"),
+    methods=("p3o_k3_is", "grpo_tis_eps0.2"),
     seeds=(0,),
     iterations=11,
     task="sorting",
     target=0.7,
     lr_peaks=(5e-4, 1e-3),
-    lr_methods=("p3o", "grpo_tis_eps0.2"),
+    lr_methods=("p3o_k3_is", "grpo_tis_eps0.2"),
     lr_seeds=(0,),
     lr_regimes=("on_policy",),
     lr_per_method=True,

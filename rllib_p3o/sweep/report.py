@@ -32,6 +32,8 @@ BEST_TIE = 0.005  # in the regime × method matrix, means this close to a regime
 # Columns of curves.csv.
 STAGE, METHOD, SEED, LR_PEAK, ITERATION, SAMPLES = "stage", "method", "seed", "lr_peak", "iteration", "samples"
 HELDOUT, ESS, REWARD, SETUP_S, ACTOR_REUSED, ERROR = ("heldout", "ess", "reward", "setup_s", "actor_reused", "error")
+# The learner's diagnostics of the KL term (P3O's losses; NaN for the others).
+KL_WEIGHT, KL_GRAD_SHARE, REJECTED = "kl_weight", "kl_grad_share", "rejected_fraction"
 TIME_S = "time_total_s"  # the trial's wall time so far (Tune's), so a resumed sweep's files still add up to its cost
 PER_ITERATION = "completions_per_iteration"
 # The lr stage of a regime is the stage "lr_<regime>" (the demo sweep's single lr stage is "lr").
@@ -43,6 +45,9 @@ _SOURCES = {
     REWARD: (metrics.P3O, metrics.REWARD_MEAN),
     SETUP_S: (metrics.P3O, metrics.SETUP_S),
     ACTOR_REUSED: (metrics.P3O, metrics.ACTOR_REUSED),
+    KL_WEIGHT: (*metrics.LEARNER, metrics.KL_WEIGHT),
+    KL_GRAD_SHARE: (*metrics.LEARNER, metrics.KL_GRAD_SHARE),
+    REJECTED: (*metrics.LEARNER, metrics.REJECTED_FRACTION),
 }
 TRIALS_DIR = "trials"
 
@@ -431,7 +436,7 @@ def _in_grid_order(curves: pd.DataFrame, grid) -> pd.DataFrame:
     """``curves`` sorted by stage (the lr stages first) and method as the grid lists them, so that tables and legends
     follow the grid whatever order the trial files were read in."""
     stages = [LR_STAGE_PREFIX + r for r in grid.lr_regimes] + list(grid.regimes)
-    rank = {STAGE: {s: i for i, s in enumerate(stages)}, METHOD: {m: i for i, m in enumerate(grid.methods)}}
+    rank = {STAGE: {s: i for i, s in enumerate(stages)}, METHOD: {m: i for i, m in enumerate(grid.all_methods())}}
     return curves.sort_values([STAGE, METHOD], key=lambda col: col.map(rank[col.name]), kind="stable")
 
 

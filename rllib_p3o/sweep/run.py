@@ -38,6 +38,7 @@ from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import (
     CELL,
     GRIDS,
+    LR_FROM,
     METHOD,
     METHOD_KEYS,
     METHODS,
@@ -273,6 +274,13 @@ def lr_choice(curves: pd.DataFrame, grid: Grid) -> Dict:
 StageRows = Callable[[str, List[tuple]], pd.DataFrame]
 
 
+def method_peak(lr_peak: Union[float, Dict[str, float]], method: str) -> float:
+    """A method's peak lr: the one peak of the grid, the method's own best, or that of its `LR_FROM` twin."""
+    if not isinstance(lr_peak, dict):
+        return float(lr_peak)
+    return float(lr_peak[method] if method in lr_peak else lr_peak[LR_FROM[method]])
+
+
 def regime_frames(
     grid: Grid, lr_peak: Union[float, Dict[str, float]], lr_curves: pd.DataFrame, stage_rows: StageRows
 ) -> List[pd.DataFrame]:
@@ -281,11 +289,7 @@ def regime_frames(
     read what is saved)."""
     frames = []
     for name in grid.regimes:
-        cells = [
-            (m, int(s), float(lr_peak[m] if isinstance(lr_peak, dict) else lr_peak))
-            for m in grid.methods
-            for s in grid.seeds
-        ]
+        cells = [(m, int(s), method_peak(lr_peak, m)) for m in grid.methods_in(name) for s in grid.seeds]
         shared = lr_curves[lr_curves[report.STAGE] == lr_stage_name(name)] if len(lr_curves) else lr_curves
         if len(shared):
             have = set(_trial_cells(shared))
@@ -425,6 +429,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     changes = {
         k: tuple(v) for k, v in (("regimes", args.regimes), ("methods", args.methods), ("seeds", args.seeds)) if v
     }
+    if args.methods:
+        changes["regime_methods"] = {}  # the methods named are run in every regime named
     if args.methods and grid.lr_per_method:
         changes["lr_methods"] = tuple(args.methods)
     if args.iterations:
@@ -464,7 +470,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         print(
             f"[sweep] {grid.num_trials()} trials: regimes {', '.join(grid.regimes)}; methods "
-            f"{', '.join(grid.methods)}; seeds {list(grid.seeds)}; {grid.iterations} iterations each → {out}",
+            f"{', '.join(grid.all_methods())}; seeds {list(grid.seeds)}; {grid.iterations} iterations each → {out}",
             flush=True,
         )
         summary = run_sweep(
