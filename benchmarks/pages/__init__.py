@@ -7,8 +7,10 @@ from typing import List
 
 from results_check import Page
 
-from pages import claims_sweep
+from pages import claims_sweep, precision, soak
 
 PAGES: List[Page] = [
     claims_sweep.PAGE,
+    soak.PAGE,
+    precision.PAGE,
 ]
