@@ -87,8 +87,8 @@ def _summary(trials_dir: str) -> Dict[tuple, dict]:
         return {(row[report.STAGE], row[report.METHOD]): row for row in json.load(f)["summary"]}
 
 
-def _cell(row: Optional[dict], best: float) -> str:
-    return "–" if row is None else report.matrix_cell(row, best)
+def _cell(row: Optional[dict], best: set) -> str:
+    return "–" if row is None else report.matrix_cell(row, row[report.METHOD] in best)
 
 
 def _p3o_gap(rows: Dict[str, dict]) -> Optional[float]:
@@ -112,8 +112,7 @@ def replication_table(reference_dir: str, rerun_dir: str) -> str:
     for regime in regimes:
         ref = {m: r for (s, m), r in reference.items() if s == regime}
         new = {m: r for (s, m), r in rerun.items() if s == regime}
-        best_ref = max((r["heldout_at_budget_mean"] for r in ref.values()), default=float("nan"))
-        best_new = max((r["heldout_at_budget_mean"] for r in new.values()), default=float("nan"))
+        best_ref, best_new = set(report.best_methods(ref)), set(report.best_methods(new))
         for method in dict.fromkeys([*ref, *new]):
             a, b = ref.get(method), new.get(method)
             delta = f"{b['heldout_at_budget_mean'] - a['heldout_at_budget_mean']:+.3f}" if a and b else "–"

@@ -450,3 +450,39 @@ def test_regime_methods_run_only_in_their_regimes_at_their_twins_lr():
     # The bench: one optimizer step per batch is the primary protocol; two steps are a regime of their own.
     assert "two_steps_per_batch" in BENCH_FULL.regimes and BENCH_FULL.regimes[:2] == ("on_policy", "behavior_weaker")
     assert BENCH_FULL.num_trials() == 359
+
+
+def test_verdicts_follow_the_one_tie_rule_and_name_p3os_standing_in_each_regime():
+    rows = [
+        ("on_policy", "p3o_k3_is", 0.84, 0.02, 0),
+        ("on_policy", "grpo_tis_eps0.2", 0.85, 0.01, 0),
+        ("on_policy", "cispo", 0.70, 0.01, 0),
+        ("behavior_weaker", "p3o_k3", 0.29, 0.05, 2),
+        ("behavior_weaker", "p3o_k3_is", 0.80, 0.01, 0),
+        ("behavior_weaker", "grpo_tis_eps0.2", 0.75, 0.03, 0),
+    ]
+    summary = pd.DataFrame(
+        [
+            {
+                report.STAGE: regime,
+                report.METHOD: method,
+                "seeds": 3,
+                "heldout_at_budget_mean": mean,
+                "heldout_at_budget_std": std,
+                "collapses": collapses,
+            }
+            for regime, method, mean, std, collapses in rows
+        ]
+    )
+    words = {v["regime"]: v for v in report.regime_verdicts(summary)}
+    # 0.84 vs 0.85 within the larger std (0.02): a tie, and both bold; cispo is 0.15 below: neither.
+    assert words["on_policy"]["best_or_tied"] == ["p3o_k3_is", "grpo_tis_eps0.2"]
+    assert words["on_policy"]["focus"]["p3o_k3_is"]["verdict"] == "ties"
+    weaker = words["behavior_weaker"]
+    assert weaker["best_or_tied"] == ["p3o_k3_is"]
+    assert weaker["focus"]["p3o_k3_is"] == {"verdict": "wins", "against": "grpo_tis_eps0.2", "gap": pytest.approx(0.05)}
+    assert weaker["focus"]["p3o_k3"]["verdict"] == "loses" and weaker["focus"]["p3o_k3"]["against"] == "p3o_k3_is"
+    assert weaker["collapses"] == {"p3o_k3": "2/3"}
+    text = report.verdict_sentences(report.regime_verdicts(summary), summary)
+    assert "`p3o_k3` loses to `p3o_k3_is` (-0.510). `p3o_k3_is` wins over `grpo_tis_eps0.2` (+0.050)." in text
+    assert "| on_policy | **0.840 ± 0.020** | **0.850 ± 0.010** | 0.700 ± 0.010 |" in report.regime_matrix(summary)

@@ -22,13 +22,13 @@ import numpy as np
 import pandas as pd
 
 from rllib_p3o.core import metrics
+from rllib_p3o.sweep import verdicts
 
 CURVES_CSV = "curves.csv"
 SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
 FIGURES = "figures"
-COLLAPSE_DROP = 0.1
-BEST_TIE = 0.005  # in the regime × method matrix, means this close to a regime's best are bold too
+COLLAPSE_DROP = verdicts.COLLAPSE_DROP
 # Columns of curves.csv.
 STAGE, METHOD, SEED, LR_PEAK, ITERATION, SAMPLES = "stage", "method", "seed", "lr_peak", "iteration", "samples"
 HELDOUT, ESS, REWARD, SETUP_S, ACTOR_REUSED, ERROR = ("heldout", "ess", "reward", "setup_s", "actor_reused", "error")
@@ -139,12 +139,19 @@ def per_trial(curves: pd.DataFrame, target: float, collapse_from: str = "first")
                 "collapsed": errored or not len(ev) or last < reference - COLLAPSE_DROP,
                 ERROR: errored,
                 "ess_mean": float(t[ESS].mean()),
+                **{f"{key}_mean": _column_mean(t, key) for key in (KL_GRAD_SHARE, REJECTED)},
                 TIME_S: float(t[TIME_S].max()) if TIME_S in t else math.nan,
                 SETUP_S: float(t[SETUP_S].dropna().iloc[0]) if t[SETUP_S].notna().any() else math.nan,
                 ACTOR_REUSED: bool(t[ACTOR_REUSED].fillna(0).max() > 0),
             }
         )
     return pd.DataFrame(out)
+
+
+def _column_mean(rows: pd.DataFrame, key: str) -> float:
+    """The mean of a per-iteration column over a trial's rows; NaN where the trial's file has no such column (files
+    written before it existed, or a loss that does not report it)."""
+    return float(rows[key].mean()) if key in rows else math.nan
 
 
 def summarize(trials: pd.DataFrame) -> pd.DataFrame:
@@ -165,6 +172,7 @@ def summarize(trials: pd.DataFrame) -> pd.DataFrame:
                 "collapses": int(t["collapsed"].sum()),
                 "errors": int(t[ERROR].sum()),
                 "ess_mean": float(t["ess_mean"].mean()),
+                **{f"{key}_mean": float(t[f"{key}_mean"].mean()) for key in (KL_GRAD_SHARE, REJECTED)},
                 "budget_samples": float(t["samples_at_last_eval"].max()),
             }
         )
@@ -270,12 +278,19 @@ def markdown_table(summary: pd.DataFrame, target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def matrix_cell(row: Mapping[str, Any], best: float) -> str:
-    """One summary row as a matrix cell: held-out at the budget, mean ± std over seeds, in bold when within
-    `BEST_TIE` of its regime's ``best``, the collapses counted after it."""
-    mean = row["heldout_at_budget_mean"]
-    text = f"{mean:.3f} ± {row['heldout_at_budget_std']:.3f}"
-    if mean >= best - BEST_TIE:
+def best_methods(rows: Mapping[str, Mapping[str, Any]]) -> List[str]:
+    """The methods of one regime's summary rows (method -> row) that are best or tied for best
+    (`rllib_p3o.sweep.verdicts.TIE_RULE`, on held-out at the budget over seeds)."""
+    return verdicts.best_or_tied(
+        {m: (r["heldout_at_budget_mean"], r["heldout_at_budget_std"]) for m, r in rows.items()}
+    )
+
+
+def matrix_cell(row: Mapping[str, Any], bold: bool) -> str:
+    """One summary row as a matrix cell: held-out at the budget, mean ± std over seeds, in bold when the method is
+    best or tied for best in its regime (`best_methods`), the collapses counted after it."""
+    text = f"{row['heldout_at_budget_mean']:.3f} ± {row['heldout_at_budget_std']:.3f}"
+    if bold:
         text = f"**{text}**"
     if row["collapses"]:
         text += f" ({int(row['collapses'])}/{int(row['seeds'])} collapsed)"
@@ -284,7 +299,7 @@ def matrix_cell(row: Mapping[str, Any], best: float) -> str:
 
 def regime_matrix(summary: pd.DataFrame) -> str:
     """The summary as one row per regime and one column per method: held-out at the budget (mean ± std over seeds),
-    the collapses counted after it, the regime's best mean in bold (a mean within `BEST_TIE` of it shares it)."""
+    the collapses counted after it, the regime's best and those tied with it in bold (`best_methods`)."""
     if not len(summary):
         return ""
     regimes = list(dict.fromkeys(summary[STAGE]))
@@ -292,15 +307,68 @@ def regime_matrix(summary: pd.DataFrame) -> str:
     cells = summary.set_index([STAGE, METHOD])
     lines = ["| regime | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     for regime in regimes:
-        best = cells.loc[regime]["heldout_at_budget_mean"].max()
-        row = []
-        for method in methods:
-            if (regime, method) not in cells.index:
-                row.append("–")
-                continue
-            row.append(matrix_cell(cells.loc[(regime, method)], best))
+        rows = {m: cells.loc[(regime, m)] for m in methods if (regime, m) in cells.index}
+        best = set(best_methods(rows))
+        row = [matrix_cell(rows[m], m in best) if m in rows else "–" for m in methods]
         lines.append(f"| {regime} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+# Methods whose verdicts the report writes out: P3O and its variants (every method's bold is in the matrix).
+FOCUS_PREFIX = "p3o"
+
+
+def regime_verdicts(summary: pd.DataFrame) -> List[Dict[str, Any]]:
+    """Per regime, under `rllib_p3o.sweep.verdicts.TIE_RULE` on held-out at the budget: the methods best or tied for
+    best; each P3O method's verdict against the best *other* method (``wins``, ``ties``, ``loses``) with the gap of
+    the means; and the collapses of every method that had one."""
+    out: List[Dict[str, Any]] = []
+    if not len(summary):
+        return out
+    for regime, rows in summary.groupby(STAGE, sort=False):
+        by_method = {r[METHOD]: r for r in rows.to_dict(orient="records")}
+        stats = {m: (r["heldout_at_budget_mean"], r["heldout_at_budget_std"]) for m, r in by_method.items()}
+        focus = {}
+        for method in (m for m in by_method if m.startswith(FOCUS_PREFIX)):
+            others = {m: v for m, v in stats.items() if m != method and not math.isnan(v[0])}
+            if not others or math.isnan(stats[method][0]):
+                continue
+            rival = max(others, key=lambda m: others[m][0])
+            focus[method] = {
+                "verdict": verdicts.verdict(*stats[method], *others[rival]),
+                "against": rival,
+                "gap": stats[method][0] - others[rival][0],
+            }
+        out.append(
+            {
+                "regime": regime,
+                "best_or_tied": best_methods(by_method),
+                "focus": focus,
+                "collapses": {m: f"{r['collapses']}/{r['seeds']}" for m, r in by_method.items() if r["collapses"]},
+            }
+        )
+    return out
+
+
+def verdict_sentences(rows: Sequence[Mapping[str, Any]], summary: pd.DataFrame) -> str:
+    """`regime_verdicts` as one markdown bullet per regime (the words every results page quotes)."""
+    cells = {(r[STAGE], r[METHOD]): r for r in summary.to_dict(orient="records")}
+
+    def held(regime: str, method: str) -> str:
+        r = cells[regime, method]
+        return f"`{method}` {r['heldout_at_budget_mean']:.3f} ± {r['heldout_at_budget_std']:.3f}"
+
+    lines = []
+    for v in rows:
+        regime = v["regime"]
+        text = f"- **{regime}**: best or tied: " + ", ".join(held(regime, m) for m in v["best_or_tied"]) + "."
+        for method, f in v["focus"].items():
+            word = {"wins": "wins over", "ties": "ties with", "loses": "loses to"}[f["verdict"]]
+            text += f" `{method}` {word} `{f['against']}` ({f['gap']:+.3f})."
+        if v["collapses"]:
+            text += " Collapses: " + ", ".join(f"`{m}` {c}" for m, c in v["collapses"].items()) + "."
+        lines.append(text)
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def plot_regime(
@@ -389,6 +457,8 @@ def write_report(
     cost = {"trial_time_s_sum": float(timed.sum()), "timed_trials": len(timed), "trials": len(runs)}
     table = markdown_table(summary, grid.target)
     matrix = regime_matrix(summary)
+    regime_words = regime_verdicts(summary)
+    sentences = verdict_sentences(regime_words, summary)
     md = os.path.join(out, SUMMARY_MD)
     with open(md, "w") as f:
         f.write(
@@ -400,6 +470,7 @@ def write_report(
                 if matrix
                 else ""
             )
+            + (f"Verdicts ({verdicts.TIE_RULE}):\n\n{sentences}\n" if sentences else "")
             + (f"The lr stage (held-out at the budget, mean over seeds):\n\n{lr_table}\n" if lr_table else "")
             + "Start-up per trial: fresh actor "
             f"{_s(startup['fresh_actor_setup_s_mean'])} (n={len(fresh)}), reused actor "
@@ -421,6 +492,9 @@ def write_report(
         "table": md,
         "lr_table": lr_table,
         "matrix": matrix,
+        "tie_rule": verdicts.TIE_RULE,
+        "verdicts": regime_words,
+        "verdict_sentences": sentences,
         "figures": figures,
         "summary": summary.to_dict(orient="records"),
         "trials": trials.to_dict(orient="records"),
