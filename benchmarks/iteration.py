@@ -272,8 +272,12 @@ def main() -> None:
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     report = lengths(args) if args.max_tokens else demo(args)
-    out = args.out or f"benchmarks/results/iteration{'_lengths' if args.max_tokens else ''}.json"
-    write_report(report, out)
+    write_report(report, output_path(args))
+
+
+def output_path(args: argparse.Namespace) -> str:
+    """Where the report goes: ``--out``, else iteration.json (the demo) or iteration_lengths.json (``--max-tokens``)."""
+    return args.out or f"benchmarks/results/iteration{'_lengths' if args.max_tokens else ''}.json"
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNCHECKED_NOTE = "no committed file holds them, so the results check does not cover them"
 _MASK = "§"
 # A number of the prose: digits with thousands commas or decimals, an exponent; not part of a word (Qwen2, bf16).
-_NUMBER = re.compile(r"(?<![\w.§])\d+(?:[.,]\d+)*(?:e[-+]?\d+)?(?![\w§])")
+# A model size ("2.44M") or a count in thousands ("3.2k") is a number too; a dotted version ("0.2.0") is one number.
+_NUMBER = re.compile(r"(?<![\w.§])\d+(?:[.,]\d+)*(?:e[-+]?\d+)?[kM]?(?![\w§]|[.,]\d)")
 _FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
 _INLINE_CODE = re.compile(r"`[^`]+`")
 _LINK_TARGET = re.compile(r"\]\([^)]*\)")
@@ -146,6 +147,50 @@ def check_page(page: Page, root: str = ROOT) -> List[str]:
             context = flat[max(0, match.start() - 50) : match.end() + 30]
             problems.append(f"number {match.group(0)!r} is derived by nothing: …{context}…")
     return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A command a page quotes: the script it runs (relative to the repository), its arguments, the result files the
+    page cites for it (in the command's own ``--out``-style flags or after it, before the next command, in the same
+    paragraph) and whether the paragraph says its output is "copied to" a committed folder."""
+
+    line: str
+    script: str
+    argv: List[str]
+    cited: List[str]
+    copied_to: List[str]
+
+
+_COMMAND = re.compile(r"^(?:python (?P<script>(?:benchmarks|examples)/[\w/]+\.py)|rllib-p3o (?P<sub>sweep))(?:\s|$)")
+# A committed result: a file or folder under the folders that hold them.
+_RESULT_PATH = re.compile(r"^(?:benchmarks/results|docs|results)/(?:[\w.-]+/)*(?:[\w.-]+\.(?:json|png|csv|md))?$")
+SUBCOMMANDS = {"sweep": "rllib_p3o/sweep/run.py"}
+
+
+def page_commands(text: str) -> List[Command]:
+    """The commands a page quotes (inline code that starts ``python benchmarks/``, ``python examples/`` or
+    ``rllib-p3o sweep``), each with the result paths cited for it."""
+    import shlex
+
+    commands: List[Command] = []
+    for block in re.split(r"\n\s*\n", _FENCE.sub("", text)):
+        spans = [normalize(m.group(0)[1:-1]) for m in _INLINE_CODE.finditer(block)]
+        copied = re.findall(r"(?:copied to|files are in) `([^`]+)`", normalize(block))
+        for i, span_text in enumerate(spans):
+            match = _COMMAND.match(span_text)
+            if not match:
+                continue
+            argv = shlex.split(span_text)[2:]
+            script = match.group("script") or SUBCOMMANDS[match.group("sub")]
+            cited = [arg for arg in argv if _RESULT_PATH.match(arg)]
+            for later in spans[i + 1 :]:
+                if _COMMAND.match(later):
+                    break
+                if _RESULT_PATH.match(later):
+                    cited.append(later)
+            commands.append(Command(span_text, script, argv, cited, copied))
+    return commands
 
 
 def check(paths: Optional[Sequence[str]] = None, root: str = ROOT) -> Dict[str, List[str]]:

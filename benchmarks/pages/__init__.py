@@ -7,10 +7,11 @@ from typing import List
 
 from results_check import Page
 
-from pages import claims_sweep, precision, soak
+from pages import benchmarks_page, claims_sweep, precision, soak
 
 PAGES: List[Page] = [
     claims_sweep.PAGE,
     soak.PAGE,
     precision.PAGE,
+    benchmarks_page.PAGE,
 ]
