@@ -42,7 +42,7 @@ format: install
 # The docs site (mkdocs-material + mkdocstrings) into site/; a broken link, a missing page or a docstring that does
 # not render fails the build.
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 docs-serve: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
