@@ -12,8 +12,8 @@ batch ``input_ids`` [B, T] with ``attention_mask`` [B, T], ``token_logp`` [B, T-
   backend keep packed sequences apart, checked on the model itself before first use (two rows packed must give the
   log-probs of the same rows padded); ``True`` packs on any device where that check passes; ``False`` never packs.
 - **The bucket plan's call cost** (``length_buckets``): on a CPU `DEFAULT_CALL_COST_TOKENS`; elsewhere measured on
-  the device before first use (`measure_call_cost`; cached per device and model in this process), a failed or
-  timed-out measurement counting as infinite (one padded pass); ``"measure"`` measures on any device, a number
+  the device before first use (`measure_call_cost`, counted twice: `planned_call_cost`; cached per device and
+  model in this process), a failed or timed-out measurement counting as infinite (one padded pass); ``"measure"`` measures on any device, a number
   sets it, ``False`` runs every batch padded.
 - **The LM head**: the full-vocabulary logits are the largest activation of LM training (B·T·V floats), so the
   head, log-softmax and gather run per chunk of ``chunk_size`` sequences under activation checkpointing once the
@@ -47,6 +47,7 @@ from rllib_p3o.learner.length_buckets import (
     bucket_call_cost,
     measure_call_cost,
     plan_buckets,
+    planned_call_cost,
 )
 from rllib_p3o.learner.packing import MASKED_ATTENTION, VARLEN_ATTENTION, pack_capacity, pack_rows, plan_packing
 from rllib_p3o.learner.packing import unpack_token_values as unpack
@@ -178,7 +179,7 @@ class TokenLogprobs:
         measured = _CALL_COST_CACHE[key]
         if measured is None:  # no measurement in time: a CPU keeps its default, elsewhere one padded pass
             return DEFAULT_CALL_COST_TOKENS if device.type == "cpu" else float("inf")
-        return measured
+        return planned_call_cost(measured)
 
     def _cache_key(self, device: torch.device) -> Tuple[Any, ...]:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type

@@ -19,9 +19,9 @@ The call cost depends on the device. On a CPU a pass's fixed cost is small next 
 measured at 0.33M parameters, `benchmarks/bucket_call_cost.py`), so the default there is the constant
 `DEFAULT_CALL_COST_TOKENS`. On a GPU a pass's kernel launches and Python weigh thousands of positions (an H200 ran
 a 0.5B model 7x slower with 64 than with one padded pass), so there the learner measures it on its own device when
-it starts (`measure_call_cost`: timed passes at two widths; cached per device and model), and a measurement that
-fails or runs out of time counts as an infinite cost (one pass, padded): the plan never has more passes than the
-measured costs justify.
+it starts (`measure_call_cost`: timed passes at two widths; cached per device and model) and counts it twice
+(`planned_call_cost`: a split must pay for itself twice over), and a measurement that fails or runs out of time
+counts as an infinite cost (one pass, padded): the plan never has more passes than the measured costs justify.
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ MEASURE_ROWS = 4
 MEASURE_WIDTHS = (256, 1024)
 MEASURE_REPEATS = 3
 MEASURE_BUDGET_S = 60.0
+# A measured call cost is counted twice in the plan: a split must save twice what the fit says a pass costs. The fit
+# is linear, but a narrow bucket on a GPU runs below the device's throughput (an H200 ran a 0.5B model's issue-42
+# batch fastest in one pass even at 16384 positions per pass), and a wrong split costs more than a missed one.
+MEASURED_CALL_COST_MARGIN = 2.0
 
 
 def bucket_call_cost(setting: Union[bool, float, str]) -> Optional[float]:
@@ -63,6 +67,11 @@ def bucket_call_cost(setting: Union[bool, float, str]) -> Optional[float]:
         "length_buckets must be True, False or a call cost in token positions (a number >= 0), or 'measure', "
         f"got {setting!r}"
     )
+
+
+def planned_call_cost(measured: float) -> float:
+    """The call cost the plan counts for a measured one: ``MEASURED_CALL_COST_MARGIN · measured``."""
+    return MEASURED_CALL_COST_MARGIN * measured
 
 
 def measure_call_cost(

@@ -1,0 +1,473 @@
+"""One learner step on one device, per way of running it: s/step, real tokens/s, MFU, peak memory. Needs only torch
+and transformers (no Ray, no vLLM, no network): the model is built from a config with random weights.
+
+    python benchmarks/learner_gpu.py --shape 0.5b [--rows 16] [--paths padded packed ...] [--out learner_0.5b.json]
+    python benchmarks/learner_gpu.py --check --shape 0.5b [--out check.json]
+
+A step is what the P3O learner does per minibatch (`rllib_p3o.learner.compute`): token log-probs of the batch, the
+registered ``p3o`` loss (`rllib_p3o.core.objectives.p3o_loss`), backward, AdamW step (fused on CUDA). Precision as
+``precision="bf16-mixed"`` on CUDA (float32 weights and optimizer state, bfloat16 autocast; `rllib_p3o.core.precision`),
+float32 elsewhere. The batch: ``--rows`` rows (16; 8 at 1.5b) of a ``--prompt``-token prompt (256) plus a completion
+of geometric length (mean ``--mean-completion`` 512, at most ``--max-completion`` 1024), seeded.
+
+Paths (``--paths``; model_config options of the RLModule):
+
+    buckets_64        length_buckets=64: the bucket plan tuned on a CPU (the default everywhere before 0.2)
+    padded            length_buckets=False: one pass, every row padded to the longest
+    buckets_measured  length_buckets="measure": the call cost measured on this device
+    default           the defaults (on CUDA: packed where the backend allows, else the measured plan)
+    packed            pack_sequences=True: rows packed end to end, position ids restarting (one pass)
+    compiled          padded, decoder layers under torch.compile (dynamic shapes)
+    packed_compiled   packed and compiled
+    packed_flex       packed with attn_implementation="flex_attention" (block-sparse masks)
+
+Each path runs ``--warmup`` untimed steps (allocation, kernel selection, compilation; their times are reported apart)
+then ``--steps`` timed ones, and stops early past ``--path-budget-s``; a path that fails records its error and the
+next one runs. The JSON (``--out``, rewritten after every path) holds per path: s/step (median of the timed steps),
+real tokens/s, MFU, forward passes and computed positions, the peak memory, and its start-up time.
+
+MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs of a training step over the step's time and the device's
+peak::
+
+    FLOPs/step = 6 · N · Σ_i L_i  +  12 · n_layers · d_attn · Σ_i L_i²
+
+with ``L_i`` the real tokens of row i (padding computed is not counted), ``N`` the parameters that multiply
+activations (all but the input embedding; a tied LM head counts once, as the head), ``d_attn = heads · head_dim``.
+Activation recomputation (the chunked LM head) is not counted. The peak: dense bf16 of the card, from its name
+(H100/H200 SXM 989 TFLOP/s, H100 PCIe 756, A100 312); unknown cards and float32 runs: null.
+
+``--check``: correctness on the device: (1) packed against padded log-probs, P3O loss and gradients, in float32 and
+under bf16 autocast; (2) every registered loss on the device against the CPU, in float64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the working tree, installed or not
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from rllib_p3o.core.losses import LOSSES, LossInputs, get_loss  # noqa: E402
+from rllib_p3o.learner.compute import (  # noqa: E402
+    REAL_TOKENS,
+    TOKEN_LOGP,
+    TOKEN_POSITIONS,
+    TokenLogprobs,
+    compute_loss,
+)
+from rllib_p3o.learner.length_buckets import plan_buckets  # noqa: E402
+from rllib_p3o.learner.packing import pack_capacity, plan_packing  # noqa: E402
+
+# Model shapes (Qwen2 architecture, random weights) and each one's default batch.
+SHAPES: Dict[str, Dict[str, Any]] = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, vocab_size=512, rows=6, prompt=16, mean_completion=16, max_completion=32),
+    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936, rows=16, prompt=256, mean_completion=512,
+                 max_completion=1024),
+    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, vocab_size=151936, rows=8, prompt=256, mean_completion=512,
+                 max_completion=1024),
+}  # fmt: skip
+BATCH_KEYS = ("rows", "prompt", "mean_completion", "max_completion")
+# Qwen2.5's settings beside the sizes.
+QWEN25 = dict(tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768)
+
+PATHS: Dict[str, Dict[str, Any]] = {
+    "buckets_64": dict(length_buckets=64, pack_sequences=False),
+    "padded": dict(length_buckets=False, pack_sequences=False),
+    "buckets_measured": dict(length_buckets="measure", pack_sequences=False),
+    "default": dict(),
+    "packed": dict(pack_sequences=True),
+    "compiled": dict(length_buckets=False, pack_sequences=False, compile=True),
+    "packed_compiled": dict(pack_sequences=True, compile=True),
+    "packed_flex": dict(pack_sequences=True, attn="flex_attention"),
+}
+DEFAULT_PATHS = ("buckets_64", "padded", "buckets_measured", "packed", "compiled", "packed_compiled")
+
+# Dense bf16 peak FLOP/s by card name (NVIDIA data sheets; SXM unless named).
+PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100", 989.4e12), ("H200", 989.4e12), ("H800", 989.4e12), ("A100", 312e12))
+MFU_FORMULA = (
+    "MFU = (6*N*sum(L_i) + 12*n_layers*d_attn*sum(L_i^2)) / (s_per_step * peak_flops); L_i real tokens of row i, "
+    "N parameters that multiply activations (all but the input embedding; a tied head once), d_attn = heads*head_dim "
+    "(PaLM, Chowdhery et al. 2022, app. B); recomputation and padding not counted"
+)
+LR = 1e-6
+
+
+def build_model(shape: str, device: torch.device, attn: str = "sdpa") -> torch.nn.Module:
+    """A Qwen2 causal LM of ``shape`` with random float32 weights, initialized on ``device``."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    sizes = {k: v for k, v in SHAPES[shape].items() if k not in BATCH_KEYS}
+    config = Qwen2Config(**QWEN25, **sizes)
+    with torch.device(device):
+        try:
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+        except (ValueError, ImportError) as e:  # a backend this transformers or machine lacks
+            print(f"attn_implementation={attn!r} refused ({e}); using the model's default", flush=True)
+            model = AutoModelForCausalLM.from_config(config)
+    return model.float().train()
+
+
+def set_attention(model: torch.nn.Module, attn: str) -> str:
+    """Switch the model's attention implementation (transformers >= 4.48: ``set_attn_implementation``)."""
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(attn)
+    else:
+        model.config._attn_implementation = attn
+    return model.config._attn_implementation
+
+
+def make_batch(rows: int, prompt: int, mean_completion: int, max_completion: int, vocab: int, seed: int = 0):
+    """Right-padded rows: a ``prompt``-token prompt plus a completion of geometric length (mean ``mean_completion``,
+    at most ``max_completion``); the loss's columns (behavior log-probs near a uniform policy's, advantages)."""
+    rng = np.random.default_rng(seed)
+    completion = np.minimum(rng.geometric(1.0 / mean_completion, rows), max_completion)
+    lengths = prompt + completion
+    width = int(lengths.max())
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, width), generator=g)
+    positions = torch.arange(width)
+    lengths_t = torch.as_tensor(lengths)
+    mask = (positions[None] < lengths_t[:, None]).long()
+    targets = positions[None, : width - 1]  # target t+1 is a completion token when prompt - 1 <= t < length - 1
+    completion_mask = (targets >= prompt - 1) & (targets < lengths_t[:, None] - 1)
+    behavior = -math.log(vocab) + 0.1 * torch.randn(rows, width - 1, generator=g)
+    advantages = torch.randn(rows, generator=g)
+    return dict(ids=ids, mask=mask, completion_mask=completion_mask, behavior=behavior, advantages=advantages), lengths
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """``N`` of the MFU formula: parameters that multiply activations (all but the input embedding; a tied LM head
+    counted once, as the head)."""
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    return total - embedding.numel() + (head.numel() if head is embedding else 0)
+
+
+def step_flops(model: torch.nn.Module, lengths: np.ndarray) -> float:
+    """Model FLOPs of one training step over rows of ``lengths`` real tokens (module docstring)."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    d_attn = config.num_attention_heads * head_dim
+    lengths = lengths.astype(np.float64)
+    return 6.0 * matmul_params(model) * lengths.sum() + 12.0 * config.num_hidden_layers * d_attn * (lengths**2).sum()
+
+
+def peak_flops(device: torch.device, bf16: bool) -> Optional[float]:
+    """The card's dense bf16 peak from its name (`PEAK_BF16_FLOPS`); None off CUDA, in float32, or unknown."""
+    if device.type != "cuda" or not bf16:
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS if key in name), None)
+
+
+def environment(device: torch.device) -> Dict[str, Any]:
+    import transformers
+
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device_type": device.type,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "ray_importable": _importable("ray"),
+        "flash_attn_importable": _importable("flash_attn"),
+    }
+
+
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_path(name: str, model, batch, lengths, device, args) -> Dict[str, Any]:
+    """Warm-up and timed steps of one path; its figures."""
+    options = dict(PATHS[name])
+    attn = options.pop("attn", None)
+    previous_attn = model.config._attn_implementation
+    if attn:
+        set_attention(model, attn)
+    autocast = torch.bfloat16 if device.type == "cuda" else None
+    record: Dict[str, Any] = {"options": PATHS[name]}
+    core = None
+    try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        core = TokenLogprobs(model, autocast=autocast, name=args.shape, **options)
+        core.prepare(device)
+        record["prepare_s"] = time.perf_counter() - t0
+        record["attn_implementation"] = model.config._attn_implementation
+        record["packing"] = core.packing
+        if core.packing:
+            capacity = pack_capacity(np.maximum(lengths, 2), model.config._attn_implementation)
+            plan = plan_packing(np.maximum(lengths, 2), capacity)
+            record.update(forward_passes=1, packed_rows=plan.num_packed, packed_width=plan.width)
+        else:
+            record["call_cost_positions"] = core.bucket_call_cost
+            buckets = plan_buckets(np.maximum(lengths, 2), core.bucket_call_cost)
+            record.update(forward_passes=len(buckets), bucket_widths=[b.width for b in buckets])
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=LR, fused=device.type == "cuda" or None)
+        spec, settings = get_loss("p3o"), get_loss("p3o").make_settings({})
+        b = {k: v.to(device) for k, v in batch.items()}
+        warmup_s: List[float] = []
+        step_s: List[float] = []
+        start = time.perf_counter()
+        for step in range(args.warmup + args.steps):
+            _sync(device)
+            t = time.perf_counter()
+            out = core.token_logprobs(b["ids"], b["mask"])
+            loss = compute_loss(spec, settings, out, b["behavior"], b["advantages"], b["completion_mask"]).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            _sync(device)
+            (warmup_s if step < args.warmup else step_s).append(time.perf_counter() - t)
+            if not math.isfinite(float(loss.detach())):
+                raise FloatingPointError(f"loss {float(loss.detach())} at step {step}")
+            if time.perf_counter() - start > args.path_budget_s and step_s:
+                record["stopped_early"] = f"past --path-budget-s {args.path_budget_s}"
+                break
+        record.update(warmup_s=warmup_s, step_s=step_s)
+        record["token_positions"] = float(out[TOKEN_POSITIONS])
+        record["padding_share"] = 1.0 - float(out[REAL_TOKENS]) / float(out[TOKEN_POSITIONS])
+        if step_s:
+            s = statistics.median(step_s)
+            peak = peak_flops(device, autocast is not None)
+            record.update(
+                s_per_step=s,
+                real_tokens_per_s=float(lengths.sum()) / s,
+                achieved_tflops=step_flops(model, lengths) / s / 1e12,
+                mfu=step_flops(model, lengths) / s / peak if peak else None,
+            )
+        if device.type == "cuda":
+            record["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        del optimizer
+    except Exception as e:  # one path's failure (out of memory, a backend) must not end the others
+        record["error"] = f"{type(e).__name__}: {e}"
+        record["traceback"] = traceback.format_exc(limit=8)
+    finally:
+        if core is not None:
+            core.uncompile()
+        if attn:
+            set_attention(model, previous_attn)
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return record
+
+
+def benchmark(args) -> Dict[str, Any]:
+    device = torch.device(args.device)
+    t0 = time.perf_counter()
+    model = build_model(args.shape, device, args.attn)
+    _sync(device)
+    sizes = (args.rows, args.prompt, args.mean_completion, args.max_completion)
+    batch, lengths = make_batch(*sizes, model.config.vocab_size, args.seed)
+    bf16 = device.type == "cuda"
+    report: Dict[str, Any] = {
+        "benchmark": "learner_gpu",
+        "shape": args.shape,
+        "model": {k: v for k, v in SHAPES[args.shape].items() if k not in BATCH_KEYS},
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "matmul_parameters": matmul_params(model),
+        "precision": "bf16-mixed" if bf16 else "fp32",
+        "optimizer": "AdamW, fused" if device.type == "cuda" else "AdamW",
+        "batch": {
+            "rows": args.rows,
+            "prompt": args.prompt,
+            "mean_completion": args.mean_completion,
+            "max_completion": args.max_completion,
+            "seed": args.seed,
+            "real_tokens": int(lengths.sum()),
+            "longest": int(lengths.max()),
+            "padding_share_padded": 1.0 - float(lengths.sum()) / (len(lengths) * lengths.max()),
+        },
+        "flops_per_step": step_flops(model, lengths),
+        "mfu_formula": MFU_FORMULA,
+        "peak_flops": peak_flops(device, bf16),
+        "warmup_steps": args.warmup,
+        "timed_steps": args.steps,
+        "model_build_s": time.perf_counter() - t0,
+        **environment(device),
+        "paths": {},
+    }
+    for name in args.paths:
+        print(f"[{args.shape}] {name} ...", flush=True)
+        record = run_path(name, model, batch, lengths, device, args)
+        report["paths"][name] = record
+        print(f"[{args.shape}] {name}: {_summary(record)}", flush=True)
+        _write(report, args.out)
+    return report
+
+
+def _summary(record: Dict[str, Any]) -> str:
+    if "error" in record:
+        return "ERROR " + record["error"]
+    if "s_per_step" not in record:
+        return "no timed step"
+    mfu = f", MFU {record['mfu']:.1%}" if record.get("mfu") else ""
+    return (
+        f"{record['s_per_step']:.3f} s/step, {record['real_tokens_per_s']:.0f} tokens/s{mfu}, "
+        f"{record['forward_passes']} passes, padding {record['padding_share']:.0%}"
+    )
+
+
+# -- correctness --------------------------------------------------------------------------------------------------
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.dot(a, b) / (a.norm() * b.norm()).clamp(min=1e-30))
+
+
+def check_packing(model, device, args, autocast: Optional[torch.dtype]) -> Dict[str, Any]:
+    """Packed against padded: log-probs on completion tokens, the P3O loss and the gradient of every parameter."""
+    sizes = (4, max(4, args.prompt // 4), max(4, args.mean_completion // 4), max(8, args.max_completion // 4))
+    batch, lengths = make_batch(*sizes, model.config.vocab_size, seed=1)
+    b = {k: v.to(device) for k, v in batch.items()}
+    spec, settings = get_loss("p3o"), get_loss("p3o").make_settings({})
+    results = {}
+    for name, options in (("padded", dict(length_buckets=False, pack_sequences=False)), ("packed", {})):
+        options.setdefault("pack_sequences", True)
+        core = TokenLogprobs(model, autocast=autocast, **options)
+        core.prepare(device)
+        if name == "packed" and not core.packing:
+            return {"error": "the packing check refused this model and backend on this device"}
+        model.zero_grad(set_to_none=True)
+        out = core.token_logprobs(b["ids"], b["mask"])
+        loss = compute_loss(spec, settings, out, b["behavior"], b["advantages"], b["completion_mask"]).loss
+        loss.backward()
+        grad = torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None])
+        results[name] = (out[TOKEN_LOGP].detach().double(), float(loss), grad)
+    model.zero_grad(set_to_none=True)
+    valid = b["completion_mask"]
+    (lp_a, loss_a, g_a), (lp_b, loss_b, g_b) = results["padded"], results["packed"]
+    return {
+        "rows": lengths.tolist(),
+        "logp_max_abs_diff": float((lp_a - lp_b)[valid].abs().max()),
+        "loss_abs_diff": abs(loss_a - loss_b),
+        "grad_cosine": _cosine(g_a, g_b),
+        "grad_rel_diff": float((g_a - g_b).norm() / g_a.norm().clamp(min=1e-30)),
+    }
+
+
+def check_losses(device: torch.device) -> Dict[str, Any]:
+    """Every registered loss (default settings) on ``device`` against the CPU in float64: loss and gradient."""
+    g = torch.Generator().manual_seed(0)
+    rows, width = 6, 20
+    behavior = -torch.rand(rows, width, generator=g, dtype=torch.float64) * 3
+    logp = behavior + 0.3 * torch.randn(rows, width, generator=g, dtype=torch.float64)
+    old = behavior + 0.1 * torch.randn(rows, width, generator=g, dtype=torch.float64)
+    advantages = torch.randn(rows, generator=g, dtype=torch.float64)
+    mask = torch.rand(rows, width, generator=g) > 0.2
+    out = {}
+    for name in sorted(LOSSES):
+        spec = get_loss(name)
+        try:
+            values = []
+            for dev in ("cpu", device):
+                x = logp.to(dev).requires_grad_(True)
+                inputs = LossInputs(x, behavior.to(dev), advantages.to(dev), mask.to(dev), old_logprobs=old.to(dev))
+                loss = spec.fn(inputs, spec.make_settings({})).loss
+                loss.backward()
+                values.append((float(loss), x.grad.cpu()))
+            (loss_cpu, grad_cpu), (loss_dev, grad_dev) = values
+            out[name] = {
+                "loss_abs_diff": abs(loss_cpu - loss_dev),
+                "grad_max_abs_diff": float((grad_cpu - grad_dev).abs().max()),
+            }
+        except Exception as e:  # one loss's failure must not hide the others'
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def check(args) -> Dict[str, Any]:
+    device = torch.device(args.device)
+    model = build_model(args.shape, device, args.attn)
+    report: Dict[str, Any] = {"benchmark": "learner_gpu --check", "shape": args.shape, **environment(device)}
+    for label, autocast in (("float32", None), ("bf16_autocast", torch.bfloat16)):
+        try:
+            report[f"packed_vs_padded_{label}"] = check_packing(model, device, args, autocast)
+        except Exception as e:
+            report[f"packed_vs_padded_{label}"] = {
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(limit=8),
+            }
+    report["losses_device_vs_cpu_float64"] = check_losses(device)
+    fp32 = report["packed_vs_padded_float32"]
+    bf16 = report["packed_vs_padded_bf16_autocast"]
+    losses = report["losses_device_vs_cpu_float64"].values()
+    # Tolerances: float32 kernels differ in summation order only; bf16 rounds activations to 8 bits of mantissa.
+    exact = [v.get("loss_abs_diff", 1.0) < 1e-10 and v.get("grad_max_abs_diff", 1.0) < 1e-10 for v in losses]
+    report["pass"] = {
+        "packed_float32": fp32.get("logp_max_abs_diff", 1.0) < 1e-3 and fp32.get("grad_cosine", 0.0) > 0.99999,
+        "packed_bf16": bf16.get("logp_max_abs_diff", 1.0) < 0.1 and bf16.get("grad_cosine", 0.0) > 0.999,
+        "losses": all(exact),
+    }
+    _write(report, args.out)
+    return report
+
+
+def _write(report: Dict[str, Any], path: Optional[str]) -> None:
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(report, f, indent=2)
+        os.replace(path + ".tmp", path)
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--attn", default="sdpa", help="attention implementation the model is built with")
+    parser.add_argument("--paths", nargs="+", choices=sorted(PATHS), default=list(DEFAULT_PATHS))
+    for key in BATCH_KEYS:
+        parser.add_argument("--" + key.replace("_", "-"), type=int, default=None, help="default: the shape's")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--path-budget-s", type=float, default=60.0, help="stop a path's timed steps past this")
+    parser.add_argument("--check", action="store_true", help="correctness on the device instead of timings")
+    parser.add_argument("--out", default=None, help="JSON report path")
+    args = parser.parse_args(argv)
+    for key in BATCH_KEYS:
+        if getattr(args, key) is None:
+            setattr(args, key, SHAPES[args.shape][key])
+    report = check(args) if args.check else benchmark(args)
+    print(json.dumps({k: v for k, v in report.items() if k != "paths"}, indent=2, default=str))
+    if not args.check:
+        for name, record in report["paths"].items():
+            print(f"{name:18s} {_summary(record)}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
