@@ -7,11 +7,12 @@ from typing import List
 
 from results_check import Page
 
-from pages import benchmarks_page, claims_sweep, precision, soak
+from pages import benchmarks_page, claims_sweep, precision, readme, soak
 
 PAGES: List[Page] = [
     claims_sweep.PAGE,
     soak.PAGE,
     precision.PAGE,
     benchmarks_page.PAGE,
+    readme.PAGE,
 ]

@@ -385,7 +385,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     size.add_argument(
         "--full",
         action="store_true",
-        help="the full grid (default; arithmetic: {} trials, ~1 h; sorting: {}, ~8 h)".format(
+        help="the full grid (default; arithmetic: {} trials, about an hour on 2 cores; sorting: {}, a few hours of "
+        "trial time, about half of it in wall time with --parallel 2: docs/results/claims.md gives the measured times)".format(
             GRIDS["arithmetic", "full"].num_trials(), GRIDS["sorting", "full"].num_trials()
         ),
     )
