@@ -102,3 +102,13 @@ def test_the_command_line_check_exits_non_zero_on_a_disagreeing_page(tmp_path, c
     _edit(root, SWEEP_PAGE.path, "63.7 min", "64.0 min")
     assert results_check.main([SWEEP_PAGE.path, "--root", root]) == 1
     assert "63.7 min" in capsys.readouterr().out  # what the page should say
+
+
+def test_the_changelog_is_history_by_version():
+    """CHANGELOG.md: one section per version, no commit hashes, no per-commit tables."""
+    with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
+        text = f.read()
+    assert results_check._COMMIT_HASH.findall(text) == []
+    assert not [line for line in text.splitlines() if line.startswith("|")]
+    versions = [line for line in text.splitlines() if line.startswith("## ")]
+    assert versions and all(line.startswith("## [") for line in versions), versions
