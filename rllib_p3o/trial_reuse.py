@@ -10,30 +10,22 @@ from typing import Any, List
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-# Settings that may change between two trials sharing one Tune actor (`P3O.reset_config`): they reach only the
-# driver and the learner, never the EnvRunners' engines, tokenizer or data.
-RESETTABLE_KEYS = (
+from rllib_p3o.core.settings import SETTINGS
+
+# RLlib's settings that reach only the driver and the learner.
+RLLIB_RESETTABLE_KEYS = (
     "seed",
-    "loss",
-    "loss_config",
-    "clip_low",
-    "clip_high",
-    "kl_ref_coeff",
-    "entropy_coeff",
-    "ess_scope",
     "lr",
     "grad_clip",
     "grad_clip_by",
     "num_epochs",
     "minibatch_size",
     "shuffle_batch_per_epoch",
-    "max_consecutive_nonfinite_steps",
-    "eval_interval",
-    "eval_max_prompts",
-    "eval_temperature",
-    "eval_samples_per_prompt",
-    "record_rollouts",
 )
+# Settings that may change between two trials sharing one Tune actor (`P3O.reset_config`): they reach only the
+# driver and the learner, never the EnvRunners' engines, tokenizer or data. P3O's own are those declared
+# ``resettable`` (`rllib_p3o.core.settings`).
+RESETTABLE_KEYS = RLLIB_RESETTABLE_KEYS + tuple(s.name for s in SETTINGS if s.resettable)
 
 
 def config_differences(old: AlgorithmConfig, new: AlgorithmConfig) -> List[str]:

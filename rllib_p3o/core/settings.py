@@ -1,0 +1,485 @@
+"""P3O's own settings, each declared once: type, default, help text, group, and whether Tune may change it between
+trials that share an actor.
+
+`P3OSettings` is the one list. `rllib_p3o.p3o.P3OConfig` takes its defaults from it, ``.training()`` accepts its
+keys, validation runs its groups in order (`GROUPS`), `rllib_p3o.driver.trial_reuse.RESETTABLE_KEYS` is derived
+from it and the configuration reference (docs/reference/configuration.md) is generated from it
+(``make reference``; ``tests/test_settings.py`` fails when the page is stale).
+
+It lives in ``core/`` because every process holds the config (the EnvRunners and the learners get a copy); it is
+pure declarations, no Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import pathlib
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from rllib_p3o.core.deprecation import REMOVAL_VERSION
+from rllib_p3o.core.losses import LOSSES
+from rllib_p3o.core.precision import DTYPES, MODEL_DTYPE_PRECISION, PRECISIONS, ROLLOUT_QUANTIZATIONS
+
+# Groups in the order validation runs them and the reference lists them.
+MODEL = "model"
+LOSSES_GROUP = "losses"
+SAMPLING = "sampling"
+SYNC = "sync"
+EVALUATION = "evaluation"
+OFFLINE = "offline"
+PRECISION = "precision"
+RESOURCES = "resources"
+GROUPS: Tuple[str, ...] = (MODEL, LOSSES_GROUP, SAMPLING, SYNC, EVALUATION, OFFLINE, PRECISION, RESOURCES)
+
+ESS_SCOPES = ("batch", "source")
+LOGPROBS_MODES = ("processed", "raw")
+
+
+def setting(
+    default: Any = None,
+    *,
+    group: str,
+    help: str,
+    factory: Any = None,
+    resettable: bool = False,
+    choices: Optional[Sequence[Any]] = None,
+    minimum: Optional[float] = None,
+    keyword: Optional[str] = None,
+    replaced_by: Optional[str] = None,
+) -> Any:
+    """One declared setting (a dataclass field whose metadata carries the rest).
+
+    ``resettable``: it reaches only the driver and the learner, so Tune may change it in a reused actor.
+    ``choices``/``minimum``: checked by validation with a message naming the setting (None always passes).
+    ``keyword``: the ``.training()`` keyword when it differs from the attribute (``model`` sets ``policy_model``:
+    ``model`` is RLlib's legacy model dict). ``replaced_by``: a renamed key, kept until `REMOVAL_VERSION`; setting it
+    warns once with the new name.
+    """
+    meta = dict(
+        group=group,
+        help=help,
+        resettable=resettable,
+        choices=tuple(choices) if choices is not None else None,
+        minimum=minimum,
+        keyword=keyword,
+        replaced_by=replaced_by,
+    )
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass
+class P3OSettings:
+    """Every P3O setting (RLlib's own, such as ``lr`` or ``num_epochs``, are RLlib's)."""
+
+    # -- model -------------------------------------------------------------------------------------------------------
+    policy_model: Optional[str] = setting(
+        group=MODEL,
+        keyword="model",
+        help="Hugging Face causal-LM directory (or hub id) of the policy; the tokenizer is loaded from it. A relative "
+        "directory is made absolute by `.training()` (Tune runs each trial in a directory of its own); a path that "
+        "is neither a directory nor a hub id fails validation, naming it.",
+    )
+    trust_remote_code: bool = setting(False, group=MODEL, help="Passed to transformers and vLLM; off unless asked.")
+    lora: Optional[Dict[str, Any]] = setting(
+        group=MODEL,
+        help='Train a LoRA adapter instead of all weights: `{"r": 16, "alpha": 32, "target_modules": [...], '
+        '"dropout": 0.0}` (defaults as shown; target_modules: every linear layer vLLM serves adapters on). Runners '
+        "serve the frozen base with vLLM's LoRA support and swap in each synced adapter (verified by the probe); "
+        "syncs and checkpoints carry the adapter only; the reference KL uses the base.",
+    )
+    logprob_chunk_size: int = setting(
+        8, group=MODEL, minimum=1, help="Sequences per LM-head chunk in the learner once a batch's logits pass 64 MiB."
+    )
+
+    # -- losses ------------------------------------------------------------------------------------------------------
+    loss: str = setting(
+        "p3o",
+        group=LOSSES_GROUP,
+        resettable=True,
+        help="A registered loss (`rllib_p3o.core.losses`); the losses and their settings are listed below.",
+    )
+    loss_config: Dict[str, Any] = setting(
+        group=LOSSES_GROUP,
+        factory=dict,
+        resettable=True,
+        help='The loss\'s own settings, e.g. `{"clip_low": 0.2, "clip_high": 0.28}` for `grpo` or '
+        '`{"kl_estimator": "k3_is"}` for `p3o`; validation builds the loss\'s settings dataclass from it, so an '
+        "unknown key or a value the loss refuses fails before anything starts.",
+    )
+    clip_low: Optional[float] = setting(
+        group=LOSSES_GROUP,
+        resettable=True,
+        replaced_by="loss_config['clip_low']",
+        help="GRPO's ε_low as a top-level key (before `loss_config`), read by losses that have this setting.",
+    )
+    clip_high: Optional[float] = setting(
+        group=LOSSES_GROUP,
+        resettable=True,
+        replaced_by="loss_config['clip_high']",
+        help="GRPO's ε_high as a top-level key (before `loss_config`), read by losses that have this setting.",
+    )
+    kl_ref_coeff: float = setting(
+        0.0,
+        group=LOSSES_GROUP,
+        resettable=True,
+        minimum=0.0,
+        help="Weight of a k3 KL to the frozen initial model (0 = off; the learner then loads it).",
+    )
+    entropy_coeff: float = setting(
+        0.0,
+        group=LOSSES_GROUP,
+        resettable=True,
+        help="Entropy bonus weight (0 = off; computing entropy needs the full vocabulary per token).",
+    )
+    ess_scope: str = setting(
+        "batch",
+        group=LOSSES_GROUP,
+        resettable=True,
+        choices=ESS_SCOPES,
+        help="Over which tokens P3O's ESS is taken. \"batch\" (the paper's): all valid tokens of the optimizer step's "
+        'minibatch across all learners, one ESS for everything. "source": one ESS per data source of that minibatch '
+        "(the policy's own rollouts, each behavior model, each offline source), each token capped and pulled by its "
+        "own source's ESS; for mixtures whose parts are off-policy to very different degrees.",
+    )
+    max_consecutive_nonfinite_steps: int = setting(
+        3,
+        group=LOSSES_GROUP,
+        resettable=True,
+        minimum=1,
+        help="An optimizer step whose loss or gradient is not finite is skipped (nothing reaches the weights) and "
+        "counted in `p3o/skipped_nonfinite_steps`; after this many in a row the run stops with an error naming what "
+        "was not finite.",
+    )
+
+    # -- sampling ----------------------------------------------------------------------------------------------------
+    group_size: int = setting(
+        8,
+        group=SAMPLING,
+        minimum=2,
+        help="Completions sampled per prompt; advantages are normalized within each group (so at least 2).",
+    )
+    prompts_per_step: int = setting(
+        16, group=SAMPLING, minimum=1, help="Prompts per training step (train batch = prompts_per_step * group_size)."
+    )
+    max_tokens: int = setting(
+        64,
+        group=SAMPLING,
+        minimum=1,
+        help="Most tokens per completion (per model turn in multi-turn episodes); vLLM's `max_tokens`.",
+    )
+    temperature: float = setting(1.0, group=SAMPLING, help="Sampling temperature of the rollouts.")
+    top_p: float = setting(1.0, group=SAMPLING, help="Nucleus-sampling threshold of the rollouts (1.0: off).")
+    top_k: int = setting(-1, group=SAMPLING, help="Top-k sampling of the rollouts (-1: off).")
+    logprobs_mode: str = setting(
+        "processed",
+        group=SAMPLING,
+        choices=LOGPROBS_MODES,
+        help='"processed": log-probs of the sampling distribution, after temperature and top-p/top-k, i.e. the true '
+        'behavior policy, which the importance ratio needs when sampling at T != 1; "raw": the model\'s own.',
+    )
+    vllm_kwargs: Dict[str, Any] = setting(
+        group=SAMPLING,
+        factory=dict,
+        help="Extra `vllm.LLM` arguments (e.g. `kv_cache_memory_bytes`, `max_model_len`).",
+    )
+    async_sampling: bool = setting(
+        False,
+        group=SAMPLING,
+        help="Runners keep generating while the learners update; weights reach them without a pause (each runner "
+        "loads them after its current sample). Needs remote EnvRunners.",
+    )
+    max_staleness: int = setting(
+        2,
+        group=SAMPLING,
+        minimum=0,
+        help="In async mode, policy samples more than this many weight versions behind the learner are dropped "
+        "(and counted).",
+    )
+    behavior_models: List[Dict[str, Any]] = setting(
+        group=SAMPLING,
+        factory=list,
+        help="Frozen models whose engines generate a share of every prompt group, each a dict with `model` (HF path), "
+        "`samples` (completions per group) or `share` (of `group_size`), and optionally `name` and its own "
+        "`temperature`/`top_p`/`top_k`/`max_tokens`. Their sampled-token log-probs are the behavior log-probs; "
+        "their weights are never synced. They must use the policy's tokenizer.",
+    )
+    log_completions: int = setting(
+        0,
+        group=SAMPLING,
+        minimum=0,
+        help="Rows of sample completions written after each iteration to "
+        "`<trial dir>/completions/iter_<iteration>.parquet`: prompt, completion, reward, each reward function's "
+        "value, advantage and source, whole prompt groups (TRL's `log_completions`); 0 writes none.",
+    )
+
+    # -- sync --------------------------------------------------------------------------------------------------------
+    verify_weight_sync: bool = setting(
+        True,
+        group=SYNC,
+        help="After each sync, check that the engine's log-probs on a probe sequence match the learner's (raises on "
+        "a silent sync failure).",
+    )
+    weight_sync_tolerance: Optional[float] = setting(
+        group=SYNC,
+        help="Largest allowed |learner - engine| log-prob on that probe. The learner scores the probe with the "
+        "weights exactly as sent (cast to `rollout_dtype`, FP8-rounded if simulated), so what is left is the "
+        "engine's kernel numerics. It bounds the mean difference over the probe's tokens, and each token's together "
+        "with `weight_sync_rtol`. None: by the engine's precision, 1e-3 for float32 and 0.08 for bfloat16 "
+        "(`rllib_p3o.sync.payload.DEFAULT_TOLERANCES`).",
+    )
+    weight_sync_rtol: Optional[float] = setting(
+        group=SYNC,
+        help="A probe token may differ by `weight_sync_tolerance` plus this times its |log-prob|: a low-precision "
+        "engine's rounding error grows with the magnitude (with rtol > 0, up to 10% of the tokens may exceed that "
+        "by up to twice it: `rllib_p3o.sync.probe.check_probe`). None: 0 for float32 engines, 0.1 for bfloat16.",
+    )
+    weight_sync_timeout_s: float = setting(
+        300.0,
+        group=SYNC,
+        help="A runner that has not loaded new weights within this many seconds raises `WeightSyncError` naming it, "
+        "instead of a silent hang.",
+    )
+
+    # -- evaluation --------------------------------------------------------------------------------------------------
+    eval_interval: int = setting(
+        1,
+        group=EVALUATION,
+        resettable=True,
+        minimum=0,
+        help="Held-out evaluation every this many iterations (needs `eval_dataset` in env_config); 0 disables.",
+    )
+    eval_max_prompts: int = setting(
+        200, group=EVALUATION, resettable=True, help="At most this many held-out prompts per evaluation."
+    )
+    eval_temperature: float = setting(
+        0.0,
+        group=EVALUATION,
+        resettable=True,
+        minimum=0.0,
+        help="Sampling temperature of the held-out evaluation; 0 answers greedily. Above 0, the reported held-out "
+        "reward is the mean over `eval_samples_per_prompt` samples per prompt (the avg@k of LLM-RL papers).",
+    )
+    eval_samples_per_prompt: int = setting(
+        1,
+        group=EVALUATION,
+        resettable=True,
+        minimum=1,
+        help="Completions per held-out prompt when `eval_temperature` > 0.",
+    )
+
+    # -- offline -----------------------------------------------------------------------------------------------------
+    offline_fraction: Optional[float] = setting(
+        group=OFFLINE,
+        help="Share of each training batch's rows taken from the offline dataset (`config.offline_data(input_=PATH)`"
+        "); the rest are online rollouts. None: 1.0 when an offline dataset is configured (offline-only), else 0.0.",
+    )
+    offline_skip_bad_rows: bool = setting(
+        False, group=OFFLINE, help="Drop (and count) invalid offline rows instead of refusing to start."
+    )
+    offline_rescore_model: Optional[str] = setting(
+        group=OFFLINE, help="HF model that scores, once, offline rows without `behavior_logprobs`."
+    )
+    offline_max_seq_len: int = setting(
+        512, group=OFFLINE, minimum=1, help="Longest prompt + completion of an offline row, in tokens."
+    )
+    record_rollouts: Optional[str] = setting(
+        group=OFFLINE,
+        resettable=True,
+        help="Directory to which every sampled batch is written as trajectory Parquet: a local path (a relative one "
+        "is made absolute by `.training()`, not inside a Tune trial's directory) or a URI pyarrow's filesystems "
+        "open (`s3://bucket/traj`, `gs://...`, `hdfs://...`); a scheme pyarrow has no filesystem for is refused.",
+    )
+
+    # -- precision ---------------------------------------------------------------------------------------------------
+    precision: Optional[str] = setting(
+        group=PRECISION,
+        choices=PRECISIONS,
+        help='The learner\'s precision: "fp32" (None: from `model_dtype`, "fp32" by default), "bf16-mixed" (float32 '
+        "master weights and optimizer state, forward and backward under bfloat16 autocast; checkpoints hold the "
+        'float32 weights), "bf16" (pure bfloat16: weights and Adam\'s state in bfloat16) or "fp16" (pure float16).',
+    )
+    model_dtype: str = setting(
+        "float32",
+        group=PRECISION,
+        choices=sorted(MODEL_DTYPE_PRECISION),
+        replaced_by="precision",
+        help='The learner\'s weights and compute in one dtype, as before `precision` existed: "float32", "bfloat16" '
+        'or "float16" mean `precision` "fp32", "bf16" and "fp16".',
+    )
+    rollout_dtype: Optional[str] = setting(
+        group=PRECISION,
+        choices=sorted(DTYPES),
+        help='The dtype the vLLM engines run in: "float32", "bfloat16" or "float16". None: the learner\'s compute '
+        'dtype (bfloat16 under "bf16-mixed"). Weights are cast to it before each sync; the behavior log-probs are '
+        "the engine's, so the ratio carries the precision gap.",
+    )
+    rollout_quantization: Optional[str] = setting(
+        group=PRECISION,
+        choices=ROLLOUT_QUANTIZATIONS,
+        help="FP8 rollouts. \"fp8\": vLLM's FP8 quantization of the engine's linear layers, re-quantized from every "
+        'sync (GPU only). "fp8_simulated": every linear weight is rounded through float8_e4m3fn with one scale per '
+        "output channel before it is loaded, and the engine computes in `rollout_dtype` (works on CPU). Not with "
+        "LoRA.",
+    )
+
+    # -- resources ---------------------------------------------------------------------------------------------------
+    num_threads_per_learner: Optional[int] = setting(
+        group=RESOURCES,
+        minimum=1,
+        help="Torch/OpenMP threads of each learner; None: its Ray CPUs (`P3OConfig.learner_threads`). Async mode only "
+        "overlaps generation and training when the thread budgets fit the cores (OpenMP threads spin-wait).",
+    )
+    num_threads_per_env_runner: Optional[int] = setting(
+        group=RESOURCES,
+        minimum=1,
+        help="Torch/OpenMP threads of each runner's engine; None: its Ray CPUs (`P3OConfig.env_runner_threads`).",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One declared setting, read from `P3OSettings`'s field."""
+
+    name: str
+    type: str
+    group: str
+    help: str
+    resettable: bool
+    choices: Optional[Tuple[Any, ...]]
+    minimum: Optional[float]
+    keyword: str
+    replaced_by: Optional[str]
+    _field: dataclasses.Field = dataclasses.field(repr=False, compare=False)
+
+    def default(self) -> Any:
+        """A fresh default (a new dict or list for those that are)."""
+        if self._field.default_factory is not dataclasses.MISSING:
+            return self._field.default_factory()
+        return copy.copy(self._field.default)
+
+    def problem(self, value: Any) -> Optional[str]:
+        """Why ``value`` is refused by the declaration (choices, minimum), or None. None always passes: it means
+        "the default" for every setting that has choices or a minimum."""
+        if value is None:
+            return None
+        if self.choices is not None and value not in self.choices:
+            return f"{self.name} must be one of {', '.join(map(str, self.choices))}, got {value!r}."
+        if self.minimum is not None:
+            try:
+                ok = float(value) >= self.minimum
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                return f"{self.name} must be >= {self.minimum:g}, got {value!r}."
+        return None
+
+
+def _settings() -> Tuple[Setting, ...]:
+    out = []
+    for f in dataclasses.fields(P3OSettings):
+        meta = f.metadata
+        out.append(
+            Setting(
+                name=f.name,
+                type=str(f.type),
+                group=meta["group"],
+                help=meta["help"],
+                resettable=meta["resettable"],
+                choices=meta["choices"],
+                minimum=meta["minimum"],
+                keyword=meta["keyword"] or f.name,
+                replaced_by=meta["replaced_by"],
+                _field=f,
+            )
+        )
+    return tuple(out)
+
+
+SETTINGS: Tuple[Setting, ...] = _settings()
+BY_KEYWORD: Dict[str, Setting] = {s.keyword: s for s in SETTINGS}
+# Renamed keys: the old name -> the new one (each warns once when set; removed in `REMOVAL_VERSION`).
+RENAMED: Dict[str, str] = {s.keyword: s.replaced_by for s in SETTINGS if s.replaced_by}
+
+
+def in_group(group: str) -> Tuple[Setting, ...]:
+    """The settings of ``group``, in declaration order."""
+    return tuple(s for s in SETTINGS if s.group == group)
+
+
+# -- the configuration reference -------------------------------------------------------------------------------------
+
+BEGIN = "<!-- settings: generated from rllib_p3o/core/settings.py by `make reference`; do not edit by hand -->"
+END = "<!-- settings: end -->"
+REFERENCE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _default_text(s: Setting) -> str:
+    value = s.default()
+    return "None" if value is None else f"`{value!r}`"
+
+
+def reference_markdown() -> str:
+    """The generated part of the configuration reference: one table per group, then the registered losses and the
+    keys each takes in ``loss_config``."""
+    lines: List[str] = []
+    for group in GROUPS:
+        lines += [f"### {group.capitalize()}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for s in in_group(group):
+            meaning = s.help
+            if s.replaced_by:
+                meaning = f"**Deprecated** (removed in {REMOVAL_VERSION}): use `{s.replaced_by}`. {meaning}"
+            if s.resettable:
+                meaning += " *May change between trials that reuse a Tune actor.*"
+            lines.append(f"| `{s.keyword}` | `{_cell(s.type)}` | {_default_text(s)} | {_cell(meaning)} |")
+        lines.append("")
+    lines += [
+        "### Registered losses and their `loss_config`",
+        "",
+        "| `loss` | `loss_config` keys (defaults) | formula |",
+        "|---|---|---|",
+    ]
+    for name in sorted(LOSSES):
+        spec = LOSSES[name]
+        keys = ", ".join(
+            f"`{f.name}={f.default!r}`"
+            for f in dataclasses.fields(spec.settings)
+            if f.default is not dataclasses.MISSING
+        )
+        doc = " ".join((spec.fn.__doc__ or "").strip().split("\n\n")[0].split())
+        lines.append(f"| `{name}` | {keys or '(none)'} | {_cell(doc)} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_page(page: str) -> str:
+    """``page`` with the part between `BEGIN` and `END` replaced by `reference_markdown`."""
+    head, found, rest = page.partition(BEGIN)
+    if not found:
+        raise ValueError(f"{REFERENCE} has no {BEGIN!r} marker")
+    _, found, tail = rest.partition(END)
+    if not found:
+        raise ValueError(f"{REFERENCE} has no {END!r} marker")
+    return f"{head}{BEGIN}\n\n{reference_markdown()}\n{END}{tail}"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="Generate (or check) the configuration reference's settings tables.")
+    parser.add_argument("--write", action="store_true", help="rewrite the page (default: exit 1 if it is stale)")
+    args = parser.parse_args(argv)
+    page = REFERENCE.read_text()
+    fresh = render_page(page)
+    if args.write:
+        REFERENCE.write_text(fresh)
+        return 0
+    if fresh != page:
+        print(f"{REFERENCE} is stale: run make reference", file=sys.stderr)
+        return 1
+    return 0
