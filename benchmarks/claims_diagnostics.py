@@ -1,7 +1,7 @@
 """What each loss did to the data in a sweep's trials: the learner's per-iteration diagnostics, read back from Tune's
 result files and averaged per stage and method.
 
-    python benchmarks/claims_diagnostics.py --out runs/bench [--json docs/bench/diagnostics.json]
+    python benchmarks/claims_diagnostics.py --out runs/bench [--json results/bench/diagnostics.json]
 
 The sweep's trial files (``<out>/trials``) keep held-out, ESS and reward only; Tune's ``result.json`` of every trial
 run in ``<out>/<stage>/<trial>/`` has all of the learner's metrics. Per trial, the mean over its iterations of:

@@ -1,6 +1,6 @@
 """Whether a rerun of a sweep reproduced another's trials: every trial file found in both, compared value for value.
 
-    python benchmarks/compare_trials.py docs/bench/trials runs/bench/trials [--json reproduction.json] [--complete]
+    python benchmarks/compare_trials.py results/bench/trials runs/bench/trials [--json reproduction.json] [--complete]
         [--table replication.md]
 
 A sweep's trial files (``<out>/trials/<stage>/<method>_seed<s>_lr<lr>.csv``) hold each iteration's held-out reward,

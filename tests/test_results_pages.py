@@ -1,6 +1,7 @@
 """The results check (`benchmarks/results_check.py`): every results page agrees with its committed result files, and
 a page or a file changed by one number fails it. Reads files only (no Ray)."""
 
+import glob
 import json
 import os
 import shutil
@@ -42,9 +43,9 @@ SWEEP_PAGE = next(p for p in PAGES if p.path == "docs/results/claims-sweep.md")
 
 
 def test_one_number_changed_in_a_summary_file_fails_the_check(tmp_path):
-    root = _copy(tmp_path, SWEEP_PAGE.path, "docs/sweep")
+    root = _copy(tmp_path, SWEEP_PAGE.path, "results/sweep")
     assert check_page(SWEEP_PAGE, root) == []
-    path = os.path.join(root, "docs/sweep/summary.json")
+    path = os.path.join(root, "results/sweep/summary.json")
     with open(path) as f:
         summary = json.load(f)
     summary["startup"]["reused_actor_setup_s_mean"] = 0.12  # the page says 0.09 s
@@ -55,9 +56,9 @@ def test_one_number_changed_in_a_summary_file_fails_the_check(tmp_path):
 
 
 def test_one_held_out_value_changed_in_the_curves_changes_a_verdict(tmp_path):
-    root = _copy(tmp_path, SWEEP_PAGE.path, "docs/sweep")
+    root = _copy(tmp_path, SWEEP_PAGE.path, "results/sweep")
     # P3O's last held-out in one async seed: 0.985 → 0.885 moves its mean out of a tie with GRPO ε 0.4.
-    path = os.path.join(root, "docs/sweep/curves.csv")
+    path = os.path.join(root, "results/sweep/curves.csv")
     import pandas as pd
 
     curves = pd.read_csv(path)
@@ -70,10 +71,10 @@ def test_one_held_out_value_changed_in_the_curves_changes_a_verdict(tmp_path):
 
 
 def test_one_number_changed_on_the_page_fails_the_check(tmp_path):
-    root = _copy(tmp_path, SWEEP_PAGE.path, "docs/sweep")
+    root = _copy(tmp_path, SWEEP_PAGE.path, "results/sweep")
     _edit(root, SWEEP_PAGE.path, "0.985 ± 0.005", "0.986 ± 0.005")
     assert check_page(SWEEP_PAGE, root)
-    root2 = _copy(tmp_path / "b", SWEEP_PAGE.path, "docs/sweep")
+    root2 = _copy(tmp_path / "b", SWEEP_PAGE.path, "results/sweep")
     _edit(root2, SWEEP_PAGE.path, "The task saturates quickly", "The task saturates within 3 iterations")
     problems = check_page(SWEEP_PAGE, root2)
     assert any("number '3' is derived by nothing" in p for p in problems), problems
@@ -97,7 +98,7 @@ def test_a_section_without_a_committed_file_must_say_so(tmp_path):
 
 
 def test_the_command_line_check_exits_non_zero_on_a_disagreeing_page(tmp_path, capsys):
-    root = _copy(tmp_path, SWEEP_PAGE.path, "docs/sweep")
+    root = _copy(tmp_path, SWEEP_PAGE.path, "results/sweep")
     assert results_check.main([SWEEP_PAGE.path, "--root", root]) == 0
     _edit(root, SWEEP_PAGE.path, "63.7 min", "64.0 min")
     assert results_check.main([SWEEP_PAGE.path, "--root", root]) == 1
@@ -112,3 +113,40 @@ def test_the_changelog_is_history_by_version():
     assert not [line for line in text.splitlines() if line.startswith("|")]
     versions = [line for line in text.splitlines() if line.startswith("## ")]
     assert versions and all(line.startswith("## [") for line in versions), versions
+
+
+def _embedded_images():
+    import re
+
+    found = []
+    for page in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True):
+        with open(page) as f:
+            for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", f.read()):
+                found.append(os.path.normpath(os.path.join(os.path.dirname(page), link)))
+    return found
+
+
+def test_every_image_of_the_site_is_embedded_and_no_raw_data_is_in_it():
+    embedded = set(_embedded_images())
+    images = {p for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.png"), recursive=True)}
+    assert images - embedded == set(), "images under docs/ that no page embeds"
+    assert embedded - images == set(), "embedded images that do not exist"
+    data = [
+        p
+        for ext in ("csv", "json", "parquet")
+        for p in glob.glob(os.path.join(ROOT, "docs", "**", f"*.{ext}"), recursive=True)
+    ]
+    assert data == [], "raw data belongs in results/ (outside the site)"
+
+
+def test_the_pages_figures_are_copies_of_their_runs_figures():
+    """docs/results/figures/<run>/<name>.png is results/<run>/<name>.png or results/<run>/figures/<name>.png."""
+    figures = glob.glob(os.path.join(ROOT, "docs", "results", "figures", "*", "*.png"))
+    assert figures
+    for copy in figures:
+        run, name = os.path.basename(os.path.dirname(copy)), os.path.basename(copy)
+        sources = [os.path.join(ROOT, "results", run, name), os.path.join(ROOT, "results", run, "figures", name)]
+        source = next((s for s in sources if os.path.exists(s)), None)
+        assert source, f"{copy} has no original under results/{run}/"
+        with open(copy, "rb") as a, open(source, "rb") as b:
+            assert a.read() == b.read(), f"{copy} differs from {source}: copy it again"
