@@ -6,7 +6,7 @@ from typing import List
 
 from results_check import Page
 
-from pages._fmt import load_json, num, pct, span
+from pages._fmt import load_json, num, pct
 from pages._paths import BENCH_RESULTS
 
 
