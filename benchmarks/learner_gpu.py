@@ -365,7 +365,7 @@ def check_packing(model, device, args, autocast: Optional[torch.dtype]) -> Dict[
         loss = compute_loss(spec, settings, out, b["behavior"], b["advantages"], b["completion_mask"]).loss
         loss.backward()
         grad = torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None])
-        results[name] = (out[TOKEN_LOGP].detach().double(), float(loss), grad)
+        results[name] = (out[TOKEN_LOGP].detach().double(), float(loss.detach()), grad)
     model.zero_grad(set_to_none=True)
     valid = b["completion_mask"]
     (lp_a, loss_a, g_a), (lp_b, loss_b, g_b) = results["padded"], results["packed"]
@@ -393,7 +393,7 @@ def check_losses(device: torch.device) -> Dict[str, Any]:
         try:
             values = []
             for dev in ("cpu", device):
-                x = logp.to(dev).requires_grad_(True)
+                x = logp.detach().to(dev, copy=True).requires_grad_(True)  # a leaf on each device
                 inputs = LossInputs(x, behavior.to(dev), advantages.to(dev), mask.to(dev), old_logprobs=old.to(dev))
                 loss = spec.fn(inputs, spec.make_settings({})).loss
                 loss.backward()

@@ -159,6 +159,8 @@ class TokenLogprobs:
         cost when the bucket plan will need it. Done once per device; `token_logprobs` calls it, a learner calls it
         when it starts (before its first step, so that nothing is timed inside a training step)."""
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" are one device
+            device = torch.device("cuda", torch.cuda.current_device())
         if self._prepared_for == device:
             return
         self._prepared_for = device
