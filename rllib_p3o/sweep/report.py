@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from rllib_p3o.core import metrics
-from rllib_p3o.sweep import verdicts
+from rllib_p3o.sweep import failures, verdicts
 
 CURVES_CSV = "curves.csv"
 SUMMARY_MD = "summary.md"
@@ -452,6 +452,7 @@ def write_report(
         "reused_actor_setup_s_mean": float(reused.mean()) if len(reused) else None,
         "reused_trials": len(reused),
     }
+    infra = failures.recorded(out)
     runs = _unique_runs(all_trials)
     timed = runs[TIME_S].dropna()
     cost = {"trial_time_s_sum": float(timed.sum()), "timed_trials": len(timed), "trials": len(runs)}
@@ -479,6 +480,12 @@ def write_report(
             f"{cost['trials']} trials"
             + (" (the others' files have no time column)" if cost["timed_trials"] < cost["trials"] else "")
             + ".\n"
+            + (
+                f"Infrastructure failures (an actor or node lost; retried, never counted as collapses): "
+                f"{len(infra)}, listed in {failures.INFRA_FAILURES}.\n"
+                if infra
+                else ""
+            )
         )
     facts = {
         "note": note,
@@ -489,6 +496,7 @@ def write_report(
         "wall_s": wall_s,
         "startup": startup,
         "cost": cost,
+        "infrastructure_failures": len(infra),
         "table": md,
         "lr_table": lr_table,
         "matrix": matrix,

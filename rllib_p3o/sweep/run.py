@@ -34,7 +34,7 @@ import pandas as pd
 from ray import tune
 
 from rllib_p3o.core import storage
-from rllib_p3o.sweep import report
+from rllib_p3o.sweep import failures, report
 from rllib_p3o.sweep.grid import (
     CELL,
     GRIDS,
@@ -73,9 +73,12 @@ class StageProgress(tune.Callback):
     resumable), and prints one line per finished trial with the stage's progress and an ETA. A trial that ends
     before ``iterations`` without an error (stopped, not finished) is not written: a rerun runs it again."""
 
-    def __init__(self, out: str, stage: str, num_trials: int, samples_per_iteration: int, iterations: int):
+    def __init__(
+        self, out: str, stage: str, num_trials: int, samples_per_iteration: int, iterations: int, attempt: int = 0
+    ):
         self.out, self.stage, self.num_trials = out, stage, num_trials
-        self.samples_per_iteration, self.iterations = samples_per_iteration, iterations
+        self.samples_per_iteration, self.iterations, self.attempt = samples_per_iteration, iterations, attempt
+        self.infra_failed: List[tuple] = []  # cells whose trial an infrastructure failure ended (`failures`)
         self.setup()
 
     def setup(self, **info) -> None:  # (also called by Tune when an experiment starts)
@@ -112,7 +115,36 @@ class StageProgress(tune.Callback):
         self._end(trials, trial, error=False)
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        error = _trial_error(trial)
+        if failures.is_infrastructure_failure(error):
+            # Not the method's failure: no trial file (so it is not a collapse), recorded apart, run again.
+            self.rows.pop(trial.trial_id, None)
+            self.infra_failed.append(_cell(trial.config))
+            failures.record(self.out, self.stage, _trial_name(trial), error, self.attempt)
+            print(
+                f"[{self.stage}] {_trial_name(trial)}: infrastructure failure ({failures.summary_line(error, 160)}); "
+                "not counted as the method's, run again",
+                flush=True,
+            )
+            return
         self._end(trials, trial, error=True)
+
+
+def _trial_error(trial) -> object:
+    """The exception a failed trial raised, as Tune wrote it into the trial's local folder just before calling
+    ``on_trial_error`` (the storage copy is synced later), or its text when Tune kept only that."""
+    import cloudpickle
+
+    try:
+        if trial.pickled_error_file and os.path.exists(trial.pickled_error_file):
+            with open(trial.pickled_error_file, "rb") as f:
+                return cloudpickle.load(f)
+        if trial.error_file and os.path.exists(trial.error_file):
+            with open(trial.error_file) as f:
+                return f.read()
+    except Exception:  # an unreadable error file: classify nothing as infrastructure
+        return None
+    return None
 
 
 def _cell_name(cell: tuple) -> str:
@@ -167,33 +199,48 @@ def run_stage(
                 else ""
             )
         )
-        path = os.path.join(out, stage)
-        if os.path.isdir(path):
-            shutil.rmtree(path)  # an interrupted experiment's Tune files: its finished trials are saved above
-        tune.Tuner(
-            "P3O",
-            param_space=stage_space(config, todo),
-            tune_config=tune.TuneConfig(
-                reuse_actors=True,
-                max_concurrent_trials=concurrent,
-                trial_dirname_creator=_trial_name,
-                trial_name_creator=_trial_name,
-            ),
-            run_config=tune.RunConfig(
-                name=stage,
-                storage_path=out,
-                verbose=0,
-                callbacks=[StageProgress(out, stage, len(todo), config.train_batch_rows, iterations)],
-                stop={"training_iteration": iterations},
-                failure_config=tune.FailureConfig(max_failures=0),
-            ),
-        ).fit()
+        for attempt in range(failures.MAX_INFRA_RETRIES + 1):
+            progress = StageProgress(out, stage, len(todo), config.train_batch_rows, iterations, attempt)
+            _fit_stage(out, stage, config, todo, concurrent, progress)
+            todo = sorted(set(progress.infra_failed))
+            if not todo:
+                break
+            if attempt < failures.MAX_INFRA_RETRIES:
+                say(
+                    f"[{stage}] {len(todo)} trial(s) lost to infrastructure failures: running them again "
+                    f"(retry {attempt + 1} of {failures.MAX_INFRA_RETRIES}; {failures.INFRA_FAILURES} lists them)"
+                )
     rows = saved_rows(out, stage, cells)
     saved = set(_trial_cells(rows)) if len(rows) else set()
     missing = [c for c in cells if c not in saved]
     if missing:
         raise SweepInterrupted(stage, missing, len(cells))
     return rows
+
+
+def _fit_stage(out: str, stage: str, config, cells: List[tuple], concurrent: int, progress: StageProgress) -> None:
+    """One Tune experiment ``<out>/<stage>`` over ``cells``, its trials' files written by ``progress``."""
+    path = os.path.join(out, stage)
+    if os.path.isdir(path):
+        shutil.rmtree(path)  # an interrupted experiment's Tune files: its finished trials are saved under trials/
+    tune.Tuner(
+        "P3O",
+        param_space=stage_space(config, cells),
+        tune_config=tune.TuneConfig(
+            reuse_actors=True,
+            max_concurrent_trials=concurrent,
+            trial_dirname_creator=_trial_name,
+            trial_name_creator=_trial_name,
+        ),
+        run_config=tune.RunConfig(
+            name=stage,
+            storage_path=out,
+            verbose=0,
+            callbacks=[progress],
+            stop={"training_iteration": progress.iterations},
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    ).fit()
 
 
 def saved_rows(out: str, stage: str, cells: List[tuple]) -> pd.DataFrame:
