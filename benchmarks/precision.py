@@ -117,7 +117,7 @@ def main() -> None:
     import ray
 
     import rllib_p3o
-    from rllib_p3o.progress import quiet_library_output
+    from rllib_p3o.driver.progress import quiet_library_output
     from rllib_p3o.tasks import build_demo_model
 
     quiet_library_output()

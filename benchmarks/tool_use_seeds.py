@@ -54,7 +54,7 @@ def main() -> int:
     args = parser.parse_args()
     out = os.path.abspath(args.out)
 
-    from rllib_p3o.progress import quiet_library_output
+    from rllib_p3o.driver.progress import quiet_library_output
     from rllib_p3o.tasks.products import build_tool_model
 
     quiet_library_output()

@@ -44,7 +44,7 @@ def start(
     import ray
     import torch
 
-    from rllib_p3o.progress import quiet_library_output
+    from rllib_p3o.driver.progress import quiet_library_output
     from rllib_p3o.tasks import build_demo_model
 
     env = quiet_library_output()
@@ -95,7 +95,7 @@ def run_tuner(
     from ray import tune
 
     import rllib_p3o  # noqa: F401  (registers "P3O")
-    from rllib_p3o.progress import IterationPrinter
+    from rllib_p3o.driver.progress import IterationPrinter
 
     printer = IterationPrinter(every=print_every, time_limit=time_limit, max_iterations=max_iterations, target=target)
     results = tune.Tuner(

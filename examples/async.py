@@ -27,7 +27,7 @@ def main() -> None:
 
     from rllib_p3o import P3OConfig
     from rllib_p3o.core import metrics
-    from rllib_p3o.progress import plot_training_curves
+    from rllib_p3o.driver.progress import plot_training_curves
     from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
     model = start(out)

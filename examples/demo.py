@@ -67,8 +67,8 @@ def main() -> int:
     )
     print(f"      ready after {_clock(time.time() - t_start)}", flush=True)
 
+    from rllib_p3o.driver.progress import plot_training_curves
     from rllib_p3o.learner.rl_module import HFCausalLMRLModule
-    from rllib_p3o.progress import plot_training_curves
     from rllib_p3o.tasks.demo_config import demo_config
 
     print(

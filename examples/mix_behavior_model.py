@@ -82,7 +82,7 @@ def main() -> None:
 
     from rllib_p3o.core import metrics
     from rllib_p3o.core.sources import POLICY, behavior_source_name
-    from rllib_p3o.progress import plot_training_curves
+    from rllib_p3o.driver.progress import plot_training_curves
     from rllib_p3o.tasks import build_demo_model
     from rllib_p3o.tasks.demo_config import demo_config
 

@@ -33,7 +33,7 @@ def main() -> None:
 
     import ray
 
-    from rllib_p3o.progress import plot_training_curves
+    from rllib_p3o.driver.progress import plot_training_curves
     from rllib_p3o.tasks import build_demo_model
     from rllib_p3o.tasks.demo_config import demo_config
 

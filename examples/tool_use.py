@@ -91,7 +91,7 @@ def main() -> int:
     import ray
 
     from rllib_p3o.core import metrics
-    from rllib_p3o.progress import CURVES, plot_training_curves, quiet_library_output
+    from rllib_p3o.driver.progress import CURVES, plot_training_curves, quiet_library_output
     from rllib_p3o.tasks.products import build_tool_model, calc
 
     print(

@@ -1,7 +1,10 @@
-"""Old import paths, kept working: modules that moved into sub-packages are importable under their old names.
+"""Old import paths, kept until rllib-p3o 0.4: modules that moved are importable under their old names, with a
+DeprecationWarning (once per name) that says where they went and when the old name goes.
 
-``import rllib_p3o.offline`` (or ``from rllib_p3o.env_runner import VLLMEnvRunner``) returns the module that now
-holds that code; `MOVED` says where each one went. Nothing new should be added here: import the new paths.
+``import rllib_p3o.offline`` (or ``from rllib_p3o.sampler import Sampler``) returns the module that now holds that
+code, the same module object; `MOVED` says where each one went. Nothing new should be added here: import the new
+paths. (Names that moved out of a module that still exists, such as `rllib_p3o.runner.env`'s datasets and reward
+functions, warn from that module's ``__getattr__``.)
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import importlib.machinery
 import sys
 from types import ModuleType
 from typing import Dict, Optional, Sequence
+
+from rllib_p3o.core.deprecation import warn_once
 
 # old module name -> the module that holds its code now
 MOVED: Dict[str, str] = {
@@ -31,7 +36,8 @@ MOVED: Dict[str, str] = {
     "rllib_p3o.prompt_schedule": "rllib_p3o.data.prompt_schedule",
     "rllib_p3o.env_runner": "rllib_p3o.runner.env_runner",
     "rllib_p3o.rollouts": "rllib_p3o.runner.rollouts",
-    "rllib_p3o.episodes": "rllib_p3o.runner.episodes",
+    "rllib_p3o.episodes": "rllib_p3o.data.episodes",
+    "rllib_p3o.runner.episodes": "rllib_p3o.data.episodes",  # the episode format both ends speak
     "rllib_p3o.env": "rllib_p3o.runner.env",
     "rllib_p3o.multiturn": "rllib_p3o.runner.multiturn",
     "rllib_p3o.vllm_engine": "rllib_p3o.runner.vllm_engine",
@@ -39,13 +45,20 @@ MOVED: Dict[str, str] = {
     "rllib_p3o.rl_module": "rllib_p3o.learner.rl_module",
     "rllib_p3o.torch": "rllib_p3o.learner",
     "rllib_p3o.torch.p3o_torch_learner": "rllib_p3o.learner.p3o_torch_learner",
-    "rllib_p3o.weight_sync": "rllib_p3o.sync.push",  # the payload format is in rllib_p3o.sync.payload
+    "rllib_p3o.weight_sync": "rllib_p3o.driver.weight_sync",  # the payload format is in rllib_p3o.sync.payload
+    "rllib_p3o.sync.push": "rllib_p3o.driver.weight_sync",
     "rllib_p3o.probe": "rllib_p3o.sync.probe",
+    # The driver's room (rllib_p3o/driver/).
+    "rllib_p3o.sampler": "rllib_p3o.driver.sampler",
+    "rllib_p3o.engine_runners": "rllib_p3o.driver.runner_calls",
+    "rllib_p3o.trial_reuse": "rllib_p3o.driver.trial_reuse",
+    "rllib_p3o.preflight": "rllib_p3o.driver.preflight",
+    "rllib_p3o.progress": "rllib_p3o.driver.progress",
 }
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds the old names of `MOVED` and loads them as the new modules (the same module objects)."""
+    """Finds the old names of `MOVED` and loads them as the new modules (the same module objects), warning once."""
 
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None
@@ -55,6 +68,8 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        # stacklevel 3: past warn_once and this method to the importing line (the import system's frames are skipped)
+        warn_once(spec.name, MOVED[spec.name], stacklevel=3)
         return importlib.import_module(MOVED[spec.name])
 
     def exec_module(self, module: ModuleType) -> None:
@@ -62,6 +77,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install() -> None:
-    """Put the finder on ``sys.meta_path`` (once)."""
+    """Put the finder first on ``sys.meta_path`` (once): before the path finder, which would otherwise load a second
+    copy of a moved module found through an old package's path (``rllib_p3o.torch.p3o_torch_learner``)."""
     if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-        sys.meta_path.append(_MovedModules())
+        sys.meta_path.insert(0, _MovedModules())

@@ -16,12 +16,12 @@ own algorithm packages do.
 
 One ``training_step``: sample → update → sync → metrics.
 - sample: each batch source (`P3O.batch_sources`, `rllib_p3o.data.batch_source`) gives its rows of the step: online
-  rollouts (the vLLM EnvRunners generate ``group_size`` completions per prompt, `rllib_p3o.sampler`, with
+  rollouts (the vLLM EnvRunners generate ``group_size`` completions per prompt, `rllib_p3o.driver.sampler`, with
   group-normalized advantages computed before the batch is sharded over learners) and offline trajectory Parquet
   (`rllib_p3o.data.offline_data`); one padded, shuffled token batch (`rllib_p3o.data.batching`);
 - update: ``learner_group.update`` (``num_epochs`` × minibatches of ``minibatch_size`` rows per learner; the loss
   is `rllib_p3o.learner.p3o_torch_learner`'s);
-- sync: the new weights are loaded into every runner's engine in place and checked (`rllib_p3o.sync.push`);
+- sync: the new weights are loaded into every runner's engine in place and checked (`rllib_p3o.driver.weight_sync`);
 - metrics (`rllib_p3o.core.metrics`).
 
 ESS scope: the objective's ESS is computed over one optimizer step's minibatch across all learners. With the
@@ -71,28 +71,36 @@ from rllib_p3o.data import batching
 from rllib_p3o.data.batch_source import BatchSource, OfflineSource
 from rllib_p3o.data.chat import ChatTemplateError
 from rllib_p3o.data.completion_samples import write_samples
+from rllib_p3o.data.datasets import check_chat_dataset, materialize_dataset
 from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
-from rllib_p3o.engine_runners import EngineRunners
+from rllib_p3o.data.rewards import make_reward_function
+from rllib_p3o.driver.preflight import (
+    ModelPathError,
+    absolute_if_local,
+    absolute_paths,
+    check_cluster_fits,
+    check_model_path,
+)
+from rllib_p3o.driver.runner_calls import EngineRunners
+from rllib_p3o.driver.sampler import OnlineSource, Sampler
+from rllib_p3o.driver.trial_reuse import RESETTABLE_KEYS, config_differences
+from rllib_p3o.driver.weight_sync import WeightSync
 from rllib_p3o.learner.compute import validate_options as validate_module_options
 from rllib_p3o.learner.p3o_torch_learner import NonFiniteStepError, P3OTorchLearner
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
-from rllib_p3o.preflight import ModelPathError, absolute_if_local, absolute_paths, check_cluster_fits, check_model_path
-from rllib_p3o.runner.env import TextEnv, check_chat_dataset, make_reward_function, materialize_dataset
+from rllib_p3o.runner.env import TextEnv
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
-from rllib_p3o.sampler import OnlineSource, Sampler
 from rllib_p3o.sync.payload import default_tolerance
 from rllib_p3o.sync.probe import PolicyDivergedError
-from rllib_p3o.sync.push import WeightSync
-from rllib_p3o.trial_reuse import RESETTABLE_KEYS, config_differences
 
 __all__ = ["P3O", "P3OConfig"]
 
 logger = logging.getLogger(__name__)
 
-# env_config keys that may name files (`rllib_p3o.runner.env`).
+# env_config keys that may name files (`rllib_p3o.data.datasets`).
 DATASET_KEYS = ("dataset", "eval_dataset")
 # Loss settings that were top-level config keys before `loss_config`.
 LEGACY_LOSS_KEYS = ("clip_low", "clip_high")
@@ -180,7 +188,7 @@ class P3OConfig(AlgorithmConfig):
     ) -> Self:
         """RLlib's ``environment``. In ``env_config`` (``dataset``, ``eval_dataset``), relative paths are made absolute
         here, where the script runs (Tune reads them in each trial's own directory), and a Hugging Face or Ray Data
-        dataset is read into rows, on the driver (`rllib_p3o.runner.env.materialize_dataset`)."""
+        dataset is read into rows, on the driver (`rllib_p3o.data.datasets.materialize_dataset`)."""
         if isinstance(env_config, dict):
             env_config = absolute_paths(env_config, DATASET_KEYS)
         super().environment(env, env_config=env_config, **kwargs)
@@ -503,7 +511,7 @@ class P3O(Algorithm):
     @classmethod
     def default_resource_request(cls, config):
         """RLlib's (Tune asks for it on the driver, before the trial waits for resources), refused with the numbers
-        when the cluster could never meet it (`rllib_p3o.preflight.check_cluster_fits`) instead of a trial that
+        when the cluster could never meet it (`rllib_p3o.driver.preflight.check_cluster_fits`) instead of a trial that
         stays PENDING."""
         request = super().default_resource_request(config)
         if not isinstance(config, AlgorithmConfig):

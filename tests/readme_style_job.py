@@ -17,7 +17,7 @@ from ray import tune
 
 import rllib_p3o  # noqa: F401  (registers "P3O" with Tune)
 from rllib_p3o import P3OConfig
-from rllib_p3o.progress import IterationPrinter
+from rllib_p3o.driver.progress import IterationPrinter
 from rllib_p3o.tasks import ArithmeticTask
 
 NAME = "readme_style"

@@ -9,8 +9,8 @@ import torch
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.sources import POLICY, source_id
+from rllib_p3o.data.episodes import episodes_to_records
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
-from rllib_p3o.runner.episodes import episodes_to_records
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward, build_tiny_model
 
 

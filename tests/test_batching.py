@@ -9,8 +9,8 @@ import pytest
 from rllib_p3o.core.columns import BATCH_COLUMNS, DTYPES, Columns, Record
 from rllib_p3o.core.sources import source_id
 from rllib_p3o.data import batching
+from rllib_p3o.data.episodes import completion_episode, episodes_to_records
 from rllib_p3o.data.offline_data import P3OOfflinePreLearner
-from rllib_p3o.runner.episodes import completion_episode, episodes_to_records
 
 PAD = 0
 

@@ -14,10 +14,11 @@ from rllib_p3o.core.columns import Columns, Record
 from rllib_p3o.core.objectives import effective_sample_size_from_log_ratios
 from rllib_p3o.data import chat
 from rllib_p3o.data.batching import add_group_advantages, pad_records
+from rllib_p3o.data.datasets import DatasetError, load_prompt_dataset
+from rllib_p3o.data.episodes import Turn, episodes_to_records, multi_turn_episode
 from rllib_p3o.data.recorder import records_to_table
+from rllib_p3o.data.rewards import RewardFunction
 from rllib_p3o.data.trajectories import row_to_record, validate_trajectories
-from rllib_p3o.runner.env import DatasetError, RewardFunction, load_prompt_dataset
-from rllib_p3o.runner.episodes import Turn, episodes_to_records, multi_turn_episode
 from rllib_p3o.runner.multiturn import ToolEnv, parse_tool_call, run_tool
 
 MESSAGES = [{"role": "system", "content": "add"}, {"role": "user", "content": "(12+34)%10="}]

@@ -7,7 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rllib_p3o.runner.env import DatasetError, RewardFunctionError, TextEnv, load_prompt_dataset
+from rllib_p3o.data.datasets import DatasetError, load_prompt_dataset
+from rllib_p3o.data.rewards import RewardFunctionError
+from rllib_p3o.runner.env import TextEnv
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
 ROWS = [{"prompt": "(01+02)%10=", "answer": "3"}, {"prompt": "(05+09)%10=", "answer": "4"}]

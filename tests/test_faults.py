@@ -16,7 +16,7 @@ import pytest
 
 from rllib_p3o import P3O, P3OConfig
 from rllib_p3o.core import metrics as m
-from rllib_p3o.engine_runners import EnvRunnerFailedError
+from rllib_p3o.driver.runner_calls import EnvRunnerFailedError
 from rllib_p3o.tasks import ArithmeticTask
 
 

@@ -1,6 +1,13 @@
-"""The package's shape: imports only go downward (no cycle, function-level and TYPE_CHECKING imports included), the
-code that runs in EnvRunner actors (`rllib_p3o/runner/`) never reaches the driver's modules, and the top level stays
-small (the rest lives in sub-packages named after the process that runs it). Reads the sources; imports nothing."""
+"""The package's shape, read from the sources (nothing is imported; function-level and TYPE_CHECKING imports count).
+
+The rooms, bottom to top: ``core/`` (every process) < ``data/`` < ``sync/`` (both ends of a weight sync) <
+``runner/`` and ``learner/`` (their actors; neither imports the other) < ``driver/`` < the top level (``p3o.py``,
+the algorithm that assembles them, and ``cli/``, ``sweep/``, ``tasks/``). The rules:
+- imports only go downward, never up and never sideways between rooms of the same rank, and form no cycle;
+- code that runs in the EnvRunner and Learner actors never reaches a driver module, even indirectly;
+- a module that both the driver and the runners import lives in a shared room (``core/``, ``data/``, ``sync/``);
+- the top level stays a few modules beside the rooms.
+"""
 
 import ast
 import pathlib
@@ -8,19 +15,20 @@ import sys
 from typing import Dict, List, Set
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "rllib_p3o"
-# Modules that only the driver (or a Tune trial actor) runs: runner code must not import them, even indirectly.
+# Room -> rank: a module may import its own room and the rooms of lower rank. Everything else is the top level.
+ROOM_RANKS = {"core": 0, "data": 1, "sync": 2, "runner": 3, "learner": 3, "driver": 4}
+TOP = "top"
+TOP_RANK = 5
+# Rooms whose modules both the driver and the runners may import.
+SHARED_ROOMS = ("core", "data", "sync")
+# Modules that only the driver (or a Tune trial actor) runs: actor code must not import them, even indirectly.
 DRIVER_ONLY_PREFIXES = (
     "rllib_p3o.p3o",
-    "rllib_p3o.sampler",
-    "rllib_p3o.engine_runners",
-    "rllib_p3o.trial_reuse",
+    "rllib_p3o.driver",
     "rllib_p3o.cli",
-    "rllib_p3o.progress",
-    "rllib_p3o.preflight",
-    "rllib_p3o.sync.push",
     "rllib_p3o.sweep",
 )
-MAX_TOP_LEVEL_MODULES = 10
+MAX_TOP_LEVEL_MODULES = 4
 
 
 def _modules() -> Dict[str, pathlib.Path]:
@@ -120,14 +128,58 @@ def reachable(graph: Dict[str, Set[str]], start: str) -> Set[str]:
     return seen
 
 
-def test_runner_code_never_imports_driver_only_modules():
+def room(module: str) -> str:
+    """The room of a package module (``rllib_p3o.driver.sampler`` -> ``driver``), or `TOP`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ROOM_RANKS else TOP
+
+
+def rank(module: str) -> int:
+    return ROOM_RANKS.get(room(module), TOP_RANK)
+
+
+def upward_imports(graph: Dict[str, Set[str]]) -> List[str]:
+    """``a -> b`` for each import of a higher room, or of another room of the same rank."""
+    return [
+        f"{a} -> {b}"
+        for a, deps in sorted(graph.items())
+        for b in sorted(deps)
+        if rank(b) > rank(a) or (rank(b) == rank(a) and room(a) != room(b) and room(a) != TOP)
+    ]
+
+
+def test_upward_imports_are_found():
+    graph = {"rllib_p3o.core.a": {"rllib_p3o.driver.b"}, "rllib_p3o.runner.c": {"rllib_p3o.learner.d"}}
+    graph.update({"rllib_p3o.driver.b": {"rllib_p3o.core.a"}, "rllib_p3o.learner.d": set()})
+    assert upward_imports(graph) == [
+        "rllib_p3o.core.a -> rllib_p3o.driver.b",
+        "rllib_p3o.runner.c -> rllib_p3o.learner.d",
+    ]
+
+
+def test_no_import_runs_upward():
     graph = import_graph()
-    runner_modules = [m for m in graph if m.startswith("rllib_p3o.runner.")]
-    assert "rllib_p3o.runner.env_runner" in runner_modules
-    offending = {
-        m: sorted(d for d in reachable(graph, m) if d.startswith(DRIVER_ONLY_PREFIXES)) for m in runner_modules
-    }
+    assert {"core", "data", "sync", "runner", "learner", "driver"} <= {room(m) for m in graph}
+    assert upward_imports(graph) == []
+
+
+def test_actor_code_never_imports_driver_only_modules():
+    graph = import_graph()
+    actor_modules = [m for m in graph if room(m) in ("runner", "learner")]
+    assert "rllib_p3o.runner.env_runner" in actor_modules and "rllib_p3o.learner.p3o_torch_learner" in actor_modules
+    offending = {m: sorted(d for d in reachable(graph, m) if d.startswith(DRIVER_ONLY_PREFIXES)) for m in actor_modules}
     assert {m: d for m, d in offending.items() if d} == {}
+
+
+def test_what_driver_and_runners_both_import_lives_in_a_shared_room():
+    graph = import_graph()
+    importers: Dict[str, Set[str]] = {}
+    for module, deps in graph.items():
+        for dep in deps:
+            importers.setdefault(dep, set()).add(room(module))
+    shared = {m for m, rooms in importers.items() if {"driver", "runner"} <= rooms}
+    assert "rllib_p3o.data.episodes" in shared  # the episode format: built by the runners, read by the driver
+    assert {m for m in shared if room(m) not in SHARED_ROOMS} == set()
 
 
 def test_reachable_sees_indirect_imports():
@@ -137,5 +189,5 @@ def test_reachable_sees_indirect_imports():
 def test_the_top_level_is_a_few_modules_beside_the_sub_packages():
     top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
-    for sub in ("core", "runner", "learner", "sync", "data"):
+    for sub in ROOM_RANKS:
         assert (PACKAGE / sub / "__init__.py").exists(), sub

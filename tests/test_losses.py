@@ -106,3 +106,12 @@ def test_the_contributing_example_registers_validates_and_passes_its_own_test(tm
     finally:
         LOSSES.clear()
         LOSSES.update(saved)
+
+
+def test_every_registered_loss_is_a_sweep_method_by_its_name():
+    from rllib_p3o.sweep.grid import METHODS
+
+    for name in LOSSES:
+        assert name in METHODS, name  # `rllib-p3o sweep --methods NAME` (its choices are METHODS)
+    assert METHODS["grpo_tis"] == {"loss": "grpo_tis"}  # the loss's own defaults
+    assert METHODS["p3o_k3_is"]["loss_config"] == {"kl_estimator": "k3_is"}  # the named bundles stay

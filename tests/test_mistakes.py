@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from rllib_p3o import P3O, P3OConfig
-from rllib_p3o.preflight import ClusterTooSmallError, check_model_path
+from rllib_p3o.driver.preflight import ClusterTooSmallError, check_model_path
+from rllib_p3o.driver.weight_sync import LearnerProbes
 from rllib_p3o.sync.probe import PolicyDivergedError, ProbeResult, WeightSyncError
-from rllib_p3o.sync.push import LearnerProbes
 from rllib_p3o.tasks import ArithmeticTask
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -19,8 +19,8 @@ from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.columns import Record
 from rllib_p3o.data import chat
+from rllib_p3o.data.episodes import episodes_to_records
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
-from rllib_p3o.runner.episodes import episodes_to_records
 from rllib_p3o.runner.multiturn import MultiTurnEnv, TurnResult
 
 # The runner actor cannot import this test module: ship its environments by value.

@@ -214,7 +214,7 @@ def test_mismatch_metrics_read_zero_in_fp32_and_clearly_more_with_bf16_rollouts(
 
 def test_a_bf16_rollout_run_trains_and_a_corrupted_bf16_sync_is_refused(ray_session, tiny_model, monkeypatch):
     """On the tied-embedding model (vLLM's tied-LM-head reload trap included)."""
-    import rllib_p3o.sync.push as push
+    import rllib_p3o.driver.weight_sync as push
 
     algo = _algo_config(tiny_model, precision="bf16-mixed", rollout_dtype="bfloat16").build_algo()
     try:

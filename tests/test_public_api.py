@@ -59,6 +59,13 @@ def test_old_import_paths_still_work():
         "rllib_p3o.rl_module": ["HFCausalLMRLModule"],
         "rllib_p3o.torch.p3o_torch_learner": ["P3OTorchLearner"],
         "rllib_p3o.tasks": ["ArithmeticTask", "arithmetic_reward", "build_demo_model"],
+        "rllib_p3o.sampler": ["Sampler", "OnlineSource"],
+        "rllib_p3o.engine_runners": ["EngineRunners", "EnvRunnerFailedError"],
+        "rllib_p3o.trial_reuse": ["RESETTABLE_KEYS", "config_differences"],
+        "rllib_p3o.preflight": ["check_cluster_fits", "ClusterTooSmallError"],
+        "rllib_p3o.progress": ["IterationPrinter", "quiet_library_output", "plot_training_curves"],
+        "rllib_p3o.sync.push": ["WeightSync", "LearnerProbes"],
+        "rllib_p3o.runner.episodes": ["completion_episode", "episodes_to_records"],
     }.items():
         mod = importlib.import_module(module)
         for name in names:
@@ -67,3 +74,47 @@ def test_old_import_paths_still_work():
     from rllib_p3o.core import metrics as moved
 
     assert metrics is moved  # the same module object, not a copy
+
+
+def test_old_module_paths_and_names_warn_once_with_the_new_path_and_the_removal_version():
+    """In a fresh interpreter (a module imported once warns once): each old path names its new one and 0.4."""
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings; warnings.simplefilter('always')\n"
+        "import rllib_p3o\n"
+        "from rllib_p3o.sampler import Sampler\n"
+        "from rllib_p3o.progress import IterationPrinter\n"
+        "from rllib_p3o.sync.push import WeightSync\n"
+        "from rllib_p3o.runner.episodes import episodes_to_records\n"
+        "from rllib_p3o.runner.env import DatasetError, TextEnv\n"
+        "from rllib_p3o.sampler import Sampler\n"  # the second time: silent
+        "import rllib_p3o.driver.sampler, rllib_p3o.data.episodes, rllib_p3o.data.datasets\n"
+        "assert Sampler is rllib_p3o.driver.sampler.Sampler\n"
+        "assert episodes_to_records is rllib_p3o.data.episodes.episodes_to_records\n"
+        "assert DatasetError is rllib_p3o.data.datasets.DatasetError\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    warned = [line for line in out.stderr.splitlines() if "DeprecationWarning" in line]
+    for old, new in [
+        ("rllib_p3o.sampler", "rllib_p3o.driver.sampler"),
+        ("rllib_p3o.progress", "rllib_p3o.driver.progress"),
+        ("rllib_p3o.sync.push", "rllib_p3o.driver.weight_sync"),
+        ("rllib_p3o.runner.episodes", "rllib_p3o.data.episodes"),
+        ("rllib_p3o.runner.env.DatasetError", "rllib_p3o.data.datasets.DatasetError"),
+    ]:
+        assert [w for w in warned if f" {old} is deprecated" in w and f"use {new} instead" in w and "0.4" in w], old
+    assert sum(" rllib_p3o.sampler is deprecated" in w for w in warned) == 1
+    assert all("<string>" in w for w in warned), warned  # pointed at the importing line, not at the package
+
+
+def test_every_public_name_the_readme_imports_still_imports():
+    readme = _read("README.md")
+    imports = re.findall(r"^from (rllib_p3o[\w.]*) import ([\w, ]+)$", readme, flags=re.M)
+    assert len(imports) >= 3
+    for module, names in imports:
+        mod = importlib.import_module(module)
+        for name in names.split(","):
+            assert hasattr(mod, name.strip()), f"{module}.{name.strip()}"

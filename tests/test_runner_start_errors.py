@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from rllib_p3o import P3OConfig
-from rllib_p3o.runner.env import CallableImportError
+from rllib_p3o.core.callables import CallableImportError
 from rllib_p3o.tasks import ArithmeticTask
 
 

@@ -9,9 +9,9 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.columns import Record
 from rllib_p3o.core.sources import POLICY, source_id
+from rllib_p3o.data.episodes import completion_episode
 from rllib_p3o.data.prompt_schedule import PromptSchedule
-from rllib_p3o.runner.episodes import completion_episode
-from rllib_p3o.sampler import Sampler, StaleChunkQueue, chunk_staleness, set_staleness, split_groups
+from rllib_p3o.driver.sampler import Sampler, StaleChunkQueue, chunk_staleness, set_staleness, split_groups
 
 BEHAVIOR = source_id("behavior/frozen")
 

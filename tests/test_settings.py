@@ -10,7 +10,7 @@ from rllib_p3o import P3OConfig
 from rllib_p3o.core import deprecation
 from rllib_p3o.core.losses import LOSSES
 from rllib_p3o.core.settings import GROUPS, REFERENCE, SETTINGS, P3OSettings, reference_markdown, render_page
-from rllib_p3o.trial_reuse import RESETTABLE_KEYS
+from rllib_p3o.driver.trial_reuse import RESETTABLE_KEYS
 
 
 def test_every_setting_has_help_a_group_and_a_type():

@@ -15,11 +15,11 @@ import pytest
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
+from rllib_p3o.driver.trial_reuse import config_differences
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import METHODS, lr_schedule
 from rllib_p3o.sweep.run import stage_parallelism
 from rllib_p3o.tasks import ArithmeticTask
-from rllib_p3o.trial_reuse import config_differences
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

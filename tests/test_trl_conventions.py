@@ -19,7 +19,8 @@ from rllib_p3o.core import metrics as m
 from rllib_p3o.core.columns import Infos, Record
 from rllib_p3o.core.objectives import group_advantages, groups_without_signal
 from rllib_p3o.data.completion_samples import pick_samples, samples_table
-from rllib_p3o.runner.env import DatasetError, RewardFunction, RewardFunctionError, materialize_dataset
+from rllib_p3o.data.datasets import DatasetError, materialize_dataset
+from rllib_p3o.data.rewards import RewardFunction, RewardFunctionError
 from rllib_p3o.runner.multiturn import ToolEnv
 
 # The runner actor cannot import this test module: ship its reward functions by value.

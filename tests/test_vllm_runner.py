@@ -11,8 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rllib_p3o import P3OConfig
+from rllib_p3o.data.episodes import episodes_to_records
 from rllib_p3o.runner.env_runner import VLLMEnvRunner, WeightSyncError
-from rllib_p3o.runner.episodes import episodes_to_records
 from rllib_p3o.runner.vllm_ext import LAYERWISE_LOGGER, _ExpectedReloadGaps
 from rllib_p3o.sync.payload import PackedTensors
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rllib_p3o.driver.weight_sync import WeightSync
 from rllib_p3o.sync.payload import PackedTensors, hf_weights
 from rllib_p3o.sync.probe import WeightSyncError
-from rllib_p3o.sync.push import WeightSync
 
 
 class _Learners:
@@ -39,7 +39,7 @@ class _Runners:
 
 @pytest.fixture(autouse=True)
 def _no_object_store(monkeypatch):
-    monkeypatch.setattr("rllib_p3o.sync.push.ray.put", lambda x: x)
+    monkeypatch.setattr("rllib_p3o.driver.weight_sync.ray.put", lambda x: x)
 
 
 def test_a_hung_runner_is_named_never_waited_for_forever():
@@ -79,9 +79,9 @@ def test_packed_tensors_come_back_bit_exact_in_every_dtype_and_shape():
 
 
 def test_learner_probes_check_what_runners_return_against_the_same_version():
-    """The driver's side of riding-along checks (`rllib_p3o.sync.push.LearnerProbes`); the learner is a function here."""
+    """The driver's side of riding-along checks (`rllib_p3o.driver.weight_sync.LearnerProbes`); the learner is a function here."""
+    from rllib_p3o.driver.weight_sync import LearnerProbes
     from rllib_p3o.sync.probe import ProbeResult
-    from rllib_p3o.sync.push import LearnerProbes
 
     weights = {"v": 0.0}
     probes = LearnerProbes(lambda: [-1.0 - weights["v"], -2.0], tolerance=1e-3, keep=2)
@@ -111,7 +111,7 @@ def test_learner_probes_check_what_runners_return_against_the_same_version():
 def test_the_learner_probe_thread_leaves_the_learners_openmp_threads_alone():
     """The background probe scores on one OpenMP thread of its own, and the learner's (main) thread keeps its count:
     a default-sized team on the probe thread makes libgomp stop spin-waiting, which slowed the learner's update."""
-    from rllib_p3o.sync.push import LearnerProbes
+    from rllib_p3o.driver.weight_sync import LearnerProbes
 
     before = torch.get_num_threads()
     seen = []

@@ -146,7 +146,7 @@ def target_of(run: Dict[str, Any]) -> Optional[Tuple[str, float]]:
 
 
 def _callbacks(run: Dict[str, Any], target: Optional[Tuple[str, float]]) -> List[Any]:
-    from rllib_p3o.progress import IterationPrinter
+    from rllib_p3o.driver.progress import IterationPrinter
 
     stop = run.get("stop") or {}
     callbacks = [
@@ -205,7 +205,7 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
     spec = read_config_file(path, overrides)
     run = dict(spec.get(RUN) or {})
     target = target_of(run)
-    from rllib_p3o.progress import quiet_library_output
+    from rllib_p3o.driver.progress import quiet_library_output
 
     env = quiet_library_output()
     config = build_config(spec, path)

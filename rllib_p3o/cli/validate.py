@@ -4,7 +4,7 @@ Which kind a path holds is detected (``--kind`` overrides): JSONL and JSON files
 or directory is a trajectory file when it has a completion column (``completion`` or ``completion_ids``), else a
 prompt dataset.
 
-Prompt datasets (the rows `rllib_p3o.runner.env.load_prompt_dataset` reads): every bad row is listed with its row
+Prompt datasets (the rows `rllib_p3o.data.datasets.load_prompt_dataset` reads): every bad row is listed with its row
 and column; the report gives the rows, columns and prompt kinds (text, chat messages). With ``--model``: whether
 the tokenizer has the chat template chat prompts need, and the prompts' lengths in tokens. With ``--reward-fn``
 (repeatable, ``module:function``; ``--reward-weights`` as for ``env_config``): the reward functions are called on
@@ -111,7 +111,7 @@ def _validate_trajectories(path: str, args: argparse.Namespace) -> bool:
 def validate_prompts(path: str, args: argparse.Namespace) -> bool:
     """Print a prompt dataset's report (module docstring); True when it has no problem."""
     from rllib_p3o.data import chat
-    from rllib_p3o.runner.env import DatasetError, prompt_row_problem, read_prompt_rows
+    from rllib_p3o.data.datasets import DatasetError, prompt_row_problem, read_prompt_rows
 
     try:
         rows, where = read_prompt_rows(path)
@@ -149,7 +149,7 @@ def validate_prompts(path: str, args: argparse.Namespace) -> bool:
 
 def _check_reward(rows: List[dict], args: argparse.Namespace) -> List[str]:
     """Call the reward functions on ``rows`` as a run would; the problems found (printed summary besides)."""
-    from rllib_p3o.runner.env import RewardFunction, RewardFunctionError
+    from rllib_p3o.data.rewards import RewardFunction, RewardFunctionError
 
     try:
         reward = RewardFunction(args.reward_fn, args.reward_weights)

@@ -1,7 +1,7 @@
 """Names of the data one completion carries on its way to the learner, in one place (like RLlib's `Columns`).
 
 A completion travels in three shapes, each with its own names here:
-- a completion *episode* (`rllib_p3o.runner.episodes`): one RLlib env step whose ``extra_model_outputs`` use `Record`'s
+- a completion *episode* (`rllib_p3o.data.episodes`): one RLlib env step whose ``extra_model_outputs`` use `Record`'s
   names and whose infos use `Infos`' names (texts, sampling parameters);
 - a completion *record*, a dict with `Record`'s keys, built from an episode or from a trajectory row; the driver
   adds the advantage and the staleness;
@@ -94,5 +94,5 @@ class Infos:
     TURNS = "turns"
     TRUNCATED = "truncated"
     # Each reward function's value for the completion, ``{name: value}`` (NaN where it returned None); the
-    # completion's reward is their weighted sum (`rllib_p3o.runner.env.RewardFunction`).
+    # completion's reward is their weighted sum (`rllib_p3o.data.rewards.RewardFunction`).
     REWARDS = "rewards"

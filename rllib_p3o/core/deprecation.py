@@ -3,8 +3,9 @@ that removes it (`rllib_p3o.core.settings.REMOVAL_VERSION`), as RLlib's ``deprec
 
 from __future__ import annotations
 
+import importlib
 import warnings
-from typing import Set
+from typing import Any, Mapping, Set
 
 REMOVAL_VERSION = "0.4"
 
@@ -22,3 +23,12 @@ def warn_once(old: str, new: str, *, stacklevel: int = 3) -> None:
         DeprecationWarning,
         stacklevel=stacklevel,
     )
+
+
+def moved_attribute(module: str, name: str, moved: Mapping[str, str]) -> Any:
+    """A module's ``__getattr__`` (PEP 562) for names that moved elsewhere: the object from its new module, with a
+    warning naming it; AttributeError for any other name."""
+    if name not in moved:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warn_once(f"{module}.{name}", f"{moved[name]}.{name}", stacklevel=4)  # the importing line, past __getattr__
+    return getattr(importlib.import_module(moved[name]), name)

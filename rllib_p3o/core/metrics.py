@@ -61,7 +61,7 @@ STALENESS_MAX = "staleness_max"
 DROPPED_STALE_SAMPLES = "dropped_stale_samples"
 DROPPED_STALE_SAMPLES_LIFETIME = "dropped_stale_samples_lifetime"
 LEARNER_WAIT_FOR_DATA_S = "learner_wait_for_data_s"
-# Faults and resume (`rllib_p3o.sampler`, `P3O.restore_env_runners`, the learner's non-finite guard).
+# Faults and resume (`rllib_p3o.driver.sampler`, `P3O.restore_env_runners`, the learner's non-finite guard).
 HEALTHY_ENV_RUNNERS = "healthy_env_runners"
 ENV_RUNNER_RESTARTS_LIFETIME = "env_runner_restarts_lifetime"
 # Completions a dead runner took with it (its prompt groups were sampled again by the others, or will be).

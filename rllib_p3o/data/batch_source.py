@@ -2,7 +2,7 @@
 
 `P3O.training_step` asks each of its sources for its rows of the step, concatenates what they return, shuffles the
 rows and hands the batch to the learners. Two sources ship: online rollouts from the vLLM runners
-(`rllib_p3o.sampler.OnlineSource`) and offline trajectory Parquet through RLlib's offline path (`OfflineSource`,
+(`rllib_p3o.driver.sampler.OnlineSource`) and offline trajectory Parquet through RLlib's offline path (`OfflineSource`,
 below). A new source (a replay buffer, another engine, a dataset of preferences turned into rows) implements
 `BatchSource`, and `P3O.batch_sources` is where the algorithm builds its list.
 

@@ -49,11 +49,13 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_p3o.core import lora, metrics
+from rllib_p3o.core.callables import resolve_callable
 from rllib_p3o.core.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
 from rllib_p3o.data import chat
+from rllib_p3o.data.datasets import has_conversational_prompts
 from rllib_p3o.data.prompt_schedule import Group, PromptSchedule, group_seed
 from rllib_p3o.runner import multiturn, vllm_engine
-from rllib_p3o.runner.env import TextEnv, has_conversational_prompts, resolve_callable
+from rllib_p3o.runner.env import TextEnv
 from rllib_p3o.runner.probe_rider import ProbeRider
 from rllib_p3o.runner.rollouts import Engine, MultiTurnRollouts, single_turn_episodes, turn_metrics
 from rllib_p3o.sync import payload as sync_payload

@@ -33,7 +33,8 @@ from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from rllib_p3o.data.chat import Message, Messages, Prompt, is_conversational
-from rllib_p3o.runner.env import RewardFunction, Row, make_reward_function
+from rllib_p3o.data.datasets import Row
+from rllib_p3o.data.rewards import RewardFunction, make_reward_function
 from rllib_p3o.runner.tool_pool import (  # noqa: F401  (ToolError: public here)
     DEFAULT_MEMORY_MB,
     DEFAULT_WORKERS,

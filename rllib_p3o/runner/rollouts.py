@@ -26,8 +26,8 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 from rllib_p3o.core.columns import Infos
 from rllib_p3o.core.sources import source_id
 from rllib_p3o.data import chat
+from rllib_p3o.data.episodes import Turn, completion_episode, multi_turn_episode
 from rllib_p3o.data.prompt_schedule import Group
-from rllib_p3o.runner.episodes import Turn, completion_episode, multi_turn_episode
 from rllib_p3o.runner.multiturn import MultiTurnEnv, MultiTurnEnvError, check_turn_result
 
 
@@ -68,7 +68,7 @@ def single_turn_episodes(
 ) -> Tuple[List, float]:
     """One 1-step episode per completion of each group (module docstring); returns them and the generate seconds.
 
-    ``score(prompts, completions, rows, completion_ids)`` gives the rewards (`rllib_p3o.runner.env.Rewards`), one
+    ``score(prompts, completions, rows, completion_ids)`` gives the rewards (`rllib_p3o.data.rewards.Rewards`), one
     column per reward function of ``names``.
 
     Engine k samples group g with seed ``g.seed + k``: any runner samples the same completions for a group.

@@ -10,13 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from rllib_p3o.core.losses import LOSSES
 from rllib_p3o.p3o import P3OConfig
 from rllib_p3o.tasks.arithmetic import ArithmeticTask
 from rllib_p3o.tasks.bench_config import EVAL_SAMPLES_PER_PROMPT, bench_config
 from rllib_p3o.tasks.demo_config import demo_config
 from rllib_p3o.tasks.sorting import SortingTask
 
-# Methods: name -> config overrides (all keys in `rllib_p3o.trial_reuse.RESETTABLE_KEYS`).
+# Methods: name -> config overrides (all keys in `rllib_p3o.driver.trial_reuse.RESETTABLE_KEYS`).
 METHODS: Dict[str, Dict[str, Any]] = {
     "p3o": {"loss": "p3o"},
     "grpo_eps0.2": {"loss": "grpo", "loss_config": {"clip_low": 0.2, "clip_high": 0.2}},
@@ -46,6 +47,10 @@ METHODS: Dict[str, Dict[str, Any]] = {
         "ess_scope": "source",
     },
 }
+# Every registered loss is a method too, under its own name with its default settings (a new file in
+# `rllib_p3o/core/losses/` is then usable as ``rllib-p3o sweep --methods NAME``); a named bundle above wins.
+for _loss in LOSSES:
+    METHODS.setdefault(_loss, {"loss": _loss})
 # A method that only changes how ESS is scoped trains at the peak lr its batch-scoped twin chose.
 LR_FROM: Dict[str, str] = {"p3o_k3_src": "p3o_k3", "p3o_k3_is_src": "p3o_k3_is", "p3o_k3_is_prox_src": "p3o_k3_is_prox"}
 # The demo sweep's methods (its table predates the baselines above and stays as it is).

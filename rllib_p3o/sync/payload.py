@@ -10,7 +10,7 @@ The payload, a dict:
     tolerance       largest allowed mean |learner - engine| log-prob on the probe (checks at load), and per token ...
     rtol            ... plus this times |learner log-prob| (low-precision engines)
 
-The driver builds and sends it (`rllib_p3o.sync.push`); a runner loads it (`VLLMEnvRunner.load_policy_weights`).
+The driver builds and sends it (`rllib_p3o.driver.weight_sync`); a runner loads it (`VLLMEnvRunner.load_policy_weights`).
 """
 
 from __future__ import annotations

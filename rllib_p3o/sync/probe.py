@@ -1,13 +1,13 @@
 """Weight-sync verification: the engine's log-probs of a fixed probe sequence must match the learner's.
 
-A sync (`rllib_p3o.sync.push`) is checked in one of two ways:
+A sync (`rllib_p3o.driver.weight_sync`) is checked in one of two ways:
 - **at load**: the payload carries the learner's probe log-probs and the runner scores the probe in a call of its own
   right after loading. Used where the weights must be verified before anything else runs: a trial's first sync, a
   restored checkpoint, a restarted runner.
 - **riding along** (every training iteration): at load the runner arms its `ProbeRider` (`rllib_p3o.runner.probe_rider`), and the probe joins the next
   batch the policy engine generates (a sample() or a held-out evaluation) as one more request. That costs the engine
   a few prompt tokens in a batch it runs anyway, instead of a call of its own. The runner returns the engine's probe
-  log-probs (a `ProbeResult`) with those results, and the driver compares them (`rllib_p3o.sync.push.LearnerProbes.check`) before it
+  log-probs (a `ProbeResult`) with those results, and the driver compares them (`rllib_p3o.driver.weight_sync.LearnerProbes.check`) before it
   uses them: no sample generated with unverified weights reaches the learner, and a failed check raises
   `WeightSyncError` naming the runner and the version. The learner's side is scored in a background thread
   (`LearnerProbes.start`) while the runners load and generate.

@@ -27,7 +27,7 @@ import ray
 from ray.exceptions import RayActorError, RayError, RaySystemError, RayTaskError
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
 
-from rllib_p3o.runner.env import CallableImportError, make_importable_hint
+from rllib_p3o.core.callables import CallableImportError, make_importable_hint
 
 if TYPE_CHECKING:
     from rllib_p3o.runner.env_runner import VLLMEnvRunner

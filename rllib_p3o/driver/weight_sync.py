@@ -27,7 +27,7 @@ from ray.rllib.core.learner.learner_group import LearnerGroup
 
 from rllib_p3o.core import metrics
 from rllib_p3o.core.precision import RolloutWeights
-from rllib_p3o.engine_runners import EngineRunners
+from rllib_p3o.driver.runner_calls import EngineRunners
 from rllib_p3o.sync.payload import (
     DEFAULT_TOLERANCE,
     PROBE,

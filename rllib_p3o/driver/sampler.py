@@ -37,10 +37,10 @@ from rllib_p3o.core.columns import Record
 from rllib_p3o.core.sources import is_policy
 from rllib_p3o.data import batching
 from rllib_p3o.data.batch_source import BatchSource, SourceBatch
+from rllib_p3o.data.episodes import episodes_to_records
 from rllib_p3o.data.prompt_schedule import Group, PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
-from rllib_p3o.engine_runners import EngineRunners, EnvRunnerFailedError
-from rllib_p3o.runner.episodes import episodes_to_records
+from rllib_p3o.driver.runner_calls import EngineRunners, EnvRunnerFailedError
 
 CompletionRecord = Dict[str, Any]
 # RLlib's tag of the runners' in-flight sample() calls.
@@ -106,7 +106,7 @@ class Sampler:
     ``group_size``. Runner metrics are aggregated into ``metrics_logger`` under ``env_runners``; the learner's wait
     for data, stale records dropped and samples lost with dead runners are logged under ``p3o``. ``verify(runner id,
     probe result, policy weights versions)`` sees every runner's result before its records are used
-    (`rllib_p3o.sync.push.WeightSync.verify`: it raises for samples of weights that failed, or missed, their probe
+    (`rllib_p3o.driver.weight_sync.WeightSync.verify`: it raises for samples of weights that failed, or missed, their probe
     check).
     """
 
