@@ -74,7 +74,7 @@ from rllib_p3o.data.completion_samples import write_samples
 from rllib_p3o.data.datasets import check_chat_dataset, materialize_dataset
 from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
-from rllib_p3o.data.prompt_schedule import PromptSchedule
+from rllib_p3o.data.prompt_schedule import SEED_STRIDE, PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.data.rewards import make_reward_function
 from rllib_p3o.driver.preflight import (
@@ -303,7 +303,8 @@ class P3OConfig(AlgorithmConfig):
         if not self.policy_model:
             self._value_error("P3OConfig needs a policy model: .training(model='/path/to/hf-causal-lm').")
         try:
-            validate_module_options(self.model_config)
+            # The user's own keys: the merged model_config would build P3O's part from settings not yet validated.
+            validate_module_options(self._model_config if isinstance(self._model_config, dict) else {})
         except ValueError as e:
             self._value_error(f"rl_module model_config: {e}")
 
@@ -761,7 +762,7 @@ class P3O(Algorithm):
         cfg = self.config
         n, temperature, k = cfg.eval_max_prompts, cfg.eval_temperature, cfg.eval_samples_per_prompt
         # Seeded by the iteration: a rerun (or a restored run) evaluates with the same samples.
-        seed = (cfg.seed or 0) * 1_000_003 + int(self.iteration or 0)
+        seed = (cfg.seed or 0) * SEED_STRIDE + int(self.iteration or 0)
         result, probe = self._runners.call_first(
             lambda runner: (runner.evaluate_heldout(n, temperature, k, seed), runner.take_probe_result())
         )

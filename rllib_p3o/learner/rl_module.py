@@ -71,7 +71,7 @@ class HFCausalLMRLModule(TorchRLModule):
         self.lm = load_causal_lm(self.model_path, dtype, cfg.get("trust_remote_code", False))
         precision = cfg.get("precision") or MODEL_DTYPE_PRECISION.get(dtype, "fp32")
         # bf16-mixed: float32 weights here (and in the optimizer and checkpoints), bfloat16 compute.
-        self._autocast = autocast_dtype(precision)
+        autocast = autocast_dtype(precision)
         self._param_dtype = dtype
         self.rollout_weights = RolloutWeights(
             cfg.get("rollout_dtype") or compute_dtype(precision), bool(cfg.get("rollout_fp8_simulated", False))
@@ -87,7 +87,7 @@ class HFCausalLMRLModule(TorchRLModule):
         # A plain object, not a submodule: the weights stay under ``self.lm`` (state-dict keys unchanged).
         self.core = TokenLogprobs(
             self.lm,
-            autocast=self._autocast,
+            autocast=autocast,
             chunk_size=int(cfg.get("logprob_chunk_size", 8)),
             length_buckets=cfg.get("length_buckets", True),
             pack_sequences=cfg.get("pack_sequences", "auto"),
@@ -96,6 +96,14 @@ class HFCausalLMRLModule(TorchRLModule):
         )
 
     # The core's settings, readable and settable here as before.
+    @property
+    def _autocast(self) -> Optional[torch.dtype]:
+        return self.core.autocast
+
+    @_autocast.setter
+    def _autocast(self, value: Optional[torch.dtype]) -> None:
+        self.core.autocast = value
+
     @property
     def bucket_call_cost(self) -> Optional[float]:
         return self.core.bucket_call_cost
