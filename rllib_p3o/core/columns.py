@@ -18,7 +18,8 @@ Layout of a learner batch of B rows right-padded to T tokens (targets are ``inpu
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+import dataclasses
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO as _RLLIB_WEIGHTS_SEQ_NO
@@ -43,23 +44,6 @@ class Columns:
     REF_LOGPROBS = "ref_logprobs"
     # Log-probs of the learner's policy before the update [B, T-1], for losses that need π_old; added by the learner.
     OLD_LOGPROBS = "old_logprobs"
-
-
-TOKEN_COLUMNS: Tuple[str, ...] = (Columns.INPUT_IDS, Columns.ATTENTION_MASK)
-TARGET_COLUMNS: Tuple[str, ...] = (Columns.COMPLETION_MASK, Columns.BEHAVIOR_LOGPROBS)
-ROW_COLUMNS: Tuple[str, ...] = (Columns.ADVANTAGES, Columns.WEIGHTS_SEQ_NO, Columns.SOURCE_ID, Columns.STALENESS)
-BATCH_COLUMNS: Tuple[str, ...] = TOKEN_COLUMNS + TARGET_COLUMNS + ROW_COLUMNS
-
-DTYPES: Dict[str, type] = {
-    Columns.INPUT_IDS: np.int64,
-    Columns.ATTENTION_MASK: np.int64,
-    Columns.COMPLETION_MASK: np.float32,
-    Columns.BEHAVIOR_LOGPROBS: np.float32,
-    Columns.ADVANTAGES: np.float32,
-    Columns.WEIGHTS_SEQ_NO: np.int64,
-    Columns.SOURCE_ID: np.int64,
-    Columns.STALENESS: np.int64,
-}
 
 
 class Record:
@@ -96,3 +80,115 @@ class Infos:
     # Each reward function's value for the completion, ``{name: value}`` (NaN where it returned None); the
     # completion's reward is their weighted sum (`rllib_p3o.data.rewards.RewardFunction`).
     REWARDS = "rewards"
+
+
+# -- the column spec ---------------------------------------------------------------------------------------------------
+
+ROW = "row"  # one value per completion
+TOKEN = "token"  # one value per completion token (a target column of the batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One thing a completion carries from where it is produced to the learner, declared once.
+
+    ``key``: its record key. ``per``: `ROW` or `TOKEN` (one value per completion token: placed at the completion's
+    target positions, 0 elsewhere). ``dtype``: numpy dtype in the episode and the batch. ``batch``: its learner batch
+    column (None: not in the batch). ``default``: its value when a record lacks it (None: required).
+    ``episode``: carried in the runner's episodes (``extra_model_outputs``) to the driver. ``file``: its trajectory
+    Parquet column (None: not recorded), of pyarrow type ``arrow`` (``"int64"``, ``"float32"``, ``"string"``,
+    ``"list<float32>"``, ...); ``nullable``: a missing value is written as null and read back as ``default``.
+    ``label``: its name in error messages (default: ``key``).
+
+    `pad_records` (batching), the episode builders and `episodes_to_records`, the recorder and the trajectory
+    reader all loop over `FIELDS`: a new column is one `Field` here plus the code that produces its value (the
+    runner's rollouts, passing it in ``extras``, or the trajectory files).
+    """
+
+    key: str
+    per: str
+    dtype: type
+    batch: Optional[str] = None
+    default: Any = None
+    episode: bool = False
+    file: Optional[str] = None
+    arrow: Optional[str] = None
+    nullable: bool = False
+    label: str = ""
+
+    @property
+    def what(self) -> str:
+        return self.label or self.key
+
+
+# The completion's tokens (prompt_ids, completion_ids, loss_mask) make the token columns and the completion mask;
+# everything else a completion carries is declared here.
+FIELDS: Tuple[Field, ...] = (
+    Field(
+        Record.BEHAVIOR_LOGPROBS, TOKEN, np.float32, batch=Columns.BEHAVIOR_LOGPROBS, episode=True,
+        file="behavior_logprobs", arrow="list<float32>", label="behavior log-probs",
+    ),
+    # The prompt group (advantages are normalized within it); offline rows may name groups by any string.
+    Field(Record.GROUP_ID, ROW, np.int64, episode=True, file="group_id", arrow="string", nullable=True),
+    Field(Record.ADVANTAGE, ROW, np.float32, batch=Columns.ADVANTAGES, file="advantage", arrow="float32", nullable=True),
+    # The policy weights version: RLlib's name in the batch, "policy_version" in the trajectory files.
+    Field(
+        Record.WEIGHTS_SEQ_NO, ROW, np.int64, batch=Columns.WEIGHTS_SEQ_NO, default=0, episode=True,
+        file="policy_version", arrow="int64",
+    ),
+    Field(Record.SOURCE_ID, ROW, np.int64, batch=Columns.SOURCE_ID, default=0, episode=True),
+    Field(Record.STALENESS, ROW, np.int64, batch=Columns.STALENESS, default=-1),
+)  # fmt: skip
+
+TOKEN_COLUMNS: Tuple[str, ...] = (Columns.INPUT_IDS, Columns.ATTENTION_MASK)
+TARGET_COLUMNS: Tuple[str, ...] = (Columns.COMPLETION_MASK,) + tuple(
+    f.batch for f in FIELDS if f.batch and f.per == TOKEN
+)
+ROW_COLUMNS: Tuple[str, ...] = tuple(f.batch for f in FIELDS if f.batch and f.per == ROW)
+BATCH_COLUMNS: Tuple[str, ...] = TOKEN_COLUMNS + TARGET_COLUMNS + ROW_COLUMNS
+
+DTYPES: Dict[str, type] = {
+    Columns.INPUT_IDS: np.int64,
+    Columns.ATTENTION_MASK: np.int64,
+    Columns.COMPLETION_MASK: np.float32,
+    **{f.batch: f.dtype for f in FIELDS if f.batch},
+}
+
+
+def batch_layout(
+    fields: Tuple[Field, ...],
+) -> Tuple[Tuple[str, ...], Tuple[str, ...], Tuple[str, ...], Dict[str, type]]:
+    """``(token, target, row columns, dtypes)`` of the learner batch that ``fields`` make (`FIELDS` by default;
+    the batching functions read the module's `FIELDS` when they run, so a test may declare a column)."""
+    target = (Columns.COMPLETION_MASK,) + tuple(f.batch for f in fields if f.batch and f.per == TOKEN)
+    row = tuple(f.batch for f in fields if f.batch and f.per == ROW)
+    dtypes = {
+        **{k: DTYPES[k] for k in (*TOKEN_COLUMNS, Columns.COMPLETION_MASK)},
+        **{f.batch: f.dtype for f in fields if f.batch},
+    }
+    return TOKEN_COLUMNS, target, row, dtypes
+
+
+def to_file(field: Field, value: Any) -> Any:
+    """A record's value of ``field`` as its trajectory column holds it (None where it is missing and nullable)."""
+    if value is None:
+        if field.nullable:
+            return None
+        value = field.default
+    if field.arrow.startswith("list<"):
+        return np.asarray(value, dtype=field.dtype).tolist()
+    if field.arrow == "string":
+        return str(value)
+    return field.dtype(value).item()
+
+
+def from_file(field: Field, value: Any) -> Any:
+    """A trajectory column's value of ``field`` as a record holds it: its default where it is null (None when the
+    field is nullable and has none), a list as a numpy array of its dtype, a string as it is."""
+    if value is None:
+        return field.default
+    if field.arrow.startswith("list<"):
+        return np.asarray(value, dtype=field.dtype)
+    if field.arrow == "string":
+        return value
+    return field.dtype(value).item()

@@ -18,7 +18,8 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-from rllib_p3o.core.columns import BATCH_COLUMNS, DTYPES, ROW_COLUMNS, TARGET_COLUMNS, TOKEN_COLUMNS, Columns, Record
+from rllib_p3o.core import columns
+from rllib_p3o.core.columns import ROW, TOKEN, Columns, Record
 from rllib_p3o.core.objectives import group_advantages
 
 Batch = Dict[str, np.ndarray]
@@ -39,12 +40,13 @@ def add_group_advantages(records: Sequence[Dict[str, Any]]) -> None:
 
 
 def _zeros(rows: int, width: int) -> Batch:
+    token, target, row, dtypes = columns.batch_layout(columns.FIELDS)
     shapes = {
-        **{k: (rows, width) for k in TOKEN_COLUMNS},
-        **{k: (rows, width - 1) for k in TARGET_COLUMNS},
-        **{k: (rows,) for k in ROW_COLUMNS},
+        **{k: (rows, width) for k in token},
+        **{k: (rows, width - 1) for k in target},
+        **{k: (rows,) for k in row},
     }
-    return {k: np.zeros(shapes[k], DTYPES[k]) for k in BATCH_COLUMNS}
+    return {k: np.zeros(shapes[k], dtypes[k]) for k in shapes}
 
 
 def empty_batch(width: int) -> Batch:
@@ -55,7 +57,9 @@ def empty_batch(width: int) -> Batch:
 def pad_records(records: Sequence[Mapping[str, Any]], pad_id: int, pad_to: Optional[int] = None) -> Batch:
     """Stack completion records into a batch padded to the longest row (or to ``pad_to`` tokens).
 
-    Records without ``weights_seq_no``/``source_id`` count as version 0 of the policy; without ``staleness``, -1.
+    Every declared field with a batch column (`rllib_p3o.core.columns.FIELDS`) is filled from the records: per-token
+    fields at the completion's target positions, per-row fields as they are, its ``default`` where a record lacks
+    it (weights version 0, source 0, staleness -1).
     """
     if not records:
         raise ValueError("pad_records got no completion records.")
@@ -65,14 +69,12 @@ def pad_records(records: Sequence[Mapping[str, Any]], pad_id: int, pad_to: Optio
         if pad_to < width:
             raise ValueError(f"a row has {width} tokens, more than pad_to={pad_to}")
         width = pad_to
+    fields = [f for f in columns.FIELDS if f.batch]
+    per_token = [f for f in fields if f.per == TOKEN]
     out = _zeros(len(records), width)
     out[Columns.INPUT_IDS].fill(pad_id)
     for i, r in enumerate(records):
         p, c = len(r[Record.PROMPT_IDS]), len(r[Record.COMPLETION_IDS])
-        if len(r[Record.BEHAVIOR_LOGPROBS]) != c:
-            raise ValueError(
-                f"record {i}: {len(r[Record.BEHAVIOR_LOGPROBS])} behavior log-probs for {c} completion tokens"
-            )
         out[Columns.INPUT_IDS][i, :p] = r[Record.PROMPT_IDS]
         out[Columns.INPUT_IDS][i, p : p + c] = r[Record.COMPLETION_IDS]
         out[Columns.ATTENTION_MASK][i, : p + c] = 1
@@ -83,14 +85,15 @@ def pad_records(records: Sequence[Mapping[str, Any]], pad_id: int, pad_to: Optio
             raise ValueError(f"record {i}: loss mask of {len(loss_mask)} entries for {c} completion tokens")
         else:  # multi-turn: environment tokens are context, not trained on
             out[Columns.COMPLETION_MASK][i, p - 1 : p - 1 + c] = loss_mask
-        out[Columns.BEHAVIOR_LOGPROBS][i, p - 1 : p - 1 + c] = r[Record.BEHAVIOR_LOGPROBS]
-    rows = {
-        Columns.ADVANTAGES: [r[Record.ADVANTAGE] for r in records],
-        Columns.WEIGHTS_SEQ_NO: [r.get(Record.WEIGHTS_SEQ_NO, 0) for r in records],
-        Columns.SOURCE_ID: [r.get(Record.SOURCE_ID, 0) for r in records],
-        Columns.STALENESS: [r.get(Record.STALENESS, -1) for r in records],
-    }
-    out.update({k: np.asarray(v, dtype=DTYPES[k]) for k, v in rows.items()})
+        for f in per_token:
+            values = r[f.key] if f.default is None else r.get(f.key, np.full(c, f.default))
+            if len(values) != c:
+                raise ValueError(f"record {i}: {len(values)} {f.what} for {c} completion tokens")
+            out[f.batch][i, p - 1 : p - 1 + c] = values
+    for f in fields:
+        if f.per == ROW:
+            values = [r[f.key] for r in records] if f.default is None else [r.get(f.key, f.default) for r in records]
+            out[f.batch] = np.asarray(values, dtype=f.dtype)
     return out
 
 
@@ -103,11 +106,12 @@ def real_width(batch: Mapping[str, np.ndarray]) -> int:
 def fit_width(batch: Mapping[str, np.ndarray], width: int, pad_id: int) -> Batch:
     """The batch at token width ``width``: token columns cut or padded to ``width``, target columns to ``width - 1``
     (padding: ``pad_id`` in input_ids, 0 elsewhere). Only ever cut columns that are padding in every row."""
+    token, target_columns, row, _ = columns.batch_layout(columns.FIELDS)
     out = {}
-    for k in BATCH_COLUMNS:
+    for k in (*token, *target_columns, *row):
         v = batch[k]
-        if k in TOKEN_COLUMNS or k in TARGET_COLUMNS:
-            target = width if k in TOKEN_COLUMNS else width - 1
+        if k in token or k in target_columns:
+            target = width if k in token else width - 1
             if v.shape[1] >= target:
                 v = v[:, :target]
             else:
@@ -123,7 +127,7 @@ def concat_padded(batches: List[Mapping[str, np.ndarray]], pad_id: int) -> Batch
     parts = [fit_width(b, width, pad_id) for b in batches]
     if len(parts) == 1:
         return parts[0]
-    return {k: np.concatenate([p[k] for p in parts]) for k in BATCH_COLUMNS}
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def shuffle_rows(batch: Mapping[str, np.ndarray], rng: np.random.Generator) -> Batch:

@@ -13,7 +13,6 @@ turn, and never re-renders the history.
 
 from __future__ import annotations
 
-import json
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -109,8 +108,3 @@ def env_turn_ids(tokenizer: Any, messages: Sequence[Message], after_token: Optio
 def text_turn_ids(tokenizer: Any, text: str) -> List[int]:
     """Token ids of an environment turn given as plain text (no chat template): encoded as a continuation."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def messages_json(prompt: Prompt) -> Optional[str]:
-    """A conversational prompt as JSON (for trajectory files), None for a string prompt."""
-    return json.dumps([dict(m) for m in prompt]) if is_conversational(prompt) else None

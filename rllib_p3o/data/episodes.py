@@ -20,10 +20,21 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Sequence
 import numpy as np
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from rllib_p3o.core.columns import Record
+from rllib_p3o.core import columns
+from rllib_p3o.core.columns import ROW, Record
 
-# The record fields an episode keeps in its extra_model_outputs.
-_EXTRA = (Record.BEHAVIOR_LOGPROBS, Record.WEIGHTS_SEQ_NO, Record.GROUP_ID, Record.SOURCE_ID)
+
+def _row_extras(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """The per-row fields an episode carries (`rllib_p3o.core.columns.FIELDS` with ``episode=True``), from
+    ``values``, each as its declared dtype (its default where ``values`` lacks it)."""
+    out = {}
+    for f in columns.FIELDS:
+        if f.episode and f.per == ROW:
+            value = values.get(f.key, f.default)
+            if value is None:
+                raise ValueError(f"a completion episode needs {f.what}")
+            out[f.key] = f.dtype(value).item()
+    return out
 
 
 def completion_episode(
@@ -36,8 +47,18 @@ def completion_episode(
     group_id: int,
     source_id: int = 0,
     infos: Mapping[str, Any] | None = None,
+    extras: Mapping[str, Any] | None = None,
 ) -> SingleAgentEpisode:
-    """A finished 1-step episode holding one completion of ``prompt_ids``."""
+    """A finished 1-step episode holding one completion of ``prompt_ids``. ``extras``: values of further declared
+    per-row fields (`rllib_p3o.core.columns.FIELDS`)."""
+    row = _row_extras(
+        {
+            **(extras or {}),
+            Record.WEIGHTS_SEQ_NO: weights_seq_no,
+            Record.GROUP_ID: group_id,
+            Record.SOURCE_ID: source_id,
+        }
+    )
     prompt = np.asarray(prompt_ids, dtype=np.int64)
     ep = SingleAgentEpisode()
     ep.add_env_reset(observation=prompt)
@@ -47,12 +68,7 @@ def completion_episode(
         reward=float(reward),
         infos=dict(infos or {}),
         terminated=True,
-        extra_model_outputs={
-            Record.BEHAVIOR_LOGPROBS: np.asarray(behavior_logprobs, dtype=np.float32),
-            Record.WEIGHTS_SEQ_NO: int(weights_seq_no),
-            Record.GROUP_ID: int(group_id),
-            Record.SOURCE_ID: int(source_id),
-        },
+        extra_model_outputs={Record.BEHAVIOR_LOGPROBS: np.asarray(behavior_logprobs, dtype=np.float32), **row},
     )
     return ep
 
@@ -75,8 +91,18 @@ def multi_turn_episode(
     group_id: int,
     source_id: int = 0,
     infos: Mapping[str, Any] | None = None,
+    extras: Mapping[str, Any] | None = None,
 ) -> SingleAgentEpisode:
-    """A finished episode with one step per model turn (module docstring); ``infos`` go to the last step."""
+    """A finished episode with one step per model turn (module docstring); ``infos`` go to the last step,
+    ``extras`` (further declared per-row fields) to every step."""
+    row = _row_extras(
+        {
+            **(extras or {}),
+            Record.WEIGHTS_SEQ_NO: weights_seq_no,
+            Record.GROUP_ID: group_id,
+            Record.SOURCE_ID: source_id,
+        }
+    )
     if not turns:
         raise ValueError("a multi-turn episode needs at least one model turn")
     ep = SingleAgentEpisode()
@@ -90,31 +116,25 @@ def multi_turn_episode(
             infos=dict(infos or {}) if last else {},
             terminated=terminated and last,
             truncated=(not terminated) and last,
-            extra_model_outputs={
-                Record.BEHAVIOR_LOGPROBS: np.asarray(t.behavior_logprobs, dtype=np.float32),
-                Record.WEIGHTS_SEQ_NO: int(weights_seq_no),
-                Record.GROUP_ID: int(group_id),
-                Record.SOURCE_ID: int(source_id),
-            },
+            extra_model_outputs={Record.BEHAVIOR_LOGPROBS: np.asarray(t.behavior_logprobs, dtype=np.float32), **row},
         )
     return ep
 
 
 def episodes_to_records(episodes: Sequence[SingleAgentEpisode]) -> List[Dict[str, Any]]:
     """Completion records (`rllib_p3o.core.columns.Record`) of completion episodes, without advantage and staleness."""
+    carried = [f for f in columns.FIELDS if f.episode]
     records = []
     for ep in episodes:
-        extra = {k: ep.get_extra_model_outputs(k, 0) for k in _EXTRA}
         record = {
             Record.PROMPT_IDS: np.asarray(ep.get_observations(0), dtype=np.int64),
             Record.COMPLETION_IDS: np.asarray(ep.get_actions(0), dtype=np.int64),
-            Record.BEHAVIOR_LOGPROBS: np.asarray(extra[Record.BEHAVIOR_LOGPROBS], dtype=np.float32),
             Record.REWARD: float(ep.get_return()),
-            Record.WEIGHTS_SEQ_NO: int(extra[Record.WEIGHTS_SEQ_NO]),
-            Record.GROUP_ID: int(extra[Record.GROUP_ID]),
-            Record.SOURCE_ID: int(extra[Record.SOURCE_ID]),
             Record.INFOS: ep.get_infos(-1),
         }
+        for f in carried:  # per-token fields of a multi-turn episode: `_interleaved_turns` below
+            value = ep.get_extra_model_outputs(f.key, 0)
+            record[f.key] = np.asarray(value, dtype=f.dtype) if f.per != ROW else f.dtype(value).item()
         if len(ep) > 1:
             record.update(_interleaved_turns(ep))
         records.append(record)

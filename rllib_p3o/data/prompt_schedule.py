@@ -28,6 +28,20 @@ class Group(NamedTuple):
     seed: int
 
 
+# Seeds derived from a base seed and an index as ``base * SEED_STRIDE + index``: a prime stride above any index a run
+# reaches (iterations, episodes of a group), so two (base, index) pairs never share a seed.
+SEED_STRIDE = 1_000_003
+# The stride between the episodes of one multi-turn group (a prime, so that episodes' seeds do not repeat across
+# groups' strides); vLLM takes seeds below 2**31.
+EPISODE_SEED_STRIDE = 7919
+SEED_MODULUS = 2**31
+
+
+def episode_seed(group_seed: int, episode: int) -> int:
+    """Sampling seed of episode ``episode`` of a multi-turn group whose seed is ``group_seed``."""
+    return (int(group_seed) * SEED_STRIDE + episode * EPISODE_SEED_STRIDE) % SEED_MODULUS
+
+
 def group_seed(seed: int, group_id: int) -> int:
     """Sampling seed of group ``group_id``: ``crc32("seed/group_id")`` (31 bits), the same on every runner."""
     return zlib.crc32(f"{seed}/{group_id}".encode()) & 0x7FFFFFFF

@@ -11,16 +11,29 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, List, Mapping, Sequence
 
-from rllib_p3o.core import storage
+from rllib_p3o.core import columns, storage
 from rllib_p3o.core.columns import Infos, Record
 from rllib_p3o.core.sources import POLICY
-from rllib_p3o.data.trajectories import LOSS_MASK, POLICY_VERSION
+from rllib_p3o.data.trajectories import LOSS_MASK
+
+# pyarrow types of the declared fields' trajectory columns (`rllib_p3o.core.columns.Field.arrow`).
+ARROW_TYPES = {
+    "int64": lambda pa: pa.int64(),
+    "float32": lambda pa: pa.float32(),
+    "string": lambda pa: pa.string(),
+    "list<float32>": lambda pa: pa.list_(pa.float32()),
+    "list<int32>": lambda pa: pa.list_(pa.int32()),
+    "list<int8>": lambda pa: pa.list_(pa.int8()),
+}
 
 
 def records_to_table(records: Iterable[Mapping[str, Any]]):
-    """Online completion records → a pyarrow table in the trajectory schema."""
+    """Online completion records → a pyarrow table in the trajectory schema: the completion's texts and tokens, its
+    reward, every declared field with a trajectory column (`rllib_p3o.core.columns.FIELDS`), its source and sampling
+    parameters, and the multi-turn loss mask."""
     import pyarrow as pa
 
+    recorded = [f for f in columns.FIELDS if f.file]
     rows = []
     for r in records:
         infos = r.get(Record.INFOS) or {}
@@ -31,10 +44,7 @@ def records_to_table(records: Iterable[Mapping[str, Any]]):
                 "completion": infos.get(Infos.COMPLETION),
                 "completion_ids": [int(i) for i in r[Record.COMPLETION_IDS]],
                 "reward": float(r[Record.REWARD]),
-                "behavior_logprobs": [float(v) for v in r[Record.BEHAVIOR_LOGPROBS]],
-                "group_id": str(r[Record.GROUP_ID]),
-                "advantage": float(r[Record.ADVANTAGE]) if r.get(Record.ADVANTAGE) is not None else None,
-                POLICY_VERSION: int(r.get(Record.WEIGHTS_SEQ_NO, 0)),
+                **{f.file: columns.to_file(f, r.get(f.key)) for f in recorded},
                 "source": str(infos.get(Infos.SOURCE, POLICY)),
                 "temperature": infos.get(Infos.TEMPERATURE),
                 "top_p": infos.get(Infos.TOP_P),
@@ -48,10 +58,7 @@ def records_to_table(records: Iterable[Mapping[str, Any]]):
             ("completion", pa.string()),
             ("completion_ids", pa.list_(pa.int32())),
             ("reward", pa.float32()),
-            ("behavior_logprobs", pa.list_(pa.float32())),
-            ("group_id", pa.string()),
-            ("advantage", pa.float32()),
-            (POLICY_VERSION, pa.int64()),
+            *[(f.file, ARROW_TYPES[f.arrow](pa)) for f in recorded],
             ("source", pa.string()),
             ("temperature", pa.float32()),
             ("top_p", pa.float32()),

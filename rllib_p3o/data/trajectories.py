@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from rllib_p3o.core import storage
+from rllib_p3o.core import columns, storage
 from rllib_p3o.core.columns import Record
 from rllib_p3o.core.sources import offline_source_name, source_id
 from rllib_p3o.data.chat import has_chat_template, is_conversational, message_problem, prompt_token_ids
@@ -60,7 +60,7 @@ REQUIRED_ONE_OF = (("prompt", "prompt_ids"), ("completion", "completion_ids"), (
 LIST_INT_COLUMNS = ("prompt_ids", "completion_ids")
 LOSS_MASK = Record.LOSS_MASK
 # On disk, a record's weights_seq_no is called policy_version (the schema's documented name).
-POLICY_VERSION = "policy_version"
+POLICY_VERSION = next(f.file for f in columns.FIELDS if f.key == Record.WEIGHTS_SEQ_NO)
 # A log-prob above this is a data error (float32 noise can make log 1 = 0 slightly positive).
 MAX_LOGPROB = 1e-4
 
@@ -355,11 +355,13 @@ def row_to_record(row: Mapping[str, Any], tokenizer) -> Dict[str, Any]:
     record = {
         Record.PROMPT_IDS: np.asarray(prompt_ids, dtype=np.int64),
         Record.COMPLETION_IDS: np.asarray(completion_ids, dtype=np.int64),
-        Record.BEHAVIOR_LOGPROBS: np.asarray(row["behavior_logprobs"], dtype=np.float32),
         Record.REWARD: float(row["reward"]),
-        Record.ADVANTAGE: float(row["advantage"]) if row.get("advantage") is not None else None,
-        Record.GROUP_ID: row.get("group_id"),
-        Record.WEIGHTS_SEQ_NO: int(row[POLICY_VERSION]) if row.get(POLICY_VERSION) is not None else 0,
+        # Every declared field with a trajectory column (`rllib_p3o.core.columns.FIELDS`); required ones must be there.
+        **{
+            f.key: columns.from_file(f, row[f.file] if f.default is None and not f.nullable else row.get(f.file))
+            for f in columns.FIELDS
+            if f.file
+        },
         Record.SOURCE_ID: source_id(offline_source_name(row.get("source"))),
     }
     mask = loss_mask(row)

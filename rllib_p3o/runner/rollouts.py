@@ -27,7 +27,7 @@ from rllib_p3o.core.columns import Infos
 from rllib_p3o.core.sources import source_id
 from rllib_p3o.data import chat
 from rllib_p3o.data.episodes import Turn, completion_episode, multi_turn_episode
-from rllib_p3o.data.prompt_schedule import Group
+from rllib_p3o.data.prompt_schedule import Group, episode_seed
 from rllib_p3o.runner.multiturn import MultiTurnEnv, MultiTurnEnvError, check_turn_result
 
 
@@ -229,7 +229,7 @@ class MultiTurnRollouts:
                         prompt=prompt,
                         prompt_ids=list(ids),
                         ids=list(ids),
-                        seed=(int(seeds[g]) * 1_000_003 + j * 7919) % (2**31),
+                        seed=episode_seed(seeds[g], j),
                     )
                 )
         from vllm.inputs import TokensPrompt

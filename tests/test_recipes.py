@@ -1,0 +1,141 @@
+"""CONTRIBUTING's recipes, run as written: a new batch column is one declaration plus its producer, and a new batch
+source is a `BatchSource` plus an override of `P3O.batch_sources` (the loss recipe runs in tests/test_losses.py)."""
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import pytest
+
+from rllib_p3o import P3O, P3OConfig
+from rllib_p3o.core import columns
+from rllib_p3o.core.columns import Record
+from rllib_p3o.data import batching
+from rllib_p3o.data.batch_source import BatchSource, SourceBatch
+from rllib_p3o.data.episodes import Turn, completion_episode, episodes_to_records, multi_turn_episode
+from rllib_p3o.data.recorder import records_to_table
+from rllib_p3o.data.trajectories import row_to_record
+
+# -- adding a batch column -------------------------------------------------------------------------------------------
+
+# The recipe's one declaration: a per-row column the learner (or a loss) reads, carried from the runner's episodes,
+# recorded in the trajectory files and read back from them.
+DIFFICULTY = columns.Field(
+    "difficulty", columns.ROW, np.float32, batch="difficulty", default=0.0, episode=True, file="difficulty",
+    arrow="float32",
+)  # fmt: skip
+
+
+def test_a_new_column_is_one_declaration_plus_its_producer(monkeypatch):
+    monkeypatch.setattr(columns, "FIELDS", columns.FIELDS + (DIFFICULTY,))
+    # Its producer: the runner passes the value with the episode it builds.
+    single = completion_episode(
+        prompt_ids=[1, 2],
+        completion_ids=[3, 4],
+        behavior_logprobs=[-0.5, -1.0],
+        reward=1.0,
+        weights_seq_no=3,
+        group_id=0,
+        extras={"difficulty": 0.5},
+    )
+    turns = [Turn([5], [-0.1], 0.0, [6, 7]), Turn([8], [-0.2], 1.0, [])]
+    multi = multi_turn_episode(prompt_ids=[1], turns=turns, terminated=True, weights_seq_no=3, group_id=0)
+    records = episodes_to_records([single, multi])  # the driver's side
+    assert [r["difficulty"] for r in records] == [0.5, 0.0]  # the declared default where no producer set it
+    for r in records:
+        r[Record.ADVANTAGE] = 1.0
+    # Padding, and the online and offline parts joined at one width.
+    batch = batching.pad_records(records, pad_id=0)
+    assert batch["difficulty"].dtype == np.float32 and batch["difficulty"].tolist() == [0.5, 0.0]
+    joined = batching.concat_padded([batch, batching.pad_records(records[:1], pad_id=0, pad_to=9)], pad_id=0)
+    assert joined["difficulty"].tolist() == [0.5, 0.0, 0.5]
+    assert batching.empty_batch(4)["difficulty"].shape == (0,)
+    # Recorded in the trajectory files, and read back from them as an offline row.
+    table = records_to_table(records)
+    assert table.schema.field("difficulty").type == "float" and table.column("difficulty").to_pylist() == [0.5, 0.0]
+    back = [row_to_record(row, tokenizer=None) for row in table.to_pylist()]
+    assert [r["difficulty"] for r in back] == [0.5, 0.0]
+    assert back[0][Record.WEIGHTS_SEQ_NO] == 3  # the file's policy_version
+
+
+def test_the_built_in_fields_keep_the_batch_layout():
+    assert columns.BATCH_COLUMNS == (
+        "input_ids",
+        "attention_mask",
+        "completion_mask",
+        "behavior_logprobs",
+        "advantages",
+        "weights_seq_no",
+        "source_id",
+        "staleness",
+    )
+    assert columns.batch_layout(columns.FIELDS)[1:3] == (columns.TARGET_COLUMNS, columns.ROW_COLUMNS)
+
+
+# -- adding a batch source -------------------------------------------------------------------------------------------
+
+
+class ReplaySource(BatchSource):
+    """Rows replayed, in order, from a fixed list of records; its position is checkpointed."""
+
+    state_key = "replay_position"
+
+    def __init__(self, records: List[Dict[str, Any]], rows_per_step: int, pad_id: int):
+        self.records, self._rows_per_step, self.pad_id, self.position = records, rows_per_step, pad_id, 0
+        self.sampled: List[int] = []  # which records each sample took (for the test)
+
+    @property
+    def rows_per_step(self) -> int:
+        return self._rows_per_step
+
+    def sample(self, iteration: int, timings: Dict[str, float]) -> SourceBatch:
+        taken = [(self.position + i) % len(self.records) for i in range(self._rows_per_step)]
+        self.position += self._rows_per_step
+        self.sampled.append(taken[0])
+        rows = [{**self.records[i], Record.ADVANTAGE: 1.0} for i in taken]
+        return SourceBatch(batching.pad_records(rows, self.pad_id), [])
+
+    def get_state(self) -> Optional[Dict[str, int]]:
+        return {"position": self.position}
+
+    def set_state(self, state: Dict[str, int]) -> Dict[str, float]:
+        self.position = int(state["position"])
+        return {}
+
+
+class P3OWithReplay(P3O):
+    def batch_sources(self) -> List[BatchSource]:
+        records = [
+            {Record.PROMPT_IDS: [1, 2, 3], Record.COMPLETION_IDS: [4 + i % 5], Record.BEHAVIOR_LOGPROBS: [-1.0]}
+            for i in range(10)
+        ]
+        return super().batch_sources() + [ReplaySource(records, rows_per_step=4, pad_id=self._pad_id)]
+
+
+@pytest.mark.slow
+def test_a_new_batch_source_trains_and_resumes_where_it_was(ray_session, tiny_model, tmp_path):
+    from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
+
+    task = ArithmeticTask()
+    config = (
+        P3OConfig(algo_class=P3OWithReplay)  # the recipe: the subclass, through the config's algo_class
+        .environment(env_config={"dataset": task.train_rows()[:100], "reward_fn": arithmetic_reward})
+        .training(model=tiny_model, group_size=4, prompts_per_step=2, max_tokens=2, lr=1e-3, eval_interval=0)
+        .env_runners(num_env_runners=1)
+        .debugging(seed=0)
+    )
+    algo = config.build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+        replay = algo._sources[-1]
+        assert isinstance(replay, ReplaySource) and replay.sampled == [0, 4]
+        assert algo._rows_trained == 2 * (2 * 4 + 4)  # the online rows and the replayed ones
+        path = algo.save_to_path(str(tmp_path / "ckpt"))
+    finally:
+        algo.stop()
+    restored = P3OWithReplay.from_checkpoint(path)
+    try:
+        restored.train()
+        assert restored._sources[-1].sampled == [8]  # where the uninterrupted run would be
+    finally:
+        restored.stop()
