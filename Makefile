@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile $(wildcard $(LOCK))
 	$(BIN)/python -m pip install --quiet --upgrade pip $(CONSTRAINTS)
 	# The CPU torch wheel first, so nothing resolves to a multi-GB CUDA build.
 	if [ "$(VLLM_EXTRA)" = "cpu" ]; then $(BIN)/pip install --quiet "torch==2.13.0" $(CONSTRAINTS); fi
-	$(BIN)/pip install --quiet -e ".[$(VLLM_EXTRA),dev]" $(CONSTRAINTS)
+	$(BIN)/pip install --quiet -e ".[$(VLLM_EXTRA),dev,envs]" $(CONSTRAINTS)
 	if [ "$(VLLM_EXTRA)" = "cpu" ]; then $(BIN)/pip uninstall --quiet -y $(BROKEN_WITH_CPU_TORCH) || true; fi
 	$(BIN)/python -c "import torch, transformers, ray.rllib, vllm; print('ok: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
 	touch $(STAMP)
@@ -63,7 +63,7 @@ lock:
 	rm -rf .lock-venv && $(PY) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install --quiet --upgrade pip
 	.lock-venv/bin/pip install --quiet "torch==2.13.0"
-	.lock-venv/bin/pip install --quiet -e ".[cpu,dev]"
+	.lock-venv/bin/pip install --quiet -e ".[cpu,dev,envs]"
 	( echo "# Written by \`make lock\` on $$(date -u +%F) (Python $$(.lock-venv/bin/python -c 'import platform; print(platform.python_version())')). Used by \`make install\` as pip constraints."; \
 	  .lock-venv/bin/pip freeze --all --exclude-editable ) > constraints-cpu.txt
 	rm -rf .lock-venv
