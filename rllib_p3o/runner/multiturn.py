@@ -28,6 +28,7 @@ truncated (it cannot continue sensibly mid-sentence).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -44,6 +45,7 @@ from rllib_p3o.runner.tool_pool import (  # noqa: F401  (ToolError: public here)
 )
 
 DEFAULT_MAX_TURNS = 4
+logger = logging.getLogger(__name__)
 
 
 class TurnResult(NamedTuple):
@@ -96,6 +98,11 @@ class MultiTurnEnv:
         """Each reward function's value for the episode, by name (logged per function and shown in the completion
         samples); empty when the environment has no named reward functions."""
         return {}
+
+    def close(self) -> None:
+        """Called once when the runner is done with the episode, however it ended (terminated, truncated by a limit,
+        or an error in another episode of the call): release what `reset` opened, such as a server session. The
+        default does nothing."""
 
 
 # A terminating turn may return reward NaN with this key set in its info: no reward function scored the episode
@@ -280,6 +287,15 @@ def check_turn_result(result: Any, env: MultiTurnEnv) -> TurnResult:
         prompt = getattr(env, "row", {}).get("prompt")
         raise MultiTurnEnvError(f"{name}.step returned reward {reward} (prompt {prompt!r:.200})")
     return result._replace(reward=reward, info=dict(result.info or {}))
+
+
+def close_env(env: MultiTurnEnv) -> None:
+    """``env.close()``; a failure is logged, not raised: an episode's data is already complete when it closes, and an
+    error being raised (another episode's) must not be replaced by this one."""
+    try:
+        env.close()
+    except Exception as e:
+        logger.warning("%s.close raised %s: %s", type(env).__name__, type(e).__name__, e)
 
 
 def max_turns(env_config: Mapping[str, Any]) -> int:

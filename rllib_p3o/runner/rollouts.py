@@ -28,7 +28,7 @@ from rllib_p3o.core.sources import source_id
 from rllib_p3o.data import chat
 from rllib_p3o.data.episodes import Turn, completion_episode, multi_turn_episode
 from rllib_p3o.data.prompt_schedule import Group, episode_seed
-from rllib_p3o.runner.multiturn import MultiTurnEnv, MultiTurnEnvError, check_turn_result
+from rllib_p3o.runner.multiturn import MultiTurnEnv, MultiTurnEnvError, check_turn_result, close_env
 
 
 class Engine(NamedTuple):
@@ -213,7 +213,24 @@ class MultiTurnRollouts:
         logprobs_mode: str,
     ) -> List[Any]:
         """Every episode of ``engine`` (``engine.samples`` per row) to its end; returns RLlib episodes."""
-        live = []
+        live: List[_Live] = []
+        try:
+            return self._play(live, rows, seeds, engine, weights_seq_no, group_ids, source_id, logprobs_mode)
+        finally:  # every environment's session ends with the call, whatever ended its episode
+            for e in live:
+                close_env(e.env)
+
+    def _play(
+        self,
+        live: List[_Live],
+        rows: Sequence[Mapping[str, Any]],
+        seeds: Sequence[int],
+        engine: Engine,
+        weights_seq_no: int,
+        group_ids: Sequence[int],
+        source_id: int,
+        logprobs_mode: str,
+    ) -> List[Any]:
         for g, row in enumerate(rows):
             for j in range(engine.samples):
                 env = self.make_env()
