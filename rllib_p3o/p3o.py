@@ -77,6 +77,7 @@ from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import SEED_STRIDE, PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.data.rewards import make_reward_function
+from rllib_p3o.driver import checkpoints
 from rllib_p3o.driver.preflight import (
     ModelPathError,
     absolute_if_local,
@@ -489,6 +490,7 @@ BATCH_RNG_STATE = "batch_rng"
 ROWS_TRAINED = "rows_trained"
 SKIPPED_NONFINITE = metrics.SKIPPED_NONFINITE_STEPS
 RESULT_COLUMNS = "result_columns"
+ITERATION = "iteration"  # the checkpoint's own iteration: set after restoring an older intact checkpoint instead
 # RLlib's learning-rate figure of the default optimizer, under learners/<module>/.
 LEARNING_RATE = "default_optimizer_learning_rate"
 HELDOUT_REWARD = metrics.HELDOUT_REWARD
@@ -867,6 +869,7 @@ class P3O(Algorithm):
             ROWS_TRAINED: self._rows_trained,
             SKIPPED_NONFINITE: self._skipped_nonfinite,
             RESULT_COLUMNS: getattr(self, "_result_columns", metrics.ResultColumns()).columns,
+            ITERATION: int(self.iteration or 0),
             HELDOUT_REWARD: getattr(self, "_heldout_reward", float("nan")),
         }
         return state
@@ -884,13 +887,61 @@ class P3O(Algorithm):
         self._skipped_nonfinite = int(own.get(SKIPPED_NONFINITE, 0))
         self._result_columns = metrics.ResultColumns(own.get(RESULT_COLUMNS))
         self._heldout_reward = float(own.get(HELDOUT_REWARD, float("nan")))
+        self._checkpoint_iteration = own.get(ITERATION)
+
+    def save_to_path(self, path=None, *args, **kwargs) -> str:
+        """RLlib's checkpoint, then its manifest, written last (`rllib_p3o.driver.checkpoints`): a checkpoint cut
+        short by a crash or a full disk is recognised as such when it is restored."""
+        path = super().save_to_path(path, *args, **kwargs)
+        if _local_dir(path, kwargs.get("filesystem")):
+            checkpoints.write_manifest(path)
+        return path
 
     def restore_from_path(self, path, *args, **kwargs):
-        super().restore_from_path(path, *args, **kwargs)
+        """RLlib's restore of a checkpoint verified against its manifest. A damaged one (a file missing, truncated
+        or changed; or, without a manifest, one that fails to load) is named with its file; when it is one of a
+        Tune trial's, the newest intact checkpoint before it is restored instead, with a warning."""
+        path = str(path) if isinstance(path, os.PathLike) else path
+        self._checkpoint_iteration = None
+        restored = self._restore_intact(path, *args, **kwargs)
+        if restored != path and self._checkpoint_iteration is not None:
+            self._iteration = self._checkpoint_iteration  # Tune set the damaged checkpoint's iteration before loading
         self._first_result_after_restore = True
         self._weight_sync.push_restored(int(self.iteration or 0))
         if self._recorder is not None:  # iterations after the checkpoint are recorded again, not twice
             self._recorder.forget_after(int(self.iteration or 0))
+
+    def _restore_intact(self, path: Any, *args, **kwargs) -> Any:
+        """Restore ``path`` or, if it is damaged, the newest intact Tune sibling before it; returns what was restored."""
+        local = _local_dir(path, kwargs.get("filesystem"))
+        try:
+            if local and checkpoints.has_manifest(path):
+                checkpoints.verify(path)
+            try:
+                super().restore_from_path(path, *args, **kwargs)
+                return path
+            except Exception as e:
+                if not local or checkpoints.has_manifest(path):
+                    raise
+                # No manifest (a checkpoint of an older version, or one cut short): a failed load names it.
+                raise checkpoints.DamagedCheckpointError(path, f"it has no manifest and fails to load ({e!r})") from e
+        except checkpoints.DamagedCheckpointError as damaged:
+            fallback = checkpoints.newest_intact(path) if local else None
+            if fallback is None:
+                raise checkpoints.DamagedCheckpointError(
+                    damaged.checkpoint,
+                    f"{damaged.problem}; no intact checkpoint before it. Restore an earlier checkpoint explicitly "
+                    "(P3O.from_checkpoint(path)) or start over.",
+                ) from None
+            logger.warning(
+                "Checkpoint %s is damaged (%s): restoring %s, the newest intact checkpoint before it; the iterations "
+                "after it are trained again.",
+                damaged.checkpoint,
+                damaged.problem,
+                fallback,
+            )
+            super().restore_from_path(fallback, *args, **kwargs)
+            return fallback
 
     def export_hf(self, path: str, merged: bool = False) -> str:
         """Write the current policy as a Hugging Face model directory (weights + config + tokenizer). Under LoRA: the
@@ -933,6 +984,12 @@ def _own_message(error: Exception) -> str:
     """An error's own message: a remote learner's arrives as a Ray task error (with the remote traceback in its text)
     whose ``cause`` is the original."""
     return str(getattr(error, "cause", None) or error).strip()
+
+
+def _local_dir(path: Any, filesystem: Any) -> bool:
+    """Whether a checkpoint ``path`` (with RLlib's pyarrow ``filesystem``, or None) is a directory on this node."""
+    local_fs = filesystem is None or getattr(filesystem, "type_name", None) == "local"
+    return local_fs and isinstance(path, str) and os.path.isdir(path)
 
 
 def _reported_iterations(trial_storage: Any) -> Tuple[int, str]:

@@ -207,3 +207,56 @@ def test_async_restore_samples_again_what_was_in_flight_and_skips_nothing(ray_se
     groups = collections.Counter(int(g) for it in range(6) for g, *_ in _sampled(tmp_path / "rec", it))
     assert set(groups.values()) == {4}  # no group trained twice
     assert sorted(groups) == list(range(len(groups)))  # none skipped
+
+
+def _largest_file(path):
+    files = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names if f != "p3o_manifest.json"]
+    return max(files, key=os.path.getsize)
+
+
+@pytest.mark.slow
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one_and_resumes_exactly(
+    ray_session, tiny_model, tmp_path, caplog
+):
+    from rllib_p3o.driver.checkpoints import DamagedCheckpointError
+
+    straight = _config(tiny_model, tmp_path / "straight", 0).build_algo()
+    try:
+        for _ in range(3):
+            straight.train()
+    finally:
+        straight.stop()
+
+    first = _config(tiny_model, tmp_path / "resumed", 0).build_algo()
+    trial = tmp_path / "trial"
+    try:
+        for i in (1, 2):
+            first.train()
+            first.save_to_path(str(trial / f"checkpoint_{i:06d}"))  # Tune's layout: checkpoint_<n> in the trial dir
+    finally:
+        first.stop()
+    newest = str(trial / "checkpoint_000002")
+    damaged = _largest_file(newest)
+    with open(damaged, "r+b") as f:
+        f.truncate(os.path.getsize(damaged) // 2)  # as a crash mid-write or a full disk leaves it
+
+    with caplog.at_level("WARNING", logger="rllib_p3o.p3o"):
+        resumed = P3O.from_checkpoint(newest)
+    try:
+        assert resumed.iteration == 1  # the intact checkpoint's
+        warning = " ".join(r.getMessage() for r in caplog.records)
+        assert "checkpoint_000002 is damaged" in warning and os.path.relpath(damaged, newest) in warning
+        assert "restoring " + str(trial / "checkpoint_000001") in warning
+        for _ in range(2):
+            resumed.train()
+    finally:
+        resumed.stop()
+    for it in range(3):  # the same prompts and, after the restore, the very same completions
+        assert _sampled(tmp_path / "straight", it) == _sampled(tmp_path / "resumed", it), f"iteration {it + 1}"
+
+    # Nothing intact before it: the error names the checkpoint and the file, and says what to do.
+    os.remove(os.path.join(str(trial / "checkpoint_000001"), "p3o_manifest.json"))
+    with open(_largest_file(str(trial / "checkpoint_000001")), "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(DamagedCheckpointError, match=r"checkpoint_000002 is damaged: .* no intact checkpoint before"):
+        P3O.from_checkpoint(newest)

@@ -1,0 +1,133 @@
+"""Checkpoints that know they are complete: a manifest written last, checked before a restore.
+
+A crash mid-write or a full disk leaves a checkpoint directory that looks like any other but holds a truncated state
+file; restoring it fails deep inside unpickling, naming neither the checkpoint nor the file. So `P3O` writes
+``p3o_manifest.json`` into every checkpoint *after* everything else (as torch DCP writes its metadata and Orbax its
+commit marker last): each file's relative path, size and BLAKE2b digest. `verify` checks a checkpoint against it
+and raises `DamagedCheckpointError` naming the checkpoint and the first damaged file; `newest_intact` finds, among
+a Tune trial's ``checkpoint_*`` siblings, the newest older one that verifies, which `P3O.restore_from_path` restores
+instead, with a warning.
+
+Large files are hashed at their head and tail only (`FULL_HASH_MAX_BYTES`): their size still catches truncation,
+the usual damage, at a cost that does not grow with the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from typing import Dict, List, Optional
+
+MANIFEST = "p3o_manifest.json"
+MANIFEST_VERSION = 1
+# Files up to this size are hashed whole; larger ones at their first and last `SAMPLE_BYTES` (sizes always exact).
+FULL_HASH_MAX_BYTES = 256 * 2**20
+SAMPLE_BYTES = 16 * 2**20
+_CHUNK = 4 * 2**20
+# Tune's checkpoint directories inside a trial directory: checkpoint_000012.
+TUNE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)$")
+
+
+class DamagedCheckpointError(RuntimeError):
+    """A checkpoint whose files do not match its manifest, or that has none (interrupted while being written)."""
+
+    def __init__(self, checkpoint: str, problem: str):
+        self.checkpoint, self.problem = checkpoint, problem
+        super().__init__(f"checkpoint {checkpoint} is damaged: {problem}")
+
+
+def _digest(path: str, size: int) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        if size <= FULL_HASH_MAX_BYTES:
+            for chunk in iter(lambda: f.read(_CHUNK), b""):
+                h.update(chunk)
+        else:
+            h.update(f.read(SAMPLE_BYTES))
+            f.seek(size - SAMPLE_BYTES)
+            h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def _files(checkpoint: str) -> List[str]:
+    found = []
+    for dirpath, _, names in os.walk(checkpoint):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), checkpoint)
+            if rel != MANIFEST:
+                found.append(rel)
+    return sorted(found)
+
+
+def write_manifest(checkpoint: str) -> str:
+    """Write the manifest of every file under ``checkpoint`` (call it after the last of them is written); returns
+    its path. Written to a temporary name and renamed, so a manifest is never itself half-written."""
+    entries: Dict[str, Dict[str, object]] = {}
+    for rel in _files(checkpoint):
+        path = os.path.join(checkpoint, rel)
+        size = os.path.getsize(path)
+        entries[rel] = {"size": size, "blake2b": _digest(path, size)}
+    path = os.path.join(checkpoint, MANIFEST)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"version": MANIFEST_VERSION, "files": entries}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def has_manifest(checkpoint: str) -> bool:
+    return os.path.exists(os.path.join(checkpoint, MANIFEST))
+
+
+def verify(checkpoint: str) -> None:
+    """Raise `DamagedCheckpointError` unless every file the manifest lists is there with its size and digest. A
+    checkpoint without a manifest raises too (see `P3O.restore_from_path` for those of older versions)."""
+    path = os.path.join(checkpoint, MANIFEST)
+    if not os.path.exists(path):
+        raise DamagedCheckpointError(checkpoint, f"it has no {MANIFEST} (it was not finished being written)")
+    try:
+        with open(path) as f:
+            entries = json.load(f)["files"]
+    except (OSError, ValueError, KeyError) as e:
+        raise DamagedCheckpointError(checkpoint, f"its {MANIFEST} cannot be read ({e})") from None
+    for rel, want in entries.items():
+        file = os.path.join(checkpoint, rel)
+        if not os.path.exists(file):
+            raise DamagedCheckpointError(checkpoint, f"{rel} is missing")
+        size = os.path.getsize(file)
+        if size != want["size"]:
+            raise DamagedCheckpointError(checkpoint, f"{rel} is {size} bytes, {want['size']} when it was written")
+        if _digest(file, size) != want["blake2b"]:
+            raise DamagedCheckpointError(checkpoint, f"{rel} has other contents than when it was written")
+
+
+def tune_siblings(checkpoint: str) -> List[str]:
+    """The ``checkpoint_*`` directories beside ``checkpoint`` (a Tune trial's), newest first; empty elsewhere."""
+    checkpoint = os.path.abspath(checkpoint)
+    if not TUNE_CHECKPOINT.match(os.path.basename(checkpoint)):
+        return []
+    parent = os.path.dirname(checkpoint)
+    found = [(int(m.group(1)), name) for name in os.listdir(parent) if (m := TUNE_CHECKPOINT.match(name))]
+    return [os.path.join(parent, name) for _, name in sorted(found, reverse=True)]
+
+
+def newest_intact(checkpoint: str) -> Optional[str]:
+    """Among ``checkpoint``'s Tune siblings older than it, the newest that verifies; None when there is none (or
+    ``checkpoint`` is not one of a Tune trial's)."""
+    match = TUNE_CHECKPOINT.match(os.path.basename(os.path.abspath(checkpoint)))
+    if not match:
+        return None
+    number = int(match.group(1))
+    for sibling in tune_siblings(checkpoint):
+        if int(TUNE_CHECKPOINT.match(os.path.basename(sibling)).group(1)) >= number:
+            continue
+        try:
+            verify(sibling)
+        except DamagedCheckpointError:
+            continue
+        return sibling
+    return None
