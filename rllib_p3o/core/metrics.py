@@ -61,6 +61,13 @@ STALENESS_MAX = "staleness_max"
 DROPPED_STALE_SAMPLES = "dropped_stale_samples"
 DROPPED_STALE_SAMPLES_LIFETIME = "dropped_stale_samples_lifetime"
 LEARNER_WAIT_FOR_DATA_S = "learner_wait_for_data_s"
+# Sampling recipes (`rllib_p3o.data.sampling_recipes`): groups left out by dynamic sampling and the extra rounds it
+# took; the share of completions whose longest model turn reached max_tokens, and the mean overlong penalty added.
+GROUPS_FILTERED = "groups_filtered"
+GROUPS_FILTERED_LIFETIME = "groups_filtered_lifetime"
+EXTRA_SAMPLING_ROUNDS = "extra_sampling_rounds"
+TRUNCATED_SHARE = "truncated_share"
+OVERLONG_PENALTY_MEAN = "overlong_penalty_mean"
 # Faults and resume (`rllib_p3o.driver.sampler`, `P3O.restore_env_runners`, the learner's non-finite guard).
 HEALTHY_ENV_RUNNERS = "healthy_env_runners"
 ENV_RUNNER_RESTARTS_LIFETIME = "env_runner_restarts_lifetime"

@@ -208,6 +208,35 @@ class P3OSettings:
         "`temperature`/`top_p`/`top_k`/`max_tokens`. Their sampled-token log-probs are the behavior log-probs; "
         "their weights are never synced. They must use the policy's tokenizer.",
     )
+    dynamic_sampling: bool = setting(
+        False,
+        group=SAMPLING,
+        help="DAPO's dynamic sampling (verl's `filter_groups`): prompt groups whose rewards are all equal (no "
+        "signal) are left out and more groups are sampled until the step has `prompts_per_step` groups with signal, "
+        "for at most `dynamic_sampling_max_rounds` extra rounds (then groups without signal fill the step). The "
+        "left-out groups' prompts count as drawn (resume continues after them). In async mode they are left out of "
+        "the chunks and more chunks are taken.",
+    )
+    dynamic_sampling_max_rounds: int = setting(
+        8,
+        group=SAMPLING,
+        minimum=0,
+        help="With `dynamic_sampling`, extra sampling rounds per step at most (sync mode).",
+    )
+    overlong_buffer: int = setting(
+        0,
+        group=SAMPLING,
+        minimum=0,
+        help="DAPO's overlong shaping (verl's `overlong_buffer.len`): a model turn longer than `max_tokens` minus "
+        "this many tokens gets a penalty growing linearly to `overlong_penalty` at `max_tokens` (a multi-turn "
+        "episode: its longest turn); added to the reward before advantages. 0: off.",
+    )
+    overlong_penalty: float = setting(
+        1.0,
+        group=SAMPLING,
+        minimum=0,
+        help="With `overlong_buffer`, the penalty at `max_tokens` (verl's `overlong_buffer.penalty_factor`).",
+    )
     log_completions: int = setting(
         0,
         group=SAMPLING,

@@ -24,6 +24,7 @@ runner took with it, go back to the schedule and are sampled again first: no pro
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
@@ -34,8 +35,9 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_p3o.core import metrics
 from rllib_p3o.core.columns import Record
+from rllib_p3o.core.settings import P3OSettings
 from rllib_p3o.core.sources import is_policy
-from rllib_p3o.data import batching
+from rllib_p3o.data import batching, sampling_recipes
 from rllib_p3o.data.batch_source import BatchSource, SourceBatch
 from rllib_p3o.data.episodes import episodes_to_records
 from rllib_p3o.data.prompt_schedule import Group, PromptSchedule
@@ -49,6 +51,13 @@ SAMPLE_TAG = "sample"
 SCHEDULE = "schedule"
 SAMPLES_LOST_LIFETIME = metrics.SAMPLES_LOST_LIFETIME
 DROPPED_STALE_LIFETIME = metrics.DROPPED_STALE_SAMPLES_LIFETIME
+GROUPS_FILTERED_LIFETIME = metrics.GROUPS_FILTERED_LIFETIME
+# The sampling recipes' declared defaults (`_recipe`).
+_RECIPE_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(P3OSettings)
+    if f.name in ("dynamic_sampling", "dynamic_sampling_max_rounds", "overlong_buffer", "overlong_penalty")
+}
 # How long one wait for finished samples lasts before the sampler checks its time limit again (seconds).
 _POLL_S = 0.02
 
@@ -127,20 +136,65 @@ class Sampler:
         self._in_flight: Dict[int, List[Group]] = {}  # async: runner id -> the groups of its running sample()
         self.dropped_stale_lifetime = 0
         self.samples_lost_lifetime = 0
+        self.groups_filtered_lifetime = 0
+        self._filtered_now = 0  # groups dynamic sampling left out in the current step
 
     def sample(self, weights_seq_no: int) -> List[CompletionRecord]:
         """The step's completion records, staleness set: ``online_prompts_per_step`` whole prompt groups in sync
         mode, at least that many completions' worth of whole chunks in async mode."""
         lost_before = self.samples_lost_lifetime
+        self._filtered_now = 0
         if self.config.async_sampling:
             records = self._sample_async(self.config.online_prompts_per_step * self.config.group_size, weights_seq_no)
+        elif self._recipe("dynamic_sampling"):
+            records = self._sample_dynamic(self.config.online_prompts_per_step)
+            set_staleness(records, weights_seq_no)
         else:
             records = self._sample_groups(self.schedule.take(self.config.online_prompts_per_step))
             set_staleness(records, weights_seq_no)
         self.schedule.done(r[Record.GROUP_ID] for r in records)
         self._log(metrics.SAMPLES_LOST, self.samples_lost_lifetime - lost_before)
         self._log(metrics.SAMPLES_LOST_LIFETIME, self.samples_lost_lifetime)
+        if self._recipe("dynamic_sampling"):
+            self.groups_filtered_lifetime += self._filtered_now
+            self._log(metrics.GROUPS_FILTERED, self._filtered_now)
+            self._log(metrics.GROUPS_FILTERED_LIFETIME, self.groups_filtered_lifetime)
+        if self._recipe("overlong_buffer") > 0:
+            max_tokens, buffer = self.config.max_tokens, self._recipe("overlong_buffer")
+            self._log(metrics.TRUNCATED_SHARE, sampling_recipes.truncated_share(records, max_tokens))
+            penalties = [
+                self._recipe("overlong_penalty")
+                * sampling_recipes.overlong_penalty(sampling_recipes.longest_model_turn(r), max_tokens, buffer)
+                for r in records
+            ]
+            self._log(metrics.OVERLONG_PENALTY_MEAN, sum(penalties) / len(penalties) if penalties else 0.0)
         return records
+
+    def _sample_dynamic(self, want: int) -> List[CompletionRecord]:
+        """DAPO's dynamic sampling (sync): ``want`` groups with signal, sampling more groups in the place of those
+        without, for at most ``dynamic_sampling_max_rounds`` extra rounds; then groups without signal fill the step
+        (oldest first), so that the batch keeps its size. The left-out groups are marked done in the schedule: their
+        prompts were drawn, and a restored run continues after them, as the uninterrupted one does."""
+        kept: List[CompletionRecord] = []
+        filtered: List[CompletionRecord] = []
+        rounds = 0
+        while True:
+            missing = want - len(sampling_recipes.group_ids(kept))
+            records = self._sample_groups(self.schedule.take(missing))
+            with_signal, without = sampling_recipes.split_by_signal(records)
+            kept += with_signal
+            filtered += without
+            if len(sampling_recipes.group_ids(kept)) >= want or rounds >= self._recipe("dynamic_sampling_max_rounds"):
+                break
+            rounds += 1
+        missing = want - len(sampling_recipes.group_ids(kept))
+        fill = set(sampling_recipes.group_ids(filtered)[:missing]) if missing > 0 else set()
+        kept += [r for r in filtered if int(r[Record.GROUP_ID]) in fill]
+        left_out = [g for g in sampling_recipes.group_ids(filtered) if g not in fill]
+        self.schedule.done(left_out)
+        self._filtered_now = len(left_out)
+        self._log(metrics.EXTRA_SAMPLING_ROUNDS, rounds)
+        return kept
 
     def _sample_groups(self, groups: List[Group]) -> List[CompletionRecord]:
         """Every group sampled once: split over the healthy runners; a dead runner's groups go to the others."""
@@ -191,6 +245,11 @@ class Sampler:
         dropped = 0
         while True:
             got, stale = self.queue.take(need - len(taken), weights_seq_no)
+            if self._recipe("dynamic_sampling"):  # groups without signal are left out; more chunks take their place
+                got, without = sampling_recipes.split_by_signal(got)
+                left_out = sampling_recipes.group_ids(without)
+                self.schedule.done(left_out)
+                self._filtered_now += len(left_out)
             taken += got
             dropped += len(stale)
             self.schedule.give_back(r[Record.GROUP_ID] for r in stale)
@@ -217,6 +276,10 @@ class Sampler:
         episodes, runner_metrics, probe_result = result
         self.metrics.aggregate([runner_metrics], key=ENV_RUNNER_RESULTS)
         records = episodes_to_records(episodes)
+        if self._recipe("overlong_buffer") > 0:  # before dynamic sampling and advantages see the rewards
+            sampling_recipes.apply_overlong_shaping(
+                records, self.config.max_tokens, self._recipe("overlong_buffer"), self._recipe("overlong_penalty")
+            )
         if self.verify is not None:
             self.verify(
                 runner_id, probe_result, {r[Record.WEIGHTS_SEQ_NO] for r in records if is_policy(r[Record.SOURCE_ID])}
@@ -244,6 +307,7 @@ class Sampler:
             SCHEDULE: self.schedule.get_state(),
             SAMPLES_LOST_LIFETIME: self.samples_lost_lifetime,
             DROPPED_STALE_LIFETIME: self.dropped_stale_lifetime,
+            GROUPS_FILTERED_LIFETIME: self.groups_filtered_lifetime,
         }
 
     def set_state(self, state: Dict[str, Any]) -> int:
@@ -253,7 +317,13 @@ class Sampler:
         self.schedule.set_state(state[SCHEDULE])
         self.samples_lost_lifetime = int(state.get(SAMPLES_LOST_LIFETIME, 0))
         self.dropped_stale_lifetime = int(state.get(DROPPED_STALE_LIFETIME, 0))
+        self.groups_filtered_lifetime = int(state.get(GROUPS_FILTERED_LIFETIME, 0))
         return len(self.schedule.pending)
+
+    def _recipe(self, name: str) -> Any:
+        """A sampling-recipe setting of the config (`rllib_p3o.core.settings`); its declared default where the config
+        is not a `P3OConfig` (a test's stand-in)."""
+        return getattr(self.config, name, _RECIPE_DEFAULTS[name])
 
     def _log(self, key: str, value: float) -> None:
         self.metrics.log_value((metrics.P3O, key), value, window=1)
