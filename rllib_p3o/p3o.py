@@ -77,7 +77,7 @@ from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import SEED_STRIDE, PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.data.rewards import make_reward_function
-from rllib_p3o.driver import checkpoints
+from rllib_p3o.driver import checkpoints, learner_health
 from rllib_p3o.driver.preflight import (
     ModelPathError,
     absolute_if_local,
@@ -679,11 +679,18 @@ class P3O(Algorithm):
             update_kwargs = dict(num_epochs=cfg.num_epochs, shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch)
             if cfg.minibatch_size:  # passing None explicitly breaks multi-learner sharding in RLlib 2.60
                 update_kwargs["minibatch_size"] = cfg.minibatch_size
-            learner_results = self.learner_group.update(
-                batch=batching.to_multi_agent_batch(batch),
-                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_trained},
-                **update_kwargs,
-            )
+            try:
+                learner_results = self.learner_group.update(
+                    batch=batching.to_multi_agent_batch(batch),
+                    timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_trained},
+                    **update_kwargs,
+                )
+            except Exception as error:
+                dead = learner_health.dead_learners(self.learner_group)
+                if not dead:
+                    raise
+                iteration = int(self.iteration or 0) + 1
+                raise learner_health.learner_died_error(dead, cfg.num_learners, iteration) from error
         self._rows_trained += len(batch[Columns.INPUT_IDS])
         per_learner_ess = [
             float(r[DEFAULT_MODULE_ID][metrics.ESS].peek())

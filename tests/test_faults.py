@@ -260,3 +260,64 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one_and_res
         f.truncate(10)
     with pytest.raises(DamagedCheckpointError, match=r"checkpoint_000002 is damaged: .* no intact checkpoint before"):
         P3O.from_checkpoint(newest)
+
+
+def _kill_learner(algo, rank):
+    pids = [r.get() for r in algo.learner_group.foreach_learner(lambda learner: os.getpid())]
+    os.kill(pids[rank], signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_dead_learner_is_named_and_tune_resumes_the_run_from_its_checkpoint(ray_session, tiny_model, tmp_path):
+    from ray import tune
+
+    from rllib_p3o.driver.learner_health import LearnerDiedError
+
+    config = _config(tiny_model, tmp_path / "python", 0).learners(num_learners=2)
+    algo = config.build_algo()
+    try:
+        algo.train()
+        _kill_learner(algo, 1)
+        with pytest.raises(LearnerDiedError, match=r"during the update of iteration 2: learner 1 of 2 \(") as e:
+            algo.train()
+        assert "FailureConfig(max_failures=1)" in str(e.value) and "P3O.from_checkpoint" in str(e.value)
+    finally:
+        algo.stop()
+
+    # Under Tune with max_failures=1: a learner killed after iteration 2 (once), the trial restarts from its
+    # checkpoint and trains the same prompts, iteration by iteration, as an uninterrupted run.
+    marker = str(tmp_path / "killed")
+
+    def kill_once(algorithm, result, **_):
+        # Self-contained (cloudpickle ships a test function by value, not the test module it would import).
+        import os
+        import signal
+
+        if result["training_iteration"] == 2 and not os.path.exists(marker):
+            open(marker, "w").close()
+            pids = [r.get() for r in algorithm.learner_group.foreach_learner(lambda learner: os.getpid())]
+            os.kill(pids[1], signal.SIGKILL)
+
+    def run(name, callback):
+        cfg = _config(tiny_model, tmp_path / name, 0).learners(num_learners=2)
+        if callback:
+            cfg.callbacks(on_train_result=callback)
+        tune.Tuner(
+            "P3O",
+            param_space=cfg,
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=str(tmp_path / "tune"),
+                stop={"training_iteration": 4},
+                failure_config=tune.FailureConfig(max_failures=1),
+                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+                verbose=0,
+            ),
+        ).fit()
+
+    run("straight", None)
+    run("resumed", kill_once)
+    assert os.path.exists(marker)
+    for it in range(4):
+        a, b = _sampled(tmp_path / "straight", it), _sampled(tmp_path / "resumed", it)
+        assert [x[:3] for x in a] == [x[:3] for x in b], f"iteration {it + 1}: other prompts"

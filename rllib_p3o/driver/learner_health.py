@@ -1,0 +1,63 @@
+"""A learner that died, named: which rank, why (when Ray knows) and how the run resumes.
+
+With ``num_learners > 1`` the learners form one torch.distributed group. When one of their processes dies, the
+others fail inside a collective (gloo: "Connection closed by peer"), and the update raises that error, which names
+neither the learner nor the fix. `dead_learners` asks each learner actor whether it is alive; `LearnerDiedError`
+says which is not.
+
+Rebuilding a lost learner in place is not done: RLlib's `LearnerGroup` forms the process group once, when it starts,
+and has no way to replace one of its members, so the run resumes from its last checkpoint instead (Tune does this by
+itself with ``tune.FailureConfig(max_failures=N)``; the data position is part of the checkpoint, so the resumed run
+trains on what the uninterrupted one would).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+import ray
+
+# Seconds a live learner has to answer the liveness ping (it may still be unwinding from the failed collective).
+PING_TIMEOUT_S = 10.0
+
+
+class LearnerDiedError(RuntimeError):
+    """A learner actor died during an update; the message names it and says how the run resumes."""
+
+
+def dead_learners(learner_group: Any) -> List[Tuple[int, str]]:
+    """``[(rank, cause), ...]`` of the learner actors of ``learner_group`` that are dead (empty for a local
+    learner, or when all answer). The rank is the actor's index in the group (its torch.distributed rank)."""
+    manager = getattr(learner_group, "_worker_manager", None)
+    if manager is None:
+        return []
+    dead = []
+    for rank, (_, actor) in enumerate(sorted(manager.actors().items())):
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=PING_TIMEOUT_S)
+        except ray.exceptions.RayActorError as e:
+            dead.append((rank, _cause(e)))
+        except ray.exceptions.GetTimeoutError:
+            continue  # alive but busy: not known to be dead
+    return dead
+
+
+def _cause(error: BaseException) -> str:
+    """Ray's reason for an actor's death, in one line ("killed by ray.kill", "SIGKILL", "out of memory", ...)."""
+    text = getattr(error, "error_msg", None) or str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reasons = [line for line in lines if "actor is dead because" in line.lower() or "killed" in line.lower()]
+    return (reasons or lines or ["unknown"])[0][:300]
+
+
+def learner_died_error(dead: List[Tuple[int, str]], num_learners: int, iteration: int) -> LearnerDiedError:
+    """The error for `dead_learners`' answer, with what to do."""
+    which = "; ".join(f"learner {rank} of {num_learners} ({cause})" for rank, cause in dead)
+    return LearnerDiedError(
+        f"A learner actor died during the update of iteration {iteration}: {which}. The other learners cannot go on "
+        "without it (their torch.distributed group is broken), so this run stops here; nothing it saved is lost. "
+        "To resume from the last checkpoint: under Tune, tune.RunConfig(failure_config=tune.FailureConfig("
+        "max_failures=1), checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=N)) restarts the trial from it "
+        "by itself; in Python, P3O.from_checkpoint(path). If it was out of memory, lower minibatch_size or give each "
+        "learner more memory."
+    )
