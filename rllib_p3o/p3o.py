@@ -67,11 +67,11 @@ from rllib_p3o.core.losses import LOSSES, get_loss
 from rllib_p3o.core.precision import MODEL_DTYPE_PRECISION, RolloutWeights, compute_dtype, param_dtype
 from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, RENAMED, SETTINGS, in_group
 from rllib_p3o.core.sources import SourceNames, behavior_sample_counts, behavior_source_name, check_same_tokenizer
-from rllib_p3o.data import batching
+from rllib_p3o.data import batching, prompt_fit
 from rllib_p3o.data.batch_source import BatchSource, OfflineSource
 from rllib_p3o.data.chat import ChatTemplateError
 from rllib_p3o.data.completion_samples import write_samples
-from rllib_p3o.data.datasets import check_chat_dataset, materialize_dataset
+from rllib_p3o.data.datasets import DatasetError, check_chat_dataset, materialize_dataset
 from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import SEED_STRIDE, PromptSchedule
@@ -383,12 +383,41 @@ class P3OConfig(AlgorithmConfig):
                 check_chat_dataset(self.env_config or {}, self.policy_model, self.trust_remote_code)
             except ChatTemplateError as e:
                 self._value_error(str(e))
+            self._check_prompt_lengths()
         if self.lora is not None:
             try:
                 spec = lora_specs.resolve(self.lora)
                 self.lora = lora_specs.validate(spec, self.policy_model, self.trust_remote_code)
             except ValueError as e:
                 self._value_error(f"lora: {e}")
+
+    def _check_prompt_lengths(self) -> None:
+        """Under ``overlong_prompts="error"``: the first prompt longer than the model's context minus ``max_tokens``
+        named (dataset, row, length, limit) before any engine starts (`rllib_p3o.data.prompt_fit`). Datasets a
+        runner's environment produces (``multi_turn_env``, a custom env) and models off this machine are left to the
+        runners."""
+        env_config = self.env_config or {}
+        if env_config.get("multi_turn_env") or not os.path.isdir(str(self.policy_model)):
+            return
+        try:
+            context = prompt_fit.model_context(self.policy_model, self.trust_remote_code, self.vllm_kwargs)
+        except (OSError, ValueError, AttributeError):
+            return  # a config without a context length: vLLM's own check stands
+        if self.max_tokens >= context:
+            self._value_error(
+                f"max_tokens={self.max_tokens} leaves no room for a prompt in the model's context of {context} tokens "
+                f"({self.policy_model}): lower max_tokens."
+            )
+        if self.overlong_prompts != "error":
+            return
+        try:
+            for key in ("dataset", "eval_dataset"):
+                if env_config.get(key) is not None:
+                    prompt_fit.check_dataset_fits(
+                        env_config[key], key, self.policy_model, self.trust_remote_code, context, self.max_tokens
+                    )
+        except DatasetError as e:
+            self._value_error(str(e))
 
     def _check_storage(self) -> None:
         """Models load from a local directory or a hub id, never from a URI; data files go through pyarrow's
@@ -594,6 +623,7 @@ class P3O(Algorithm):
         sources: List[BatchSource] = []
         if config.online_rows_per_step > 0:
             schedule = PromptSchedule(self._runners.call_first(VLLMEnvRunner.num_prompts), seed=config.seed or 0)
+            self._prompt_fit = self._runners.call_first(VLLMEnvRunner.prompt_fit_counts)
             sampler = Sampler(config, self._runners, self.metrics, schedule, verify=self._weight_sync.verify)
             sources.append(
                 OnlineSource(sampler, lambda: self._weight_sync.weights_seq_no, self._pad_id, self._recorder)
@@ -733,6 +763,7 @@ class P3O(Algorithm):
                 metrics.ROLLOUT_FP8_SIMULATED: float(cfg.rollout_weights.fp8_simulated),
                 # Every iteration, so that the key is a column from the first result on (`metrics.ResultColumns`).
                 metrics.GROUPS_RESAMPLED_AFTER_RESTORE: 0.0,
+                **getattr(self, "_prompt_fit", {}),
                 **self._restore_metrics,
             }
         )

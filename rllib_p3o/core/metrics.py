@@ -150,6 +150,10 @@ PADDING_SHARE_UNBUCKETED = "padding_share_unbucketed"
 # Seconds the learner spent recomputing π_old before an update (losses that need it: grpo_tis, grpo_seq_mask, ...).
 OLD_LOGPROBS_S = "old_logprobs_s"
 
+# Prompts of the datasets left out or cut from the left to fit the context (`overlong_prompts`), under p3o/.
+PROMPTS_DROPPED = "prompts_dropped"
+PROMPTS_TRUNCATED = "prompts_truncated"
+
 # -- env_runners/<key> ---------------------------------------------------------------------------------------------
 GENERATE_TIME_S = "generate_time_s"
 # Time a runner sat without a sample() request (async mode keeps it near 0).

@@ -237,6 +237,15 @@ class P3OSettings:
         minimum=0,
         help="With `overlong_buffer`, the penalty at `max_tokens` (verl's `overlong_buffer.penalty_factor`).",
     )
+    overlong_prompts: str = setting(
+        "error",
+        group=SAMPLING,
+        choices=("error", "drop", "truncate_left"),
+        help='A prompt longer than the model\'s context minus `max_tokens` (chat template applied): `"error"` names '
+        'its dataset, row and length when the config is validated, before any engine starts; `"drop"` leaves such '
+        "rows out (verl's `filter_overlong_prompts`); `\"truncate_left\"` keeps their last tokens (TRL's "
+        "`max_prompt_length`, left). Metrics `prompts_dropped` and `prompts_truncated` count them.",
+    )
     log_completions: int = setting(
         0,
         group=SAMPLING,

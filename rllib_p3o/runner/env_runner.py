@@ -51,7 +51,7 @@ from ray.rllib.utils.metrics import (
 from rllib_p3o.core import lora, metrics
 from rllib_p3o.core.callables import resolve_callable
 from rllib_p3o.core.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
-from rllib_p3o.data import chat
+from rllib_p3o.data import chat, prompt_fit
 from rllib_p3o.data.datasets import has_conversational_prompts
 from rllib_p3o.data.prompt_schedule import Group, PromptSchedule, group_seed
 from rllib_p3o.runner import multiturn, vllm_engine
@@ -110,6 +110,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self.env = env_cls(dict(self.config.env_config)) if (self.is_sampler or "dataset" in env_config) else None
         if self.env is not None and has_conversational_prompts(self.env.rows + self.env.eval_rows):
             chat.check_chat_template(self.tokenizer, config.policy_model)
+        self._prompt_fit = {metrics.PROMPTS_DROPPED: 0.0, metrics.PROMPTS_TRUNCATED: 0.0}
+        if self.env is not None and not env_config.get("multi_turn_env"):
+            self._fit_prompts()
         self._stop_ids = multiturn.stop_token_ids(self.tokenizer, env_config.get("stop_tokens") or ())
         # Multi-turn episodes (`rllib_p3o.runner.multiturn`) when env_config names an environment class.
         self._rollouts: Optional[MultiTurnRollouts] = None
@@ -149,7 +152,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         truncates past max_model_len)."""
         if self._rollouts is not None:
             return self._rollouts.max_total_tokens
-        longest = max(len(self._encode(r["prompt"])) for r in self.env.rows + self.env.eval_rows)
+        longest = max(len(self._prompt_ids(r)) for r in self.env.rows + self.env.eval_rows)
         return int(longest + self.config.max_tokens)
 
     def _max_total_tokens(self) -> int:
@@ -165,6 +168,32 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
     def _encode(self, prompt: chat.Prompt) -> List[int]:
         return chat.prompt_token_ids(self.tokenizer, prompt)
+
+    def _prompt_ids(self, row: Dict[str, Any]) -> List[int]:
+        """The token ids a row's prompt is sent as (cut from the left under ``overlong_prompts="truncate_left"``)."""
+        return prompt_fit.row_prompt_ids(row, self._encode)
+
+    def _fit_prompts(self) -> None:
+        """The datasets' rows that fit the model's context minus ``max_tokens`` (`rllib_p3o.data.prompt_fit`): every
+        runner drops or cuts the same rows, so the driver's prompt schedule indexes the same rows everywhere."""
+        cfg = self.config
+        context = prompt_fit.model_context(cfg.policy_model, cfg.trust_remote_code, cfg.vllm_kwargs)
+        fit = prompt_fit.fit_prompts(
+            self.env.rows, self._encode, context, cfg.max_tokens, cfg.overlong_prompts, "env_config['dataset']"
+        )
+        self.env.rows = fit.rows
+        counts = [fit.dropped, fit.truncated]
+        if self.env.eval_rows:
+            held = prompt_fit.fit_prompts(
+                self.env.eval_rows, self._encode, context, cfg.max_tokens, cfg.overlong_prompts, "eval_dataset"
+            )
+            self.env.eval_rows = held.rows
+            counts = [counts[0] + held.dropped, counts[1] + held.truncated]
+        self._prompt_fit = {metrics.PROMPTS_DROPPED: float(counts[0]), metrics.PROMPTS_TRUNCATED: float(counts[1])}
+
+    def prompt_fit_counts(self) -> Dict[str, float]:
+        """Prompts left out or cut to fit the context (`_fit_prompts`), for the driver's results."""
+        return dict(self._prompt_fit)
 
     def has_engine(self) -> bool:
         return self._llm is not None
@@ -325,7 +354,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             for prompt_seed in seeds
         ]
         outs = self._policy.generate(
-            [TokensPrompt(prompt_token_ids=self._encode(r["prompt"])) for r in rows],
+            [TokensPrompt(prompt_token_ids=self._prompt_ids(r)) for r in rows],
             params,
             use_tqdm=False,
             lora_request=self._lora_request,
@@ -344,7 +373,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
     def probe_token_ids(self) -> List[int]:
         """A fixed sequence (first prompt + a few tokens) on which learner and engine log-probs are compared."""
-        ids = self._encode(self.env.rows[0]["prompt"])
+        ids = self._prompt_ids(self.env.rows[0])
         # Fits max_model_len with the one token the probe request must generate.
         extra = [t % len(self.tokenizer) for t in range(3, 3 + min(8, self.config.max_tokens - 1))]
         return ids + extra

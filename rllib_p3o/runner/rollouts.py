@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 from rllib_p3o.core.columns import Infos
 from rllib_p3o.core.sources import source_id
-from rllib_p3o.data import chat
+from rllib_p3o.data import chat, prompt_fit
 from rllib_p3o.data.episodes import Turn, completion_episode, multi_turn_episode
 from rllib_p3o.data.prompt_schedule import Group, episode_seed
 from rllib_p3o.runner.multiturn import MultiTurnEnv, MultiTurnEnvError, check_turn_result, close_env
@@ -75,7 +75,7 @@ def single_turn_episodes(
     """
     from vllm.inputs import TokensPrompt
 
-    prompt_ids = [chat.prompt_token_ids(tokenizer, r["prompt"]) for r in rows]
+    prompt_ids = [prompt_fit.row_prompt_ids(r, lambda p: chat.prompt_token_ids(tokenizer, p)) for r in rows]
     requests = [TokensPrompt(prompt_token_ids=p) for p in prompt_ids]
     completions: List[_Completion] = []
     t_gen = 0.0
