@@ -32,7 +32,7 @@ def prepare(
     prep_dir = os.path.join(out, "prep")
     os.makedirs(prep_dir, exist_ok=True)
     stamp = os.path.join(prep_dir, STAMP)
-    done = json.load(open(stamp)) if os.path.exists(stamp) else {}
+    done = _moved_with(prep_dir, json.load(open(stamp))) if os.path.exists(stamp) else {}
     task = TASKS[grid.task]
     if base_model is None:
         say(f"[prep] {task.name} base model (pretrained once, a few minutes; reused on a rerun)")
@@ -53,6 +53,16 @@ def prepare(
     with open(stamp, "w") as f:
         json.dump(done, f, indent=2)
     return Prepared(**{k: done.get(k) for k in Prepared.__dataclass_fields__})
+
+
+def _moved_with(prep_dir: str, done: dict) -> dict:
+    """The stamp's paths, those that no longer exist found under ``prep_dir`` by name: a prep folder copied elsewhere
+    (from the repository's committed copy of a grid in progress, or another clone) is reused, not rebuilt."""
+    out = {}
+    for key, value in done.items():
+        moved = os.path.join(prep_dir, os.path.basename(value)) if isinstance(value, str) else None
+        out[key] = moved if moved and not os.path.exists(value) and os.path.exists(moved) else value
+    return out
 
 
 def _record_then_train(task: Task, base_model: str, prep_dir: str, grid: Grid, say: Callable[[str], None]) -> dict:
