@@ -61,8 +61,9 @@ from typing_extensions import Self
 
 from rllib_p3o.core import lora as lora_specs
 from rllib_p3o.core import metrics, quiet, storage
-from rllib_p3o.core.columns import Columns
+from rllib_p3o.core.columns import Columns, Record
 from rllib_p3o.core.deprecation import warn_once
+from rllib_p3o.core.env_config import unknown_key_problem
 from rllib_p3o.core.losses import LOSSES, get_loss
 from rllib_p3o.core.precision import MODEL_DTYPE_PRECISION, RolloutWeights, compute_dtype, param_dtype
 from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, RENAMED, SETTINGS, in_group
@@ -80,11 +81,14 @@ from rllib_p3o.data.rewards import make_reward_function
 from rllib_p3o.driver import checkpoints, learner_health
 from rllib_p3o.driver.preflight import (
     ModelPathError,
+    absolute_data_path,
     absolute_if_local,
     absolute_paths,
     check_cluster_fits,
     check_model_path,
+    missing_path_problem,
 )
+from rllib_p3o.driver.progress import unscored_warning
 from rllib_p3o.driver.runner_calls import EngineRunners
 from rllib_p3o.driver.sampler import OnlineSource, Sampler
 from rllib_p3o.driver.trial_reuse import RESETTABLE_KEYS, config_differences
@@ -364,6 +368,9 @@ class P3OConfig(AlgorithmConfig):
     def _validate_world(self) -> None:
         """What the settings name: storage URIs, datasets and reward functions, model paths, tokenizers, LoRA."""
         self._check_storage()
+        problem = unknown_key_problem(self.env_config or {}, own_environment=self._has_own_environment())
+        if problem:
+            self._value_error(problem)
         try:
             self._materialize_datasets()
             make_reward_function(self.env_config or {})
@@ -419,6 +426,20 @@ class P3OConfig(AlgorithmConfig):
         except DatasetError as e:
             self._value_error(str(e))
 
+    def _value_error(self, errmsg: str) -> None:
+        """RLlib's, without the line it appends (how to switch all validation off): a P3O error says what to fix
+        instead, and switching validation off would only move the failure into a runner."""
+        if self._validate_config:
+            raise ValueError(errmsg)
+        logger.warning(errmsg)
+
+    def _has_own_environment(self) -> bool:
+        """Whether a user's environment class (RLlib's ``env``, ``multi_turn_env``) may read ``env_config`` keys of its
+        own, beside P3O's."""
+        multi_turn = (self.env_config or {}).get("multi_turn_env")
+        module = multi_turn.split(":")[0] if isinstance(multi_turn, str) else getattr(multi_turn, "__module__", "")
+        return self.env is not TextEnv or (multi_turn is not None and not module.startswith("rllib_p3o."))
+
     def _check_storage(self) -> None:
         """Models load from a local directory or a hub id, never from a URI; data files go through pyarrow's
         filesystems (`rllib_p3o.core.storage`), whose URI schemes are checked here. The paths themselves are opened
@@ -442,6 +463,10 @@ class P3OConfig(AlgorithmConfig):
                     storage.check_uri(path, what)
                 except storage.StorageError as e:
                     self._value_error(str(e))
+                # Files read later, in a trial or a runner: a missing one is named here, before Ray starts.
+                problem = missing_path_problem(what, path) if what != "record_rollouts" else None
+                if problem:
+                    self._value_error(problem)
 
     def offline_data(self, **kwargs: Any) -> Self:
         """RLlib's `offline_data`; a single URI as ``input_`` is kept as a one-item list, which RLlib hands to Ray Data
@@ -449,6 +474,11 @@ class P3OConfig(AlgorithmConfig):
         super().offline_data(**kwargs)
         if isinstance(self.input_, (str, os.PathLike)) and storage.is_uri(self.input_):
             self.input_ = [os.fspath(self.input_)]
+        # Relative paths are resolved here, where the script runs: Ray Data would read them in the trial's directory.
+        elif isinstance(self.input_, (str, os.PathLike)) and self.input_ != "sampler":  # RLlib's "no input"
+            self.input_ = absolute_data_path(self.input_)
+        elif isinstance(self.input_, list):
+            self.input_ = [absolute_data_path(item) for item in self.input_]
         return self
 
     def _check_untruncated_sampling(self) -> None:
@@ -776,6 +806,7 @@ class P3O(Algorithm):
                 }
             )
         if records:
+            self._warn_unscored(records)
             self._log_by_source(metrics.records_by_source(records, self._source_names))
             for name, mean in metrics.rewards_by_function(records).items():
                 self.metrics.log_value((metrics.P3O, metrics.REWARDS, name), mean, window=1)
@@ -785,6 +816,16 @@ class P3O(Algorithm):
                 storage = getattr(self, "_storage", None)
                 directory, fs = (storage.trial_fs_path, storage.storage_filesystem) if storage else (self.logdir, None)
                 write_samples(records, directory, int(self.iteration or 0) + 1, int(cfg.log_completions), fs)
+
+    def _warn_unscored(self, records: List[Dict[str, Any]]) -> None:
+        """The first iteration with completions no reward function scored, as a warning on the driver. Under Tune the
+        status table's printer says it on the user's screen (`IterationPrinter`; a trial's log may not reach it)."""
+        if getattr(self, "_warned_unscored", False) or getattr(getattr(self, "_storage", None), "trial_dir_name", None):
+            return
+        unscored = sum(1 for record in records if record[Record.REWARD] != record[Record.REWARD])  # NaN
+        if unscored:
+            logger.warning(unscored_warning(int(self.iteration or 0) + 1, unscored, len(records)))
+            self._warned_unscored = True
 
     def _log(self, step: Dict[str, float]) -> None:
         for key, value in step.items():

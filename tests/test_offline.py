@@ -288,3 +288,100 @@ def test_restored_offline_run_continues_at_the_next_unread_rows(recording, tiny_
             np.testing.assert_array_equal(resumed.offline_data.sample_batch(n)["input_ids"], expected)
     finally:
         resumed.stop()
+
+
+# -- who reads: Ray Data beside the trial, or the trial's own process on a cluster too small for it ----------------
+
+
+def test_in_process_reader_gives_the_ray_data_batches(ray_session, recording, tiny_model):
+    """The recorded rows carry their advantages, so Ray Data reads them in file order: the in-process reader must give
+    the very same batches, across the end of a pass (128 rows, 48 a batch: 48, 48, 32, then 48 again)."""
+    batches = {}
+    for reader in ("ray_data", "in_process"):
+        algo = (
+            P3OConfig()
+            .training(model=tiny_model, group_size=4, prompts_per_step=12, lr=1e-3, offline_reader=reader)
+            .offline_data(input_=[recording])
+            .env_runners(num_env_runners=0)
+            .build_algo()
+        )
+        try:
+            assert algo.offline_data.reader == reader
+            batches[reader] = [algo.offline_data.sample_batch(48) for _ in range(4)]
+        finally:
+            algo.stop()
+    assert [len(b["input_ids"]) for b in batches["in_process"]] == [48, 48, 32, 48]
+    for ray_data, in_process in zip(batches["ray_data"], batches["in_process"]):
+        assert set(ray_data) == set(in_process)
+        for column in ray_data:
+            np.testing.assert_array_equal(ray_data[column], in_process[column], err_msg=column)
+
+
+def test_ray_data_reader_on_a_cluster_without_its_cpus_is_refused_at_once(ray_session, recording, tiny_model):
+    from rllib_p3o.driver.preflight import ClusterTooSmallError
+
+    config = (
+        P3OConfig()
+        .training(model=tiny_model, offline_reader="ray_data")
+        .offline_data(input_=[recording])
+        .env_runners(num_env_runners=4)  # 1 + 4 of the session's 6 CPUs held by the trial: 1 left, Ray Data needs 3
+    )
+    with pytest.raises(
+        ClusterTooSmallError, match=r"needs 3 CPUs the trial does not hold .* the cluster has 6 CPUs and the trial holds 5"
+    ) as refused:
+        P3O.default_resource_request(config)
+    assert "offline_reader='in_process'" in str(refused.value) and "ray.init(num_cpus=8)" in str(refused.value)
+    assert P3O.default_resource_request(config.training(offline_reader="auto"))  # auto reads in the trial instead
+
+
+TWO_CPU_JOB = """
+import os, sys
+import ray
+from ray import tune
+import rllib_p3o  # noqa: F401
+from rllib_p3o import P3OConfig
+from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
+
+ray.init()  # the default: as many CPUs as the machine has cores (2 here)
+print("cluster CPUs", ray.cluster_resources()["CPU"], flush=True)
+task = ArithmeticTask()
+for fraction in (1.0, 0.5):
+    config = (
+        P3OConfig()
+        .environment(env_config={"dataset": task.train_rows()[:64], "reward_fn": arithmetic_reward})
+        .training(model=sys.argv[1], group_size=4, prompts_per_step=8, max_tokens=3, eval_interval=0,
+                  offline_fraction=fraction)
+        .offline_data(input_="traj")  # relative to this directory, not to Tune's trial directory
+    )
+    run = tune.RunConfig(stop={"training_iteration": 1}, storage_path=os.path.abspath("runs"), verbose=0)
+    result = tune.Tuner("P3O", param_space=config, run_config=run).fit()[0]
+    if result.error:
+        raise result.error
+    print("trained", fraction, result.metrics["p3o"]["num_offline_rows"], flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_offline_and_mixed_tune_runs_on_two_cpus_with_the_default_ray_init(recording, tiny_model, tmp_path):
+    """Issue 47: on 2 cores the trial holds both CPUs (its process and one runner), so Ray Data's reads never started
+    and the run hung, silently. Now the trial reads the files itself. A fresh Ray of 2 CPUs, in a process of its own
+    started in a scratch directory holding the recording as ``traj/``."""
+    import shutil
+
+    shutil.copytree(recording, tmp_path / "traj")
+    (tmp_path / "job.py").write_text(TWO_CPU_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RLLIB_P3O_"))}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env.update(RAY_ADDRESS="local", PYTHONPATH=os.pathsep.join([root, *sys.path]))
+    # RAY_ADDRESS=local: a new Ray, never the test session's; 2 CPUs on any machine, as on the 2-core one.
+    env["RAY_OVERRIDE_RESOURCES"] = '{"CPU": 2}'
+    try:
+        done = subprocess.run(
+            [sys.executable, "job.py", tiny_model], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=480
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the offline runs on 2 CPUs hung: {(e.stdout or b'')[-3000:]!r} {(e.stderr or b'')[-3000:]!r}")
+    screen = done.stdout + done.stderr
+    assert done.returncode == 0, screen[-5000:]
+    assert "cluster CPUs 2.0" in screen
+    assert "trained 1.0 32" in screen and "trained 0.5 16" in screen, screen[-3000:]

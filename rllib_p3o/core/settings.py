@@ -325,6 +325,16 @@ class P3OSettings:
     offline_max_seq_len: int = setting(
         512, group=OFFLINE, minimum=1, help="Longest prompt + completion of an offline row, in tokens."
     )
+    offline_reader: str = setting(
+        "auto",
+        group=OFFLINE,
+        choices=("auto", "ray_data", "in_process"),
+        help='Who reads the offline data. `"ray_data"`: Ray Data tasks and prelearner actors beside the trial, which '
+        "need CPUs the trial does not hold (the prelearner actors' `map_batches_kwargs` CPUs + 1; 3 by default); a "
+        'cluster without them is refused before the trial starts. `"in_process"`: the trial\'s own process, all rows '
+        'in memory (the same batches; for a laptop). `"auto"`: Ray Data when the cluster has those CPUs, else in '
+        "process.",
+    )
     record_rollouts: Optional[str] = setting(
         group=OFFLINE,
         resettable=True,

@@ -4,12 +4,18 @@ the driver) and `P3OOfflinePreLearner` (rows → padded token batch, in Ray Data
 Wired in by P3OConfig: ``config.offline_data(input_=PATH)`` makes RLlib build `P3OOfflineData`, which reads the
 files with Ray Data (``read_parquet``) and maps batches through `P3OOfflinePreLearner` in Ray Data actors. The file
 format itself (schema, validation, rows → records) is `rllib_p3o.data.trajectories`.
+
+Ray Data runs its read tasks and prelearner actors beside the trial, on CPUs the trial does not hold: on a cluster
+where the trial holds them all (a laptop's 2 cores: the algorithm's process and one runner), they would wait
+forever. So ``offline_reader="auto"`` (`choose_reader`) reads in the trial's own process there, with the same
+prelearner and the same batches, and ``"ray_data"`` is refused before the trial starts
+(`rllib_p3o.driver.preflight.check_cluster_fits`) with the CPUs it needs.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Optional, Set
 
 import numpy as np
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -33,6 +39,44 @@ logger = logging.getLogger(__name__)
 
 # Key of the offline position in a checkpoint.
 BATCHES_TAKEN = "batches_taken"
+
+# `offline_reader` values (`rllib_p3o.core.settings`): Ray Data when the cluster has CPUs for it beside the trial,
+# else the trial's own process; always Ray Data; always the trial's own process.
+AUTO, RAY_DATA, IN_PROCESS = "auto", "ray_data", "in_process"
+OFFLINE_READERS = (AUTO, RAY_DATA, IN_PROCESS)
+
+
+def ray_data_cpus(config) -> float:
+    """CPUs Ray Data needs beside the trial to read the offline data: the prelearner actors (RLlib's
+    ``map_batches_kwargs``: ``concurrency`` actors, the least of a range, ``num_cpus`` each, default 1; RLlib starts
+    ``max(2, num_learners)``) and one more for the read and group-by tasks that feed them."""
+    kwargs = {"concurrency": max(2, int(config.num_learners)), **(config.map_batches_kwargs or {})}
+    concurrency = kwargs["concurrency"]
+    actors = min(concurrency) if isinstance(concurrency, (tuple, list)) else int(concurrency or 1)
+    return actors * float(kwargs.get("num_cpus", 1) or 0) + 1.0
+
+
+def spare_cpus(config, trial_cpus: Optional[float] = None) -> float:
+    """The Ray cluster's CPUs less what this algorithm holds: ``trial_cpus`` when given, else its placement group's
+    (a Tune trial's: the algorithm's process, runners and learners), else its runners' and learners' (built
+    directly, where the driver is no actor). Not what is free now: other trials come and go."""
+    import ray
+    from ray.rllib.algorithms.utils import _get_env_runner_bundles, _get_learner_bundles
+
+    if trial_cpus is None:
+        group = ray.util.get_current_placement_group()
+        bundles = group.bundle_specs if group is not None else _get_env_runner_bundles(config)
+        bundles = bundles + ([] if group is not None else _get_learner_bundles(config))
+        trial_cpus = sum(float(b.get("CPU", 0) or 0) for b in bundles)
+    return float(ray.cluster_resources().get("CPU", 0)) - trial_cpus
+
+
+def choose_reader(config, trial_cpus: Optional[float] = None) -> str:
+    """`RAY_DATA` or `IN_PROCESS` for ``config.offline_reader`` on the running cluster (module docstring)."""
+    reader = getattr(config, "offline_reader", AUTO)
+    if reader != AUTO:
+        return reader
+    return RAY_DATA if spare_cpus(config, trial_cpus) >= ray_data_cpus(config) else IN_PROCESS
 
 
 def _tokenizer(config):
@@ -146,6 +190,10 @@ class P3OOfflineData(OfflineData):
         self.rows_per_epoch = report.num_rows - report.bad_rows
         self.batches_taken = 0
         self.source_names: Set[str] = _source_names(report.locations)
+        self.reader = choose_reader(config)
+        if self.reader == IN_PROCESS:
+            self._read_in_process(config, report)
+            return
         super().__init__(config)
         if rescore:
             self.data = self.data.map_batches(
@@ -162,8 +210,49 @@ class P3OOfflineData(OfflineData):
         self.data.context.execution_options.preserve_order = True  # a position must name the same rows again
         logger.info("offline data: %s", report.summary(limit=5))
 
+    def _read_in_process(self, config, report) -> None:
+        """`IN_PROCESS`: every row in memory, in file order, with what the Ray Data path adds (rescored behavior
+        log-probs, group advantages over the whole dataset); batches go through the same prelearner here."""
+        # What RLlib's Algorithm sets or reads on an OfflineData; it never samples from it (P3O does).
+        self.config, self.path, self.data, self.batch_iterators = config, config.input_, None, None
+        self.locality_hints = self.learner_handles = self.module_spec = self.spaces = None
+        rows = [row for location in report.locations for row in read_table(location).to_pylist()]
+        if config.offline_rescore_model and any(row.get("behavior_logprobs") is None for row in rows):
+            scored = BehaviorRescorer(config.offline_rescore_model, config.policy_model)(_columns(rows))
+            for row, logprobs in zip(rows, scored["behavior_logprobs"]):
+                row["behavior_logprobs"] = logprobs
+        if any(row.get("advantage") is None for row in rows):
+            if any("group_id" not in row for row in rows):
+                raise OfflineDataError(f"{report.files}: rows without 'advantage' need a 'group_id' column")
+            groups: Dict[Any, List[int]] = {}
+            for i, row in enumerate(rows):
+                groups.setdefault(row["group_id"], []).append(i)
+            for members in groups.values():
+                filled = _normalize_group(_columns([rows[i] for i in members]))["advantage"]
+                for i, advantage in zip(members, filled):
+                    rows[i]["advantage"] = float(advantage)
+        self._rows = rows
+        self._next_row = 0
+        self._prelearner = (config.prelearner_class or P3OOfflinePreLearner)(
+            config=config, spaces=None, module_spec=None, module_state=None
+        )
+        logger.info("offline data, read in the trial's process: %s", report.summary(limit=5))
+
+    def _sample_in_process(self, num_rows: int) -> Batch:
+        """The next ``num_rows`` rows (the last batch of a pass fewer; then a new pass from the first row), as the
+        Ray Data path's ``iter_batches`` gives them."""
+        if self.batch_iterators is None or self._next_row >= len(self._rows):
+            self._next_row, self.batch_iterators = 0, IN_PROCESS  # a pass under way (None: start one)
+        chunk = self._rows[self._next_row : self._next_row + num_rows]
+        self._next_row += len(chunk)
+        padded = self._prelearner(_columns(chunk))
+        return {k: np.asarray(padded[f"{DEFAULT_MODULE_ID}/{k}"]) for k in BATCH_COLUMNS}
+
     def sample_batch(self, num_rows: int) -> Batch:
         """``num_rows`` rows as a learner batch, padded to ``offline_max_seq_len`` tokens (see `rllib_p3o.data.batching`)."""
+        if self.reader == IN_PROCESS:
+            self.batches_taken += 1
+            return self._sample_in_process(num_rows)
         # A truthy module_state: the P3O prelearner needs no weights (RLlib would otherwise fetch them).
         mab = self.sample(num_samples=num_rows, num_shards=0, module_state={"unused": True})
         sb = mab.policy_batches[DEFAULT_MODULE_ID]
@@ -190,6 +279,17 @@ class P3OOfflineData(OfflineData):
             read_table(f, columns=["advantage"]).column("advantage").null_count
             for f in self.validation_report.locations
         )
+
+
+def _columns(rows: List[Dict[str, Any]]) -> Dict[str, np.ndarray]:
+    """Rows as the column arrays of a Ray Data numpy batch (object arrays: a list column stays one list per row)."""
+    batch = {}
+    for key in dict.fromkeys(k for row in rows for k in row):
+        column = np.empty(len(rows), dtype=object)
+        for i, row in enumerate(rows):
+            column[i] = row.get(key)
+        batch[key] = column
+    return batch
 
 
 def _source_names(files: List[storage.Location]) -> Set[str]:

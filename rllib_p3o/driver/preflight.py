@@ -8,10 +8,14 @@ transformers error about repository names.
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ray
+
+from rllib_p3o.core import storage
+from rllib_p3o.core.callables import BY_NAME
 
 # Ray's cluster launcher writes this file on the head node of an autoscaling cluster (Tune's own test for one,
 # `ray.tune.execution.cluster_info`): there, a request beyond today's nodes may be met by new ones.
@@ -69,6 +73,27 @@ def check_cluster_fits(config: Any, include_main_process: bool = True) -> None:
             + ". Ask for less (.env_runners(...), .learners(num_learners=..., num_gpus_per_learner=...), "
             "num_cpus_for_main_process) or give Ray more (ray.init(num_cpus=...), nodes with GPUs)."
         )
+    _check_offline_reader_fits(config, roles, float(cluster.get("CPU", 0)))
+
+
+def _check_offline_reader_fits(config: Any, roles: List[Tuple[Role, Dict[str, float]]], have: float) -> None:
+    """``offline_reader="ray_data"``: Ray Data's tasks and actors run beside the trial, on CPUs it does not hold; on a
+    cluster without them they would wait forever (`rllib_p3o.data.offline_data.ray_data_cpus`)."""
+    from rllib_p3o.data.offline_data import RAY_DATA, ray_data_cpus
+
+    if not getattr(config, "is_offline", False) or getattr(config, "offline_reader", None) != RAY_DATA:
+        return
+    held = sum(float(bundle.get("CPU", 0) or 0) for _, bundle in roles)
+    need = ray_data_cpus(config)
+    if have - held < need:
+        raise ClusterTooSmallError(
+            f"offline_reader='ray_data' reads the offline data with Ray Data beside the trial, which needs "
+            f"{_num(need)} CPUs the trial does not hold ({_num(need - 1)} for the prelearner actors, "
+            f"map_batches_kwargs' concurrency x num_cpus, + 1 for the read tasks); the cluster has {_num(have)} CPUs "
+            f"and the trial holds {_num(held)} ({_breakdown(roles, 'CPU')}), so the reads would wait forever. Set "
+            f".training(offline_reader='in_process') (or 'auto': read in the trial's process when the cluster is "
+            f"this small), or give Ray {_num(held + need)} CPUs: ray.init(num_cpus={_num(held + need)})."
+        )
 
 
 def check_model_path(name: str, path: Optional[str]) -> None:
@@ -97,9 +122,34 @@ def absolute_if_local(path: Any) -> Any:
     return path
 
 
+def absolute_data_path(path: Any) -> Any:
+    """A data path the user gives (a dataset, the offline input) made absolute against this process's working
+    directory, whether or not it exists yet: Tune reads it in each trial's directory of its own, where a relative
+    path would name a file under Ray's session folder. URIs, ``"module:function"`` and non-paths are unchanged."""
+    if isinstance(path, (str, os.PathLike)) and not storage.is_uri(path) and not BY_NAME.match(os.fspath(path)):
+        return os.path.abspath(os.path.expanduser(os.fspath(path)))
+    return path
+
+
 def absolute_paths(mapping: Mapping[str, Any], keys: Sequence[str]) -> Dict[str, Any]:
-    """A copy of ``mapping`` with the values of ``keys`` passed through `absolute_if_local`."""
-    return {k: absolute_if_local(v) if k in keys else v for k, v in mapping.items()}
+    """A copy of ``mapping`` with the values of ``keys`` passed through `absolute_data_path`."""
+    return {k: absolute_data_path(v) if k in keys else v for k, v in mapping.items()}
+
+
+def missing_path_problem(what: str, path: Any) -> Optional[str]:
+    """What is wrong with a local data path that does not exist (``what`` names the setting), with the nearest names
+    in its folder (a misspelling); None when it exists, or is a URI or no path (checked when it is opened)."""
+    if not isinstance(path, (str, os.PathLike)) or storage.is_uri(path) or BY_NAME.match(os.fspath(path)):
+        return None
+    path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    if os.path.exists(path):
+        return None
+    folder, name = os.path.split(path)
+    if not os.path.isdir(folder):
+        return f"{what}: no such file or directory: {path} (the folder {folder} does not exist either)"
+    near = difflib.get_close_matches(name, sorted(os.listdir(folder)), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(os.path.join(folder, n)) for n in near)}?" if near else ""
+    return f"{what}: no such file or directory: {path}{hint}"
 
 
 def _could_be_hub_id(path: str) -> bool:

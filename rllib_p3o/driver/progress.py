@@ -60,8 +60,9 @@ def _clock(seconds: float) -> str:
 
 class IterationPrinter(tune.Callback):
     """A status table with one row every ``every`` iterations: the iteration, elapsed time and the longest time left,
-    train reward, held-out reward (the latest evaluation), ESS, tokens/s, the share of groups without signal and
-    where the iteration's time went.
+    train reward, held-out reward (the latest evaluation), ESS, tokens/s, the share of groups without signal, the
+    completions no reward function scored (``unscored``; the first iteration with any prints a warning above its
+    row) and where the iteration's time went.
 
     With Tune's own status table off (``tune.RunConfig(verbose=0)``: no config box either), it is the screen of a
     run: ``tune.RunConfig(..., callbacks=[IterationPrinter()], verbose=0)``. With ``time_limit`` (seconds of
@@ -78,6 +79,7 @@ class IterationPrinter(tune.Callback):
         ("ESS", 7),
         ("tokens/s", 9),
         ("w/o signal", 11),
+        ("unscored", 9),
         ("gen s", 7),
         ("train s", 8),
         ("sync s", 7),
@@ -95,6 +97,7 @@ class IterationPrinter(tune.Callback):
         self.max_iterations = max_iterations
         self.target = target
         self._header_printed = False
+        self._warned_unscored = False
 
     def _time_left(self, it: int, elapsed: float, max_iterations: Optional[int] = None) -> Optional[float]:
         bounds = []
@@ -124,6 +127,7 @@ class IterationPrinter(tune.Callback):
             _fmt(result.get(metrics.SUMMARY_ESS)),
             _fmt(result.get(metrics.TOKENS_PER_S), "{:.0f}"),
             _fmt(p.get(metrics.GROUPS_WITHOUT_SIGNAL)),
+            _fmt(p.get(metrics.UNSCORABLE_COMPLETIONS), "{:.0f}"),
             _fmt(p.get(metrics.TIME_GENERATE_S), "{:.2f}"),
             _fmt(p.get(metrics.TIME_TRAIN_S), "{:.2f}"),
             _fmt(p.get(metrics.TIME_SYNC_S), "{:.2f}"),
@@ -132,6 +136,11 @@ class IterationPrinter(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         it = result.get("training_iteration", 0)
+        p = result.get(metrics.P3O, {})
+        unscored = p.get(metrics.UNSCORABLE_COMPLETIONS) or 0
+        if unscored > 0 and not self._warned_unscored:  # on the screen, whichever rows this printer shows
+            print(unscored_warning(it, unscored, p.get(metrics.NUM_COMPLETIONS)), flush=True)
+            self._warned_unscored = True
         if it % self.every and it != 1:
             return
         if not self._header_printed:
@@ -140,6 +149,18 @@ class IterationPrinter(tune.Callback):
         # Tune's stop={"training_iteration": N}, when the run stops at a fixed iteration.
         stop = getattr(trial, "stopping_criterion", None) or {}
         print(self.row(result, stop.get("training_iteration") if isinstance(stop, dict) else None), flush=True)
+
+
+def unscored_warning(iteration: int, unscored: float, completions: Optional[float]) -> str:
+    """The warning of the first iteration with completions no reward function scored: without it they would only be
+    a count in result.json, and a reward function that returns None for most rows trains on what is left."""
+    of = f" of {completions:.0f}" if completions else ""
+    return (
+        f"warning: iteration {iteration}: {unscored:.0f}{of} completions unscored: every reward function returned None "
+        "for them, so they get no reward and advantage 0 (they teach nothing). If that is not meant, check the "
+        "functions on the dataset: rllib-p3o validate DATASET --reward-fn module:function. The status table's "
+        "'unscored' column counts them each iteration."
+    )
 
 
 def plot_training_curves(
