@@ -251,3 +251,21 @@ def test_hundreds_of_seeded_episodes_in_one_call_on_cpu(ray_session, tiny_chat_m
         ray.kill(runner)
     assert len(rows) * 8 * tokens > 2 * 2048  # the first turn's prefill alone spans several default steps
     assert len(episodes) == len(rows) * 8
+
+
+def test_episodes_that_outgrow_the_context_end_truncated_not_as_an_engine_error(ray_session, tiny_chat_model):
+    # Many turns of a chatty environment against a small token budget: every episode reaches the budget (the
+    # model's context, or max_total_tokens) and ends truncated, counted; nothing reaches vLLM past it.
+    long_turns = dict(_env_config(max_turns=50), max_total_tokens=60)
+    runner = ray.remote(num_cpus=1)(VLLMEnvRunner).remote(
+        config=_config(tiny_chat_model, long_turns), worker_index=1, num_workers=1
+    )
+    try:
+        episodes = ray.get(runner.sample.remote(num_prompts=4))
+        runner_metrics = ray.get(runner.get_metrics.remote())
+    finally:
+        ray.kill(runner)
+    records = episodes_to_records(episodes)
+    assert records and all(ep.is_truncated for ep in episodes)
+    assert all(len(r[Record.PROMPT_IDS]) + len(r[Record.COMPLETION_IDS]) <= 60 for r in records)
+    assert m.lookup(runner_metrics, m.MULTI_TURN, "truncated") == 1.0
