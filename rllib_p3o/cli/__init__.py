@@ -13,6 +13,7 @@ the data has problems); 2 on usage errors (a bad option or config file).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -21,6 +22,7 @@ USAGE_ERROR = 2
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    import_from_working_directory()
     if argv[:1] == ["sweep"]:
         from rllib_p3o.sweep.run import main as sweep_main
 
@@ -35,6 +37,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub.add_parser("sweep", add_help=False, help="method × regime × seed comparison as Tune experiments (--help)")
     args = parser.parse_args(argv)
     return commands[args.command].run(args)
+
+
+def import_from_working_directory() -> None:
+    """Put the working directory first on ``sys.path``, as ``python script.py`` and ``python -m`` do: a config's
+    ``"my_rewards:accuracy"`` is then imported from the folder the command runs in (a console script's own
+    ``sys.path[0]`` is its ``bin/`` folder). `rllib_p3o.cli.train` ships such modules to Ray's workers."""
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == here for entry in sys.path):
+        sys.path.insert(0, here)
 
 
 if __name__ == "__main__":

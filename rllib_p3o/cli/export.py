@@ -35,6 +35,7 @@ from typing import Any, Dict, Optional, Tuple
 from rllib_p3o.core import storage
 
 NAME = "export"
+USAGE_ERROR = 2  # rllib_p3o.cli's exit status for a command that names the wrong thing
 MODULE_DIR = os.path.join("learner_group", "learner", "rl_module", "default_policy")
 # Files RLlib's Checkpointable writes into every component's directory.
 CTOR_FILE = "class_and_ctor_args.pkl"
@@ -264,7 +265,10 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         out = export(args.checkpoint, args.out, merged=args.merged, tokenizer=args.tokenizer)
-    except (CheckpointNotFound, OutputNotEmpty, storage.StorageError) as e:
+    except (CheckpointNotFound, OutputNotEmpty) as e:  # the command names the wrong place: a usage error
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    except storage.StorageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # the base model directory the module is rebuilt from is gone

@@ -20,8 +20,10 @@ reference), and ``run`` says how Tune runs it:
                                                   # `address` (or RAY_ADDRESS) names a cluster to join
 
 ``--set SECTION.KEY=VALUE`` overrides one key (the value is read as YAML: ``--set training.lr=1e-5``,
-``--set run.stop.training_iteration=2``). Paths are as given (relative to the working directory), and
-``"module:function"`` strings work where the config takes callables (``reward_fn``) or datasets.
+``--set run.stop.training_iteration=2``). Paths are relative to the working directory (made absolute before Ray
+starts), and ``"module:function"`` strings work where the config takes callables (``reward_fn``) or datasets: the
+module is imported from the working directory first, as ``python -m`` would, and Ray ships such a module to the
+workers (`modules_from_working_directory`).
 ``--resume`` continues the experiment from its latest checkpoint when it exists (``tune.Tuner.restore``).
 
 Exit status: 0 when the trial finished and reached its target (if any); 1 when it errored or missed the target;
@@ -175,6 +177,36 @@ def _callbacks(run: Dict[str, Any], target: Optional[Tuple[str, float]]) -> List
     return callbacks
 
 
+def modules_from_working_directory(spec: Any) -> List[Any]:
+    """The modules a config names as ``"module:function"`` (anywhere in it) that were imported from the working
+    directory rather than installed: ``my_rewards.py`` beside the YAML file. Ray ships them to the workers of every
+    node (``runtime_env={"py_modules": ...}``); on this node they would find them anyway, on another they would not.
+    This package itself is installed, never shipped."""
+    from rllib_p3o.core.callables import BY_NAME
+
+    names = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str) and BY_NAME.match(value):
+            names.add(value.split(":")[0].split(".")[0])
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(spec)
+    here = os.getcwd() + os.sep
+    modules = []
+    for name in sorted(names - {"rllib_p3o"}):
+        module = sys.modules.get(name)
+        location = getattr(module, "__file__", None) or ""
+        if os.path.abspath(location).startswith(here) and "-packages" + os.sep not in location:
+            modules.append(module)
+    return modules
+
+
 def _ray_init_args(given: Dict[str, Any]) -> Dict[str, Any]:
     """``run.ray`` as ``ray.init`` arguments: a new local Ray instance unless ``address`` (or ``RAY_ADDRESS``) names a
     cluster to join, so that a Ray started on this machine by another program is never joined by accident. A
@@ -214,12 +246,17 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
 
     started_ray = not ray.is_initialized()
     if started_ray:
+        ray_args = _ray_init_args(run.get("ray") or {})
+        runtime_env = {"env_vars": env, **ray_args.pop("runtime_env", {})}
+        shipped = modules_from_working_directory(spec)
+        if shipped:  # the user's own py_modules first, then these
+            runtime_env["py_modules"] = [*runtime_env.get("py_modules", []), *shipped]
         ray.init(
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.ERROR,
-            runtime_env={"env_vars": env},
-            **_ray_init_args(run.get("ray") or {}),
+            runtime_env=runtime_env,
+            **ray_args,
         )
     try:
         name = run.get("name") or os.path.splitext(os.path.basename(path))[0]

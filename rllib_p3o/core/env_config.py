@@ -2,7 +2,7 @@
 
 A misspelled key (``reward_func`` for ``reward_fn``) would otherwise be ignored: the run would fail in a runner, after
 Ray started, without naming it, or run without the setting. `unknown_key_problem` names it, with the keys it may have
-meant, when the config is validated. The configuration reference lists the same keys (``tests/test_env_config.py``
+meant, when the config is validated. The configuration reference lists the same keys (``tests/test_first_hour.py``
 keeps the two alike). A user's own environment class may read keys of its own: with one, only a key that is nearly
 one of these (a misspelling) is refused.
 """
