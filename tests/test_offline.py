@@ -327,7 +327,8 @@ def test_ray_data_reader_on_a_cluster_without_its_cpus_is_refused_at_once(ray_se
         .env_runners(num_env_runners=4)  # 1 + 4 of the session's 6 CPUs held by the trial: 1 left, Ray Data needs 3
     )
     with pytest.raises(
-        ClusterTooSmallError, match=r"needs 3 CPUs the trial does not hold .* the cluster has 6 CPUs and the trial holds 5"
+        ClusterTooSmallError,
+        match=r"needs 3 CPUs the trial does not hold .* the cluster has 6 CPUs and the trial holds 5",
     ) as refused:
         P3O.default_resource_request(config)
     assert "offline_reader='in_process'" in str(refused.value) and "ray.init(num_cpus=8)" in str(refused.value)
