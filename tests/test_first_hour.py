@@ -190,3 +190,13 @@ def test_the_configuration_reference_lists_every_env_config_key():
         table = f.read().split("## `env_config` keys", 1)[1].split("\n## ", 1)[0]
     listed = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
     assert sorted(listed) == sorted(ENV_CONFIG_KEYS)
+
+
+def test_a_python_api_run_starts_ray_without_the_token_auth_notice_or_tunes_experiment_box():
+    probe = "import os, rllib_p3o, ray; ray.init(include_dashboard=False); print(os.environ['RAY_AIR_NEW_OUTPUT'])"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RLLIB_P3O_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env={**env, "RAY_ADDRESS": "local"}, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.split() == ["0"], done.stdout + done.stderr  # Tune's classic output
+    assert "Token authentication" not in done.stderr, done.stderr

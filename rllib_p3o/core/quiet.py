@@ -29,7 +29,14 @@ QUIET_ENV = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # Tune's newer console output prints an experiment box ("Configuration for experiment", "View detailed results
+    # here") even with RunConfig(verbose=0); the classic output prints nothing there.
+    "RAY_AIR_NEW_OUTPUT": "0",
 }
+# Ray's notice, on every local ray.init(), that it turned token authentication on by itself: nothing to act on (the
+# notice that authentication is off, a risk, still shows).
+TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+TOKEN_AUTH_ENABLED = "Token authentication is enabled"
 # Loggers held at ERROR, each unless the user set the environment variable named beside it to another level. (vLLM
 # and transformers read theirs at import; these levels matter where they were imported before us.) "ray.rllib" by
 # name: RLlib gives that logger a level of its own, from the config's ``log_level``, which P3OConfig defaults to
@@ -67,6 +74,9 @@ def quiet_libraries() -> Dict[str, str]:
         os.environ.setdefault(key, value)
     for category in (DeprecationWarning, FutureWarning, UserWarning):
         warnings.filterwarnings("ignore", category=category, module=QUIET_WARNING_MODULES)
+    token_auth = logging.getLogger(TOKEN_AUTH_LOGGER)
+    if not any(isinstance(f, _DropTokenAuthEnabled) for f in token_auth.filters):
+        token_auth.addFilter(_DropTokenAuthEnabled())
     for name, env in QUIET_LOGGERS.items():
         if env is None or os.environ[env].upper() == QUIET_ENV[env].upper():
             logging.getLogger(name).setLevel(logging.ERROR)
@@ -75,3 +85,10 @@ def quiet_libraries() -> Dict[str, str]:
 
         transformers_logging.disable_progress_bar()
     return dict(QUIET_ENV)
+
+
+class _DropTokenAuthEnabled(logging.Filter):
+    """Drops Ray's "Token authentication is enabled for this Ray cluster" notice (`TOKEN_AUTH_LOGGER`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(TOKEN_AUTH_ENABLED)
