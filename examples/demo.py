@@ -2,7 +2,8 @@
 
 1. Builds the base model locally (tokenizer + tiny Qwen2, ~1 minute of pretraining on plain sums of the training
    pairs, with the task's format on 30% of them, answered right 40% of the time; cached under OUT/base_model). It
-   knows the format and roughly the operation: held-out accuracy 0.37-0.56 before RL, depending on the seed.
+   knows the format and roughly the operation: held-out accuracy 0.22-0.56 before RL, depending on the seed and
+   the machine (docs/results/demo.md).
 2. Trains it with P3O (vLLM rollouts in an EnvRunner actor, an RLlib learner) via ``tune.Tuner("P3O")`` until the
    greedy held-out accuracy reaches ``--target``, printing one line per 5 iterations.
 3. Writes OUT/demo_curves.png (train reward, held-out accuracy, ESS), the final model in Hugging Face format
