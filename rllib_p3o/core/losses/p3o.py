@@ -58,26 +58,20 @@ def _p3o(inputs: LossInputs, settings: P3OSettings, cap: bool = True, behavior_k
     return output(loss, metrics)
 
 
-@register_loss(
-    "p3o",
-    settings=P3OSettings,
-    ess_scoped=True,
-    needs_old_logprobs=_uses_proximal_anchor,
-    needs_untruncated_sampling=True,
+# How the P3O losses with a KL term register: their settings, ESS per source, π_old only for the proximal anchor.
+_WITH_KL = dict(
+    settings=P3OSettings, ess_scoped=True, needs_old_logprobs=_uses_proximal_anchor, needs_untruncated_sampling=True
 )
+
+
+@register_loss("p3o", **_WITH_KL)
 def p3o(inputs: LossInputs, settings: P3OSettings) -> LossOutput:
     """``ℓ_t = -sg(min(r_t, ESS))·logπθ_t·A_t + (1 - ESS)·K(πθ, π_a; π_b)_t``: the paper's objective, with the
     KL estimator ``K`` and anchor ``π_a`` of `P3OSettings`."""
     return _p3o(inputs, settings)
 
 
-@register_loss(
-    "p3o_no_cap",
-    settings=P3OSettings,
-    ess_scoped=True,
-    needs_old_logprobs=_uses_proximal_anchor,
-    needs_untruncated_sampling=True,
-)
+@register_loss("p3o_no_cap", **_WITH_KL)
 def p3o_no_cap(inputs: LossInputs, settings: P3OSettings) -> LossOutput:
     """Ablation of P3O without the cap: ``ℓ_t = -sg(r_t)·logπθ_t·A_t + (1 - ESS)·K(πθ, π_a; π_b)_t``.
 
