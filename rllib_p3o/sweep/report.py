@@ -314,14 +314,15 @@ def regime_matrix(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Methods whose verdicts the report writes out: P3O and its variants (every method's bold is in the matrix).
+# Methods whose verdicts the report writes out: P3O and its variants (every method's bold is in the matrix). Each is
+# measured against the best method outside this family (a baseline), not against another P3O variant.
 FOCUS_PREFIX = "p3o"
 
 
 def regime_verdicts(summary: pd.DataFrame) -> List[Dict[str, Any]]:
     """Per regime, under `rllib_p3o.sweep.verdicts.TIE_RULE` on held-out at the budget: the methods best or tied for
-    best; each P3O method's verdict against the best *other* method (``wins``, ``ties``, ``loses``) with the gap of
-    the means; and the collapses of every method that had one."""
+    best; each P3O method's verdict against the best baseline (the highest mean among the methods outside P3O's
+    family: ``wins``, ``ties``, ``loses``) with the gap of the means; and the collapses of every method that had one."""
     out: List[Dict[str, Any]] = []
     if not len(summary):
         return out
@@ -330,7 +331,7 @@ def regime_verdicts(summary: pd.DataFrame) -> List[Dict[str, Any]]:
         stats = {m: (r["heldout_at_budget_mean"], r["heldout_at_budget_std"]) for m, r in by_method.items()}
         focus = {}
         for method in (m for m in by_method if m.startswith(FOCUS_PREFIX)):
-            others = {m: v for m, v in stats.items() if m != method and not math.isnan(v[0])}
+            others = {m: v for m, v in stats.items() if not m.startswith(FOCUS_PREFIX) and not math.isnan(v[0])}
             if not others or math.isnan(stats[method][0]):
                 continue
             rival = max(others, key=lambda m: others[m][0])
@@ -364,7 +365,8 @@ def verdict_sentences(rows: Sequence[Mapping[str, Any]], summary: pd.DataFrame) 
         text = f"- **{regime}**: best or tied: " + ", ".join(held(regime, m) for m in v["best_or_tied"]) + "."
         for method, f in v["focus"].items():
             word = {"wins": "wins over", "ties": "ties with", "loses": "loses to"}[f["verdict"]]
-            text += f" `{method}` {word} `{f['against']}` ({f['gap']:+.3f})."
+            fell = v["collapses"].get(method)  # a wide spread can tie: say beside it when seeds collapsed
+            text += f" `{method}` {word} `{f['against']}` ({f['gap']:+.3f}{f'; {fell} collapsed' if fell else ''})."
         if v["collapses"]:
             text += " Collapses: " + ", ".join(f"`{m}` {c}" for m, c in v["collapses"].items()) + "."
         lines.append(text)
