@@ -54,6 +54,8 @@ MOVED: Dict[str, str] = {
     "rllib_p3o.trial_reuse": "rllib_p3o.driver.trial_reuse",
     "rllib_p3o.preflight": "rllib_p3o.driver.preflight",
     "rllib_p3o.progress": "rllib_p3o.driver.progress",
+    # The batch sources, interface and both implementations, in one driver module.
+    "rllib_p3o.data.batch_source": "rllib_p3o.driver.batch_sources",
 }
 
 

@@ -15,7 +15,7 @@ This module holds the config (`P3OConfig`: every setting and its validation) and
 own algorithm packages do.
 
 One ``training_step``: sample → update → sync → metrics.
-- sample: each batch source (`P3O.batch_sources`, `rllib_p3o.data.batch_source`) gives its rows of the step: online
+- sample: each batch source (`P3O.batch_sources`, `rllib_p3o.driver.batch_sources`) gives its rows of the step: online
   rollouts (the vLLM EnvRunners generate ``group_size`` completions per prompt, `rllib_p3o.driver.sampler`, with
   group-normalized advantages computed before the batch is sharded over learners) and offline trajectory Parquet
   (`rllib_p3o.data.offline_data`); one padded, shuffled token batch (`rllib_p3o.data.batching`);
@@ -69,7 +69,6 @@ from rllib_p3o.core.precision import MODEL_DTYPE_PRECISION, RolloutWeights, comp
 from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, RENAMED, SETTINGS, in_group
 from rllib_p3o.core.sources import SourceNames, behavior_sample_counts, behavior_source_name, check_same_tokenizer
 from rllib_p3o.data import batching, prompt_fit
-from rllib_p3o.data.batch_source import BatchSource, OfflineSource
 from rllib_p3o.data.chat import ChatTemplateError
 from rllib_p3o.data.completion_samples import write_samples
 from rllib_p3o.data.datasets import DatasetError, check_chat_dataset, materialize_dataset
@@ -79,6 +78,7 @@ from rllib_p3o.data.prompt_schedule import SEED_STRIDE, PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.data.rewards import make_reward_function
 from rllib_p3o.driver import checkpoints, learner_health
+from rllib_p3o.driver.batch_sources import BatchSource, OfflineSource, OnlineSource
 from rllib_p3o.driver.preflight import (
     ModelPathError,
     absolute_data_path,
@@ -90,7 +90,7 @@ from rllib_p3o.driver.preflight import (
 )
 from rllib_p3o.driver.progress import unscored_warning
 from rllib_p3o.driver.runner_calls import EngineRunners
-from rllib_p3o.driver.sampler import OnlineSource, Sampler
+from rllib_p3o.driver.sampler import Sampler
 from rllib_p3o.driver.trial_reuse import RESETTABLE_KEYS, config_differences
 from rllib_p3o.driver.weight_sync import WeightSync
 from rllib_p3o.learner.compute import validate_options as validate_module_options
@@ -647,7 +647,7 @@ class P3O(Algorithm):
         self._log({metrics.SETUP_S: time.perf_counter() - t0, metrics.ACTOR_REUSED: float(actor_reused)})
 
     def batch_sources(self) -> List[BatchSource]:
-        """Where each training step's rows come from (`rllib_p3o.data.batch_source`): online rollouts from the vLLM
+        """Where each training step's rows come from (`rllib_p3o.driver.batch_sources`): online rollouts from the vLLM
         runners and offline trajectory Parquet, in the shares ``offline_fraction`` sets. Override to add a source."""
         config: P3OConfig = self.config
         sources: List[BatchSource] = []

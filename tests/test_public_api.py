@@ -66,6 +66,8 @@ def test_old_import_paths_still_work():
         "rllib_p3o.progress": ["IterationPrinter", "quiet_library_output", "plot_training_curves"],
         "rllib_p3o.sync.push": ["WeightSync", "LearnerProbes"],
         "rllib_p3o.runner.episodes": ["completion_episode", "episodes_to_records"],
+        "rllib_p3o.data.batch_source": ["BatchSource", "SourceBatch", "OfflineSource"],
+        "rllib_p3o.driver.sampler": ["OnlineSource"],
     }.items():
         mod = importlib.import_module(module)
         for name in names:
@@ -89,11 +91,15 @@ def test_old_module_paths_and_names_warn_once_with_the_new_path_and_the_removal_
         "from rllib_p3o.sync.push import WeightSync\n"
         "from rllib_p3o.runner.episodes import episodes_to_records\n"
         "from rllib_p3o.runner.env import DatasetError, TextEnv\n"
+        "from rllib_p3o.data.batch_source import BatchSource\n"
+        "from rllib_p3o.driver.sampler import OnlineSource\n"
         "from rllib_p3o.sampler import Sampler\n"  # the second time: silent
         "import rllib_p3o.driver.sampler, rllib_p3o.data.episodes, rllib_p3o.data.datasets\n"
         "assert Sampler is rllib_p3o.driver.sampler.Sampler\n"
         "assert episodes_to_records is rllib_p3o.data.episodes.episodes_to_records\n"
         "assert DatasetError is rllib_p3o.data.datasets.DatasetError\n"
+        "import rllib_p3o.driver.batch_sources as sources\n"
+        "assert BatchSource is sources.BatchSource and OnlineSource is sources.OnlineSource\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -104,6 +110,8 @@ def test_old_module_paths_and_names_warn_once_with_the_new_path_and_the_removal_
         ("rllib_p3o.sync.push", "rllib_p3o.driver.weight_sync"),
         ("rllib_p3o.runner.episodes", "rllib_p3o.data.episodes"),
         ("rllib_p3o.runner.env.DatasetError", "rllib_p3o.data.datasets.DatasetError"),
+        ("rllib_p3o.data.batch_source", "rllib_p3o.driver.batch_sources"),
+        ("rllib_p3o.driver.sampler.OnlineSource", "rllib_p3o.driver.batch_sources.OnlineSource"),
     ]:
         assert [w for w in warned if f" {old} is deprecated" in w and f"use {new} instead" in w and "0.4" in w], old
     assert sum(" rllib_p3o.sampler is deprecated" in w for w in warned) == 1

@@ -10,10 +10,10 @@ from rllib_p3o import P3O, P3OConfig
 from rllib_p3o.core import columns
 from rllib_p3o.core.columns import Record
 from rllib_p3o.data import batching
-from rllib_p3o.data.batch_source import BatchSource, SourceBatch
 from rllib_p3o.data.episodes import Turn, completion_episode, episodes_to_records, multi_turn_episode
 from rllib_p3o.data.recorder import records_to_table
 from rllib_p3o.data.trajectories import row_to_record
+from rllib_p3o.driver.batch_sources import BatchSource, SourceBatch
 
 # -- adding a batch column -------------------------------------------------------------------------------------------
 
@@ -80,16 +80,12 @@ class ReplaySource(BatchSource):
     state_key = "replay_position"
 
     def __init__(self, records: List[Dict[str, Any]], rows_per_step: int, pad_id: int):
-        self.records, self._rows_per_step, self.pad_id, self.position = records, rows_per_step, pad_id, 0
+        self.records, self.rows_per_step, self.pad_id, self.position = records, rows_per_step, pad_id, 0
         self.sampled: List[int] = []  # which records each sample took (for the test)
 
-    @property
-    def rows_per_step(self) -> int:
-        return self._rows_per_step
-
     def sample(self, iteration: int, timings: Dict[str, float]) -> SourceBatch:
-        taken = [(self.position + i) % len(self.records) for i in range(self._rows_per_step)]
-        self.position += self._rows_per_step
+        taken = [(self.position + i) % len(self.records) for i in range(self.rows_per_step)]
+        self.position += self.rows_per_step
         self.sampled.append(taken[0])
         rows = [{**self.records[i], Record.ADVANTAGE: 1.0} for i in taken]
         return SourceBatch(batching.pad_records(rows, self.pad_id), [])

@@ -30,18 +30,17 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, ENV_RUNNER_SAMPLING_TIMER, TIMERS
+from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_p3o.core import metrics
 from rllib_p3o.core.columns import Record
+from rllib_p3o.core.deprecation import moved_attribute
 from rllib_p3o.core.settings import P3OSettings
 from rllib_p3o.core.sources import is_policy
-from rllib_p3o.data import batching, sampling_recipes
-from rllib_p3o.data.batch_source import BatchSource, SourceBatch
+from rllib_p3o.data import sampling_recipes
 from rllib_p3o.data.episodes import episodes_to_records
 from rllib_p3o.data.prompt_schedule import Group, PromptSchedule
-from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.driver.runner_calls import EngineRunners, EnvRunnerFailedError
 
 CompletionRecord = Dict[str, Any]
@@ -329,53 +328,6 @@ class Sampler:
         self.metrics.log_value((metrics.P3O, key), value, window=1)
 
 
-class OnlineSource(BatchSource):
-    """Online rollouts as a batch source: the `Sampler`'s records of one step, with group-normalized advantages
-    (over whole prompt groups, before the batch is sharded over learners), recorded if asked, padded.
-
-    ``weights_seq_no()`` gives the learner's current weights version (staleness is measured against it).
-    """
-
-    state_key = "sampler"
-
-    def __init__(
-        self,
-        sampler: Sampler,
-        weights_seq_no: Callable[[], int],
-        pad_id: int,
-        recorder: Optional[TrajectoryRecorder] = None,
-    ):
-        self.sampler = sampler
-        self.weights_seq_no = weights_seq_no
-        self.pad_id = pad_id
-        self.recorder = recorder
-
-    @property
-    def rows_per_step(self) -> int:
-        return self.sampler.config.online_rows_per_step
-
-    def sample(self, iteration: int, timings: Dict[str, float]) -> SourceBatch:
-        with (
-            metrics.timed(timings, metrics.TIME_GENERATE_S),
-            self.sampler.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)),
-        ):
-            records = self.sampler.sample(self.weights_seq_no())
-        with metrics.timed(timings, metrics.TIME_BATCHING_S):
-            batching.add_group_advantages(records)
-            if self.recorder is not None:
-                self.recorder.write(records, iteration=iteration)
-            return SourceBatch(batching.pad_records(records, pad_id=self.pad_id), records)
-
-    def get_state(self) -> Dict[str, Any]:
-        return self.sampler.get_state()
-
-    def set_state(self, state: Dict[str, Any]) -> Dict[str, float]:
-        return {metrics.GROUPS_RESAMPLED_AFTER_RESTORE: self.sampler.set_state(state)}
-
-    def close(self) -> None:
-        self.sampler.drain()
-
-
 def split_groups(groups: List[Group], runner_ids: List[int]) -> Dict[int, List[Group]]:
     """Contiguous, near-equal shares of ``groups`` for the runners (the first ones get one more where it does not
     divide); runners without a share are left out."""
@@ -394,3 +346,9 @@ def _sample_call(groups: List[Group]):
     weight-sync probe its engine scored on the way, if any)."""
     groups = [tuple(g) for g in groups]
     return lambda runner: (runner.sample(groups=groups), runner.get_metrics(), runner.take_probe_result())
+
+
+def __getattr__(name: str) -> Any:
+    """``OnlineSource`` moved to `rllib_p3o.driver.batch_sources`, beside the interface and the offline source: the
+    old name warns once (PEP 562)."""
+    return moved_attribute(__name__, name, {"OnlineSource": "rllib_p3o.driver.batch_sources"})
