@@ -80,6 +80,68 @@ def test_one_number_changed_on_the_page_fails_the_check(tmp_path):
     assert any("number '3' is derived by nothing" in p for p in problems), problems
 
 
+def _set(path, keys, value):
+    """Set ``report[k0][k1]...`` in a JSON result file."""
+
+    def edit(root):
+        full = os.path.join(root, path)
+        with open(full) as f:
+            report = json.load(f)
+        node = report
+        for key in keys[:-1]:
+            node = node[key]
+        node[keys[-1]] = value
+        with open(full, "w") as f:
+            json.dump(report, f)
+
+    return edit
+
+
+# (page, the files it reads, one number changed in one of them, what the check then says the page should contain)
+ONE_NUMBER_CHANGED = [
+    (
+        "docs/results/demo.md",
+        ["benchmarks/results/demo_seeds.json", "rllib_p3o/tasks/tiny_model.py"],
+        _set("benchmarks/results/demo_seeds.json", ["runs", 4, "iterations_to_target"], 250),  # base 2, RL 0: 245
+        "| 2 | 0.295 | 0.915, 136 s (250) | 0.925, 75 s (145) |",
+    ),
+    (
+        "docs/results/demo.md",
+        ["benchmarks/results/demo_seeds.json", "rllib_p3o/tasks/tiny_model.py"],
+        lambda root: _edit(
+            root, "rllib_p3o/tasks/tiny_model.py", "correct_fraction: float = 0.4,", "correct_fraction: float = 0.5,"
+        ),
+        "where only 50% of those lines have the right answer",
+    ),
+    (
+        "docs/results/tool-use.md",
+        ["benchmarks/results/tool_use_seeds.json", "rllib_p3o/tasks/products.py"],
+        _set("benchmarks/results/tool_use_seeds.json", ["runs", 3, "with_tool", "train_time_s"], 18.0),  # 19.4 s
+        "| 1 | 0 | 0.140 → 0.950, 12, 18.0 s | 0.170 (36) |",
+    ),
+    (
+        "docs/results/faults.md",
+        ["benchmarks/results/faults.json"],
+        _set("benchmarks/results/faults.json", ["runner_kill", "seconds_to_recover"], 16.2),  # 14 s
+        "runner back, with verified weights, 16 s (7 iterations) after the kill",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "page_path,files,change,expected",
+    ONE_NUMBER_CHANGED,
+    ids=[f"{c[0].split('/')[-1]}-{i}" for i, c in enumerate(ONE_NUMBER_CHANGED)],
+)
+def test_one_number_changed_in_a_pages_source_file_fails_the_check(tmp_path, page_path, files, change, expected):
+    page = next(p for p in PAGES if p.path == page_path)
+    root = _copy(tmp_path, page.path, *files)
+    assert check_page(page, root) == []
+    change(root)
+    problems = check_page(page, root)
+    assert any(expected in p for p in problems), problems
+
+
 def test_a_section_without_a_committed_file_must_say_so(tmp_path):
     page_path = "page.md"
     with open(tmp_path / page_path, "w") as f:

@@ -7,7 +7,7 @@ from typing import List
 
 from results_check import Page
 
-from pages import benchmarks_page, claims_sweep, precision, readme, soak
+from pages import benchmarks_page, claims_sweep, demo, faults, precision, readme, soak, tool_use
 
 PAGES: List[Page] = [
     claims_sweep.PAGE,
@@ -15,4 +15,7 @@ PAGES: List[Page] = [
     precision.PAGE,
     benchmarks_page.PAGE,
     readme.PAGE,
+    demo.PAGE,
+    tool_use.PAGE,
+    faults.PAGE,
 ]
