@@ -231,8 +231,21 @@ class MultiTurnRollouts:
         source_id: int,
         logprobs_mode: str,
     ) -> List[Any]:
+        self._start_episodes(live, rows, seeds, engine.samples)
+        params_used = self._play_turns(live, engine)
+        return [
+            self._finished_episode(e, engine, params_used, weights_seq_no, group_ids[e.group], source_id, logprobs_mode)
+            for e in live
+            if e.turns  # none: the prompt alone filled max_total_tokens, nothing to train on
+        ]
+
+    def _start_episodes(
+        self, live: List[_Live], rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], samples: int
+    ) -> None:
+        """Reset one environment per episode (``samples`` per row) and add the episode to ``live`` (as soon as it
+        exists, so that `play` closes it whatever happens next)."""
         for g, row in enumerate(rows):
-            for j in range(engine.samples):
+            for j in range(samples):
                 env = self.make_env()
                 prompt = self._call(env, "reset", row, row)
                 if chat.is_conversational(prompt) and not self.templated:
@@ -249,65 +262,85 @@ class MultiTurnRollouts:
                         seed=episode_seed(seeds[g], j),
                     )
                 )
-        from vllm.inputs import TokensPrompt
 
+    def _play_turns(self, live: List[_Live], engine: Engine) -> Any:
+        """Turns of every episode not done yet, one vLLM call per turn, until all have ended or ``max_turns``;
+        returns the sampling parameters of the last call (None: no call)."""
         params_used = None
         overrides = dict(engine.overrides)
         max_tokens = int(overrides.pop("max_tokens", self.max_tokens))  # a behavior model's own, per turn
         for turn in range(self.max_turns):
-            active = [e for e in live if not e.done]
-            if not active:
-                break
-            requests, params = [], []
-            for e in active:
-                budget = min(max_tokens, self.max_total_tokens - len(e.ids))
-                if budget <= 0:
-                    e.truncated = e.done = True
-                    continue
-                requests.append((e, TokensPrompt(prompt_token_ids=list(e.ids))))
-                params.append(self.sampling_params((e.seed + turn) % (2**31), n=1, max_tokens=budget, **overrides))
+            requests, params = self._turn_requests([e for e in live if not e.done], turn, max_tokens, overrides)
             if not requests:
                 break
-            outputs = engine.llm.generate(
-                [r for _, r in requests], params, use_tqdm=False, lora_request=engine.lora_request
-            )
+            self._play_turn(engine, requests, params, last_turn=turn == self.max_turns - 1)
             params_used = params[0]
-            # Every episode's model turn first, each environment told of it (`MultiTurnEnv.prepare_step`: tool calls
-            # start), then the environments' answers: the turn's tool calls run at once.
-            turns = [self._model_turn(e, out.outputs[0]) for (e, _), out in zip(requests, outputs)]
-            for (e, _), out, model_turn in zip(requests, outputs, turns):
-                self._env_turn(e, out.outputs[0], model_turn, last_turn=turn == self.max_turns - 1)
-        episodes = []
-        for e in live:
-            if not e.turns:  # the prompt alone filled max_total_tokens: nothing to train on
+        return params_used
+
+    def _turn_requests(
+        self, active: List[_Live], turn: int, max_tokens: int, overrides: Dict[str, Any]
+    ) -> Tuple[List[Tuple[_Live, Any]], List[Any]]:
+        """The vLLM request (the episode's ids so far) and sampling parameters of each active episode's next model
+        turn; an episode without token budget left ends here, truncated."""
+        from vllm.inputs import TokensPrompt
+
+        requests, params = [], []
+        for e in active:
+            budget = min(max_tokens, self.max_total_tokens - len(e.ids))
+            if budget <= 0:
+                e.truncated = e.done = True
                 continue
-            info = {
-                Infos.PROMPT: chat.prompt_text(self.tokenizer, e.prompt),
-                Infos.COMPLETION: self.tokenizer.decode(e.ids[len(e.prompt_ids) :], skip_special_tokens=False),
-                Infos.FINISH_REASON: e.finish_reason,
-                Infos.SOURCE: engine.source,
-                Infos.TEMPERATURE: getattr(params_used, "temperature", None),
-                Infos.TOP_P: getattr(params_used, "top_p", None),
-                Infos.LOGPROBS_MODE: logprobs_mode,
-                Infos.TURNS: len(e.turns),
-                Infos.TRUNCATED: bool(e.truncated and not e.terminated),
-                **e.env.metrics(),
-            }
-            by_function = e.env.rewards_by_function()
-            if by_function:
-                info[Infos.REWARDS] = dict(by_function)
-            episodes.append(
-                multi_turn_episode(
-                    prompt_ids=e.prompt_ids,
-                    turns=e.turns,
-                    terminated=e.terminated,
-                    weights_seq_no=weights_seq_no,
-                    group_id=group_ids[e.group],
-                    source_id=source_id,
-                    infos=info,
-                )
-            )
-        return episodes
+            requests.append((e, TokensPrompt(prompt_token_ids=list(e.ids))))
+            params.append(self.sampling_params((e.seed + turn) % (2**31), n=1, max_tokens=budget, **overrides))
+        return requests, params
+
+    def _play_turn(self, engine: Engine, requests: List[Tuple[_Live, Any]], params: List[Any], last_turn: bool) -> None:
+        """One turn of the requesting episodes: one vLLM call for their model turns, then the environments' turns.
+        Every episode's model turn first, each environment told of it (`MultiTurnEnv.prepare_step`: tool calls
+        start), then the environments' answers: the turn's tool calls run at once."""
+        outputs = engine.llm.generate(
+            [r for _, r in requests], params, use_tqdm=False, lora_request=engine.lora_request
+        )
+        turns = [self._model_turn(e, out.outputs[0]) for (e, _), out in zip(requests, outputs)]
+        for (e, _), out, model_turn in zip(requests, outputs, turns):
+            self._env_turn(e, out.outputs[0], model_turn, last_turn=last_turn)
+
+    def _finished_episode(
+        self,
+        e: _Live,
+        engine: Engine,
+        params_used: Any,
+        weights_seq_no: int,
+        group_id: int,
+        source_id: int,
+        logprobs_mode: str,
+    ) -> Any:
+        """A played episode as an RLlib episode (`rllib_p3o.data.episodes.multi_turn_episode`), its texts, sampling
+        parameters, turn counts and the environment's metrics and rewards in the infos."""
+        info = {
+            Infos.PROMPT: chat.prompt_text(self.tokenizer, e.prompt),
+            Infos.COMPLETION: self.tokenizer.decode(e.ids[len(e.prompt_ids) :], skip_special_tokens=False),
+            Infos.FINISH_REASON: e.finish_reason,
+            Infos.SOURCE: engine.source,
+            Infos.TEMPERATURE: getattr(params_used, "temperature", None),
+            Infos.TOP_P: getattr(params_used, "top_p", None),
+            Infos.LOGPROBS_MODE: logprobs_mode,
+            Infos.TURNS: len(e.turns),
+            Infos.TRUNCATED: bool(e.truncated and not e.terminated),
+            **e.env.metrics(),
+        }
+        by_function = e.env.rewards_by_function()
+        if by_function:
+            info[Infos.REWARDS] = dict(by_function)
+        return multi_turn_episode(
+            prompt_ids=e.prompt_ids,
+            turns=e.turns,
+            terminated=e.terminated,
+            weights_seq_no=weights_seq_no,
+            group_id=group_id,
+            source_id=source_id,
+            infos=info,
+        )
 
     def _model_turn(self, e: _Live, completion: Any) -> Tuple[List[int], List[float], str]:
         """Append a model turn to the episode and hand its text to the environment's `prepare_step`; returns the
