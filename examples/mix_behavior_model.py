@@ -73,8 +73,8 @@ def main() -> None:
     parser.add_argument(
         "--ess-scope",
         choices=["batch", "source"],
-        default="batch",
-        help="one ESS for the whole batch (the paper's) or one per data source",
+        default="source",
+        help="one ESS per data source (the default) or one for the whole batch (the paper's)",
     )
     parser.add_argument("--loss", choices=sorted(LOSSES), default="p3o", help="grpo: the PPO-clip baseline")
     args = parser.parse_args()

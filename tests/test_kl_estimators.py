@@ -108,10 +108,11 @@ def test_the_estimators_agree_to_first_order_on_policy():
         torch.testing.assert_close(v3, log_r * log_r / 2, rtol=0, atol=eps**3)
 
 
-def _loss(name, logp, behavior, adv, old=None, **settings):
+def _loss(name, logp, behavior, adv, old=None, other_rows=None, **settings):
     spec = get_loss(name)
     mask = torch.ones_like(logp, dtype=torch.bool)
-    out = spec.fn(LossInputs(logp, behavior, adv, mask, old_logprobs=old), spec.make_settings(settings))
+    inputs = LossInputs(logp, behavior, adv, mask, old_logprobs=old, other_model_rows=other_rows)
+    out = spec.fn(inputs, spec.make_settings(settings))
     out.loss.backward()
     return out
 
@@ -141,6 +142,40 @@ def test_p3o_proximal_anchor_pulls_toward_pi_old_at_the_behavior_ess():
     torch.testing.assert_close(logp.grad, hand)
 
 
+def test_auto_anchor_is_pi_b_on_the_policys_rows_and_pi_old_on_another_models():
+    """kl_anchor="auto": row 0 is the policy's own (stale) row, row 1 another model's. Each row's gradient is the
+    one its anchor gives alone (the ESS is the batch's either way), and without such rows it is the behavior anchor."""
+    behavior = torch.tensor([[-1.0, -0.5], [-0.2, -2.0]])
+    shift = torch.tensor([[0.5, -0.3], [-1.0, 0.4]])
+    old_shift = torch.tensor([[0.2, -0.1], [0.3, 0.1]])
+    adv = torch.tensor([1.0, -2.0])
+
+    def grad(anchor, other_rows=None):
+        logp = (behavior + shift).requires_grad_(True)
+        old = logp.detach() - old_shift
+        _loss("p3o", logp, behavior, adv, old=old, other_rows=other_rows, kl_estimator="k3_is", kl_anchor=anchor)
+        return logp.grad
+
+    auto = grad("auto", torch.tensor([False, True]))
+    torch.testing.assert_close(auto[0], grad("behavior")[0])
+    torch.testing.assert_close(auto[1], grad("proximal")[1])
+    assert not torch.allclose(grad("behavior")[1], grad("proximal")[1])  # the two anchors do differ on that row
+    torch.testing.assert_close(grad("auto"), grad("behavior"))  # no other model's rows: π_b everywhere
+    torch.testing.assert_close(grad("auto", torch.tensor([False, False])), grad("behavior"))
+    assert get_loss("p3o").uses_old_logprobs(get_loss("p3o").make_settings({"kl_anchor": "auto"}))
+
+
+def test_other_model_source_ids_are_the_behavior_models_live_and_recorded():
+    from rllib_p3o.core.sources import POLICY, offline_source_name, other_model_source_ids, source_id
+
+    ids = other_model_source_ids([{"model": "/models/weak-1b"}, {"model": "/m/x", "name": "judge"}])
+    expected = {"behavior/weak-1b", "behavior/judge", "offline/behavior/weak-1b", "offline/behavior/judge"}
+    assert ids == sorted(source_id(n) for n in expected)
+    own = [POLICY, offline_source_name(POLICY), offline_source_name(None)]
+    assert not {source_id(n) for n in own} & set(ids)
+    assert other_model_source_ids([]) == []
+
+
 def test_diagnostics_kl_grad_share_and_rejected_fraction():
     behavior = torch.zeros(1, 4)
     logp = torch.tensor([[0.0, 0.0, -12.0, -11.0]], requires_grad=True)  # two tokens the learner has rejected
@@ -156,12 +191,15 @@ def test_diagnostics_kl_grad_share_and_rejected_fraction():
 
 
 def test_settings_validated_through_the_config():
-    assert P3OConfig().training(loss="p3o").loss_settings().kl_anchor == "behavior"
-    settings = P3OConfig().training(loss="p3o", loss_config={"kl_estimator": "k3_is"}).loss_settings()
-    assert settings.kl_estimator == "k3_is"
+    # The defaults the claims bench chose; the paper's reference implementation is one setting away.
+    default = P3OConfig().training(loss="p3o")
+    assert (default.loss_settings().kl_estimator, default.loss_settings().kl_anchor) == ("k3_is", "auto")
+    assert default.ess_scope == "source"
+    settings = P3OConfig().training(loss="p3o", loss_config={"kl_estimator": "k3_clamped", "kl_anchor": "behavior"})
+    assert (settings.loss_settings().kl_estimator, settings.loss_settings().kl_anchor) == ("k3_clamped", "behavior")
     with pytest.raises(ValueError, match="kl_estimator must be one of k3, k3_clamped, k3_is, got 'k4'"):
         P3OConfig().training(model="/m", loss="p3o", loss_config={"kl_estimator": "k4"}).validate()
-    with pytest.raises(ValueError, match="kl_anchor must be one of behavior, proximal"):
+    with pytest.raises(ValueError, match="kl_anchor must be one of behavior, proximal, auto"):
         P3OConfig().training(model="/m", loss="p3o_no_cap", loss_config={"kl_anchor": "ref"}).validate()
     with pytest.raises(ValueError, match="loss 'p3o_no_kl' has no setting 'kl_estimator'"):
         P3OConfig().training(model="/m", loss="p3o_no_kl", loss_config={"kl_estimator": "k3"}).validate()

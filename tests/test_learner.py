@@ -113,6 +113,28 @@ def test_two_learners_use_the_ess_of_the_union(ray_session, tiny_model, ess_scop
         assert abs(klw1 - (1 - ess1)) > 1e-3
 
 
+def test_auto_anchor_computes_pi_old_only_for_batches_with_another_models_rows(ray_session, tiny_model):
+    """P3O's default kl_anchor="auto": no extra forward pass on the policy's own rows (on-policy or stale); with a
+    behavior model's rows in the batch the learner computes π_old, and those rows' KL is taken toward it."""
+    from rllib_p3o.core.sources import behavior_source_name, source_id
+
+    behavior = {"model": tiny_model, "name": "weak", "samples": 2}
+    other = source_id(behavior_source_name(behavior))
+    config = (
+        P3OConfig()
+        .training(model=tiny_model, lr=3e-3, grad_clip=1e6, behavior_models=[behavior], group_size=8)
+        .learners(num_learners=0)
+    )
+    lg = config.build_learner_group(spaces=SPACES)
+    try:
+        own = lg.update(batch=_fixed_batch(tiny_model, behavior_shift=0.5, seed=3))
+        assert m.OLD_LOGPROBS_S not in own[0][DEFAULT_MODULE_ID]
+        mixed = _fixed_batch(tiny_model, behavior_shift=0.5, seed=3, sources=[0] * 6 + [other] * 2)
+        assert _per_learner(lg.update(batch=mixed), m.OLD_LOGPROBS_S)[0] > 0
+    finally:
+        lg.shutdown()
+
+
 def test_grpo_loss_runs_in_learner(ray_session, tiny_model):
     lg = _learner_group(tiny_model, 0, loss="grpo")
     try:

@@ -29,8 +29,8 @@ def test_the_four_losses_are_registered_with_their_settings():
     assert get_loss("grpo_tis").needs_old_logprobs and get_loss("p3o_proximal").needs_old_logprobs
     assert not get_loss("cispo").needs_old_logprobs
     p3o = get_loss("p3o")
-    assert not p3o.uses_old_logprobs(p3o.make_settings())
-    assert p3o.uses_old_logprobs(p3o.make_settings({"kl_anchor": "proximal"}))
+    assert p3o.uses_old_logprobs(p3o.make_settings())  # the default anchor may need π_old (another model's rows)
+    assert not p3o.uses_old_logprobs(p3o.make_settings({"kl_anchor": "behavior"}))
     assert get_loss("p3o_proximal").make_settings().kl_estimator == "k3_clamped"  # P4O's own
     assert P3OConfig().training(loss="grpo_tis").loss_settings().tis_cap == 2.0
     assert P3OConfig().training(loss="cispo").loss_settings() == get_loss("cispo").settings(1.0, 0.28)

@@ -29,7 +29,7 @@ def test_the_reference_page_is_generated_from_the_declarations():
         assert f"| `{s.keyword}` |" in tables
     for name in LOSSES:  # every registered loss, with its loss_config keys
         assert f"| `{name}` |" in tables
-    assert "`kl_estimator='k3'`, `kl_anchor='behavior'`" in tables  # p3o's own settings
+    assert "`kl_estimator='k3_is'`, `kl_anchor='auto'`" in tables  # p3o's own settings
 
 
 def test_the_config_takes_its_defaults_and_keys_from_the_declarations():

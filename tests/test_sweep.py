@@ -449,7 +449,10 @@ def test_regime_methods_run_only_in_their_regimes_at_their_twins_lr():
     assert asked["behavior_weaker"][-1] == ("p3o_k3_src", 0, 2.5e-4)  # the lr its batch-scoped twin chose
     # The bench: one optimizer step per batch is the primary protocol; two steps are a regime of their own.
     assert "two_steps_per_batch" in BENCH_FULL.regimes and BENCH_FULL.regimes[:2] == ("on_policy", "behavior_weaker")
-    assert BENCH_FULL.num_trials() == 359
+    # 66 lr trials; 9 regimes × 11 methods × 3 seeds, less the 11 × 2 on-policy seeds the lr stage ran; the ESS per
+    # source variants in the two behavior-model regimes (3 × 2 × 3); P3O's defaults in every regime (9 × 3).
+    assert BENCH_FULL.num_trials() == 66 + 9 * 11 * 3 - 22 + 18 + 27 == 386
+    assert all(BENCH_FULL.methods_in(r)[-1] == "p3o_default" for r in BENCH_FULL.regimes)
 
 
 def test_verdicts_follow_the_one_tie_rule_and_name_p3os_standing_in_each_regime():

@@ -137,14 +137,15 @@ class P3OSettings:
         help="Entropy bonus weight (0 = off; computing entropy needs the full vocabulary per token).",
     )
     ess_scope: str = setting(
-        "batch",
+        "source",
         group=LOSSES_GROUP,
         resettable=True,
         choices=ESS_SCOPES,
-        help="Over which tokens P3O's ESS is taken. \"batch\" (the paper's): all valid tokens of the optimizer step's "
-        'minibatch across all learners, one ESS for everything. "source": one ESS per data source of that minibatch '
-        "(the policy's own rollouts, each behavior model, each offline source), each token capped and pulled by its "
-        "own source's ESS; for mixtures whose parts are off-policy to very different degrees.",
+        help="Over which tokens P3O's ESS is taken. \"source\" (the default): one ESS per data source of the "
+        "optimizer step's minibatch across all learners (the policy's own rollouts, each behavior model, each offline "
+        "source), each token capped and pulled by its own source's ESS; with one source (on-policy or async data "
+        'alone) it is the paper\'s ESS. "batch" (the paper\'s): all valid tokens of the minibatch, one ESS for '
+        "everything, so a mixture's most off-policy part lowers the cap of all of it.",
     )
     max_consecutive_nonfinite_steps: int = setting(
         3,

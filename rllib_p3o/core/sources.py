@@ -41,6 +41,14 @@ def behavior_source_name(spec: Mapping[str, Any]) -> str:
     return BEHAVIOR_PREFIX + str(spec.get("name") or os.path.basename(os.path.normpath(spec["model"])))
 
 
+def other_model_source_ids(behavior_models: Iterable[Mapping[str, Any]]) -> List[int]:
+    """The source ids of rows another model wrote: each behavior model's live rows (``behavior/<name>``) and offline
+    rows recorded under that name (``offline/behavior/<name>``). Everything else is the policy's own data, fresh,
+    stale or replayed."""
+    names = [behavior_source_name(spec) for spec in behavior_models]
+    return sorted({source_id(n) for n in names} | {source_id(offline_source_name(n)) for n in names})
+
+
 def offline_source_name(recorded: Optional[str]) -> str:
     """The source name of an offline row: ``offline/<recorded source>``, or ``offline`` when the row names none."""
     if not recorded:

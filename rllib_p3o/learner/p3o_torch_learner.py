@@ -34,7 +34,7 @@ from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 from rllib_p3o.core import metrics, objectives
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.losses import get_loss
-from rllib_p3o.core.sources import POLICY_SOURCE_ID
+from rllib_p3o.core.sources import POLICY_SOURCE_ID, other_model_source_ids
 from rllib_p3o.learner.compute import (
     LONGEST_ROW_POSITIONS,
     REAL_TOKENS,
@@ -90,6 +90,8 @@ class P3OTorchLearner(TorchLearner):
         # The objective (`rllib_p3o.core.losses`) and its settings, resolved once (validated with the config).
         self._loss = get_loss(self.config.loss)
         self._loss_settings = self.config.loss_settings()
+        # Rows another model wrote (for P3O's kl_anchor="auto"): their source ids.
+        self._other_model_ids = torch.tensor(other_model_source_ids(self.config.behavior_models), dtype=torch.long)
         self._measure_mismatch = False  # set at the start of each update, for its first minibatch
         self._token_positions = [0.0, 0.0, 0.0]
 
@@ -101,9 +103,31 @@ class P3OTorchLearner(TorchLearner):
             if training_data is None:
                 training_data = TrainingData(batch=batch)
             training_data.solve_refs()
-            self._add_old_logprobs(training_data.batch)
+            if self._needs_old_logprobs(training_data.batch):
+                self._add_old_logprobs(training_data.batch)
             return super().update(*args, training_data=training_data, **kwargs)
         return super().update(*args, batch=batch, training_data=training_data, **kwargs)
+
+    def _needs_old_logprobs(self, batch: Any) -> bool:
+        """π_old is needed for every batch, except with P3O's ``kl_anchor="auto"``: only where another model wrote
+        rows (the policy's own rows keep the anchor π_b), so on-policy and async training pay no extra pass."""
+        if getattr(self._loss_settings, "kl_anchor", None) != "auto":
+            return True
+        return any(bool(self._other_model_rows(rows) is not None) for rows in batch.policy_batches.values())
+
+    def _other_model_rows(self, batch: Any) -> Optional[torch.Tensor]:
+        """[B] bool: the rows of ``batch`` another model wrote (`other_model_source_ids`); None when there are none."""
+        if not len(self._other_model_ids) or Columns.SOURCE_ID not in batch:
+            return None
+        rows = torch.isin(torch.as_tensor(batch[Columns.SOURCE_ID]).long().cpu(), self._other_model_ids)
+        return rows if bool(rows.any()) else None
+
+    def _loss_rows_of_other_models(self, batch: Dict[str, Any], device: torch.device) -> Optional[torch.Tensor]:
+        """`_other_model_rows` of a minibatch, on the loss's device (only P3O's ``kl_anchor="auto"`` reads it)."""
+        if getattr(self._loss_settings, "kl_anchor", None) != "auto":
+            return None
+        rows = self._other_model_rows(batch)
+        return None if rows is None else rows.to(device)
 
     @torch.no_grad()
     def _add_old_logprobs(self, batch: Any) -> None:
@@ -192,6 +216,7 @@ class P3OTorchLearner(TorchLearner):
             ess_groups=groups,
             num_ess_groups=num_groups,
             old_logprobs=batch.get(Columns.OLD_LOGPROBS),
+            other_model_rows=self._loss_rows_of_other_models(batch, mask.device),
         )
 
         self.metrics.log_dict({(module_id, k): float(v) for k, v in {**stats, metrics.ESS: ess}.items()}, window=1)

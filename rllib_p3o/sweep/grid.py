@@ -18,12 +18,15 @@ from rllib_p3o.tasks.demo_config import demo_config
 from rllib_p3o.tasks.sorting import SortingTask
 
 # Methods: name -> config overrides (all keys in `rllib_p3o.driver.trial_reuse.RESETTABLE_KEYS`).
+# The demo sweep's P3O and its ablations were measured with P3O's KL as it was then (and as the paper writes it): the
+# plain k3 toward π_b; they stay so, so that its table reproduces. The loss as it ships now is `p3o_default`.
+_K3_TO_BEHAVIOR = {"kl_estimator": "k3", "kl_anchor": "behavior"}
 METHODS: Dict[str, Dict[str, Any]] = {
-    "p3o": {"loss": "p3o"},
+    "p3o": {"loss": "p3o", "loss_config": _K3_TO_BEHAVIOR},
     "grpo_eps0.2": {"loss": "grpo", "loss_config": {"clip_low": 0.2, "clip_high": 0.2}},
     "grpo_eps0.4": {"loss": "grpo", "loss_config": {"clip_low": 0.4, "clip_high": 0.4}},
     "grpo_eps0.6": {"loss": "grpo", "loss_config": {"clip_low": 0.6, "clip_high": 0.6}},
-    "p3o_no_cap": {"loss": "p3o_no_cap"},
+    "p3o_no_cap": {"loss": "p3o_no_cap", "loss_config": _K3_TO_BEHAVIOR},
     "p3o_no_kl": {"loss": "p3o_no_kl"},
     # The baselines peers ship (π_old recomputed by the learner; see the losses guide), at verl's defaults.
     "grpo_tis_eps0.2": {"loss": "grpo_tis", "loss_config": {"clip_low": 0.2, "clip_high": 0.2}},
@@ -35,15 +38,26 @@ METHODS: Dict[str, Dict[str, Any]] = {
     "p3o_proximal": {"loss": "p3o_proximal"},
     # P3O's KL term, three ways (`rllib_p3o.core.kl_estimators`): the plain k3 on π_b's samples (the estimator the
     # earlier benches ran), the importance-sampled k3 (exactly KL(πθ ‖ π_b)), and that toward π_old.
-    "p3o_k3": {"loss": "p3o", "loss_config": {"kl_estimator": "k3"}},
-    "p3o_k3_is": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is"}},
+    "p3o_k3": {"loss": "p3o", "loss_config": _K3_TO_BEHAVIOR},
+    "p3o_k3_is": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "behavior"}},
     "p3o_k3_is_prox": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal"}},
     # ... each with one ESS per source of rows (the policy's own, each behavior model, offline data).
-    "p3o_k3_src": {"loss": "p3o", "loss_config": {"kl_estimator": "k3"}, "ess_scope": "source"},
-    "p3o_k3_is_src": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is"}, "ess_scope": "source"},
+    "p3o_k3_src": {"loss": "p3o", "loss_config": _K3_TO_BEHAVIOR, "ess_scope": "source"},
+    "p3o_k3_is_src": {
+        "loss": "p3o",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "behavior"},
+        "ess_scope": "source",
+    },
     "p3o_k3_is_prox_src": {
         "loss": "p3o",
         "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal"},
+        "ess_scope": "source",
+    },
+    # P3O's defaults, spelled out (so the method keeps its meaning if the defaults change): k3_is, anchored at π_b
+    # on the policy's own rows and at π_old on another model's, one ESS per source.
+    "p3o_default": {
+        "loss": "p3o",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto"},
         "ess_scope": "source",
     },
 }
@@ -52,7 +66,12 @@ METHODS: Dict[str, Dict[str, Any]] = {
 for _loss in LOSSES:
     METHODS.setdefault(_loss, {"loss": _loss})
 # A method that only changes how ESS is scoped trains at the peak lr its batch-scoped twin chose.
-LR_FROM: Dict[str, str] = {"p3o_k3_src": "p3o_k3", "p3o_k3_is_src": "p3o_k3_is", "p3o_k3_is_prox_src": "p3o_k3_is_prox"}
+LR_FROM: Dict[str, str] = {
+    "p3o_k3_src": "p3o_k3",
+    "p3o_k3_is_src": "p3o_k3_is",
+    "p3o_k3_is_prox_src": "p3o_k3_is_prox",
+    "p3o_default": "p3o_k3_is",  # the same update as p3o_k3_is wherever all rows are the policy's
+}
 # The demo sweep's methods (its table predates the baselines above and stays as it is).
 DEMO_METHODS: Tuple[str, ...] = ("p3o", "grpo_eps0.2", "grpo_eps0.4", "grpo_eps0.6", "p3o_no_cap", "p3o_no_kl")
 # The claims bench's: P3O's KL term three ways and FeynRL's P4O, plain GRPO and the baselines peers ship (P3O's
@@ -72,6 +91,7 @@ BENCH_METHODS: Tuple[str, ...] = (
 )
 # Keys a method may set: each gets a `tune.sample_from` that reads the trial's method.
 METHOD_KEYS: Tuple[str, ...] = ("loss", "loss_config", "ess_scope")
+# A method that does not name a key trains with this value (the paper's ESS scope, as the grids were measured).
 DEFAULTS: Dict[str, Any] = {"loss": "p3o", "loss_config": {}, "ess_scope": "batch"}
 # Tune search keys (not P3OConfig settings: `P3O.reset_config` ignores them): the trial's (method, seed, lr peak)
 # cell, and its method's name.
@@ -281,9 +301,11 @@ BENCH_REGIMES: Tuple[str, ...] = (
     "offline_stale",
 )
 # Methods run in some regimes only: ESS per source where rows come from two models (offline-only data are one
-# source, where "source" equals "batch" by construction).
+# source, where "source" equals "batch" by construction); P3O's defaults in every regime.
+_TWO_MODELS = ("behavior_weaker", "behavior_stronger")
 BENCH_REGIME_METHODS: Dict[str, Tuple[str, ...]] = {
-    regime: ("p3o_k3_src", "p3o_k3_is_src", "p3o_k3_is_prox_src") for regime in ("behavior_weaker", "behavior_stronger")
+    regime: (("p3o_k3_src", "p3o_k3_is_src", "p3o_k3_is_prox_src") if regime in _TWO_MODELS else ()) + ("p3o_default",)
+    for regime in BENCH_REGIMES
 }
 
 

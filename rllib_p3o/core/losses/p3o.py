@@ -3,31 +3,44 @@
 KL coefficient. Its settings say only *which* KL the trust-region term estimates, and toward which policy."""
 
 import dataclasses
+from typing import Optional
+
+import torch
 
 from rllib_p3o.core.kl_estimators import KL_ESTIMATORS
 from rllib_p3o.core.losses.registry import LossInputs, LossOutput, NoSettings, output, register_loss
 from rllib_p3o.core.objectives import p3o_loss
 
-# The anchors of P3O's KL term: the policy that sampled the token (the paper's), or the learner's weights at the
-# start of the iteration (π_old, recomputed by the learner with one forward pass per update).
-KL_ANCHORS = ("behavior", "proximal")
-# The paper's reference implementation (FeynRL `algs/P3O/p3o.py`) uses k3 with its exponent clamped.
+# The anchors of P3O's KL term: the policy that sampled the token (the paper's), the learner's weights at the start
+# of the iteration (π_old, recomputed by the learner with one forward pass per update), or per row: π_b where π_b is
+# this policy at some version (its own rows, fresh, stale or replayed) and π_old where another model wrote the row.
+KL_ANCHORS = ("behavior", "proximal", "auto")
+# The paper's reference implementation (FeynRL `algs/P3O/p3o.py`): k3 with its exponent clamped, toward π_b.
 REFERENCE_KL_ESTIMATOR = "k3_clamped"
-DEFAULT_KL_ESTIMATOR = "k3"
+REFERENCE_KL_ANCHOR = "behavior"
+# The defaults, chosen on the claims bench (docs/results/claims.md): the plain k3 on π_b's samples estimates a
+# mass-covering divergence that pulls the learner toward a weaker behavior model's tokens; k3_is estimates the
+# KL(πθ ‖ π_a) the formula writes. Toward the policy's own earlier versions the KL is a trust region (it holds stale
+# async rows back); toward another model it is imitation, so "auto" anchors those rows at π_old instead.
+DEFAULT_KL_ESTIMATOR = "k3_is"
+DEFAULT_KL_ANCHOR = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
 class P3OSettings:
     """Which KL the term ``(1 - ESS)·KL(πθ ‖ π_a)`` estimates from the batch's tokens (sampled by π_b).
 
-    ``kl_estimator``: ``"k3"`` (``l + exp(-l) - 1`` of ``l = logπθ - logπ_a``, tails past |l| = 10 continued
-    linearly), ``"k3_clamped"`` (the paper's reference implementation, exactly: the exponent clamped to ±10) or
-    ``"k3_is"`` (``w_a·(1 - s + s·log s)``, an unbiased estimate of ``KL(πθ ‖ π_a)`` under π_b's samples; see
-    `rllib_p3o.core.kl_estimators`). ``kl_anchor``: ``"behavior"`` (π_a = π_b, the paper's) or ``"proximal"``
-    (π_a = the learner's weights at the start of the iteration; costs one forward pass per update)."""
+    ``kl_estimator``: ``"k3_is"`` (the default: ``w_a·(1 - s + s·log s)``, an unbiased estimate of
+    ``KL(πθ ‖ π_a)`` under π_b's samples), ``"k3"`` (``l + exp(-l) - 1`` of ``l = logπθ - logπ_a``, tails past
+    |l| = 10 continued linearly) or ``"k3_clamped"`` (the paper's reference implementation, exactly: the exponent
+    clamped to ±10); see `rllib_p3o.core.kl_estimators`. ``kl_anchor``: ``"auto"`` (the default: π_a = π_b on the
+    policy's own rows, fresh, stale or replayed, and π_old on rows another model wrote; π_old is computed only for
+    batches that hold such rows), ``"behavior"`` (π_a = π_b everywhere, the paper's) or ``"proximal"`` (π_a = π_old,
+    the learner's weights at the start of the iteration, everywhere; one forward pass per update). The paper's
+    reference implementation is ``kl_estimator="k3_clamped", kl_anchor="behavior"`` with ``ess_scope="batch"``."""
 
     kl_estimator: str = DEFAULT_KL_ESTIMATOR
-    kl_anchor: str = "behavior"
+    kl_anchor: str = DEFAULT_KL_ANCHOR
 
     def __post_init__(self) -> None:
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -37,11 +50,25 @@ class P3OSettings:
 
 
 def _uses_proximal_anchor(settings: P3OSettings) -> bool:
-    return settings.kl_anchor == "proximal"
+    return settings.kl_anchor in ("proximal", "auto")
+
+
+def kl_anchor_logprobs(inputs: LossInputs, settings: P3OSettings) -> Optional[torch.Tensor]:
+    """log π_a of the KL term where it is not π_b (None: π_b everywhere). ``"proximal"``: π_old. ``"auto"``: π_old
+    on the rows another model wrote (``inputs.other_model_rows``), π_b on the policy's own."""
+    if settings.kl_anchor == "behavior":
+        return None
+    if settings.kl_anchor == "proximal":
+        return inputs.old_logprobs
+    rows = inputs.other_model_rows
+    if rows is None or inputs.old_logprobs is None or not bool(rows.any()):
+        return None
+    return torch.where(
+        rows.bool().unsqueeze(-1), inputs.old_logprobs.to(inputs.behavior_logprobs.dtype), inputs.behavior_logprobs
+    )
 
 
 def _p3o(inputs: LossInputs, settings: P3OSettings, cap: bool = True, behavior_kl: bool = True) -> LossOutput:
-    proximal = behavior_kl and settings.kl_anchor == "proximal"
     loss, metrics = p3o_loss(
         inputs.logprobs,
         inputs.behavior_logprobs,
@@ -53,7 +80,7 @@ def _p3o(inputs: LossInputs, settings: P3OSettings, cap: bool = True, behavior_k
         cap=cap,
         behavior_kl=behavior_kl,
         kl_estimator=settings.kl_estimator,
-        anchor_logprobs=inputs.old_logprobs if proximal else None,
+        anchor_logprobs=kl_anchor_logprobs(inputs, settings) if behavior_kl else None,
     )
     return output(loss, metrics)
 

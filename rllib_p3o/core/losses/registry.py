@@ -43,6 +43,9 @@ class LossInputs:
     # log π_old: the learner's policy before this update, recomputed once per update (losses registered with
     # needs_old_logprobs=True; None otherwise).
     old_logprobs: Optional[torch.Tensor] = None
+    # [B] bool: rows another model wrote (a behavior model's, live or recorded), not this policy at any version;
+    # None when the batch has none (`rllib_p3o.core.sources.other_model_source_ids`).
+    other_model_rows: Optional[torch.Tensor] = None
 
     def common(self) -> Dict[str, Any]:
         """The regularizer and ESS-scope arguments the objectives' functions share, as keyword arguments."""
