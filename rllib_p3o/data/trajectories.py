@@ -149,33 +149,63 @@ def check_row(
     max_seq_len: Optional[int] = None,
 ) -> List[tuple]:
     """Problems of one row as ``(column, message)`` pairs; empty when the row is valid."""
+    out = _missing_columns(row) + _bad_numbers(row) + _bad_prompt(row, tokenizer) + _bad_completion_text(row)
+    out += _bad_token_ids(row, vocab_size)
+    n_completion = _completion_length(row, tokenizer)
+    out += _bad_length(row, tokenizer, n_completion, max_seq_len)
+    out += _bad_loss_mask(row, n_completion)
+    out += _bad_behavior_logprobs(row, n_completion, require_behavior)
+    return out
+
+
+def _missing_columns(row: Mapping[str, Any]) -> List[tuple]:
+    """Each required pair (`REQUIRED_ONE_OF`) with neither column set."""
+    return [
+        (f"{a}/{b}", f"needs '{a}' or '{b}'") for a, b in REQUIRED_ONE_OF if row.get(a) is None and row.get(b) is None
+    ]
+
+
+def _bad_numbers(row: Mapping[str, Any]) -> List[tuple]:
+    """The reward (required) and the optional advantage and sampling parameters, each a finite number."""
     out: List[tuple] = []
-    for a, b in REQUIRED_ONE_OF:
-        if row.get(a) is None and row.get(b) is None:
-            out.append((f"{a}/{b}", f"needs '{a}' or '{b}'"))
     reward = row.get("reward")
     if reward is None or not _finite(reward):
         out.append(("reward", f"must be a finite number, got {reward!r}"))
     for col in ("advantage", "temperature", "top_p"):
         if row.get(col) is not None and not _finite(row[col]):
             out.append((col, f"must be a finite number, got {row[col]!r}"))
+    return out
+
+
+def _bad_prompt(row: Mapping[str, Any], tokenizer) -> List[tuple]:
+    """A prompt is a string or well-formed chat messages, and messages need ids or a tokenizer with a template."""
     prompt = row.get("prompt")
     if is_conversational(prompt):
         problem = message_problem(prompt)
         if problem:
-            out.append(("prompt", problem))
-        elif row.get("prompt_ids") is None and tokenizer is not None and not has_chat_template(tokenizer):
-            out.append(
+            return [("prompt", problem)]
+        if row.get("prompt_ids") is None and tokenizer is not None and not has_chat_template(tokenizer):
+            return [
                 (
                     "prompt",
                     "chat messages, but the policy's tokenizer has no chat template (give prompt_ids "
                     "or string prompts)",
                 )
-            )
+            ]
     elif prompt is not None and not isinstance(prompt, str):
-        out.append(("prompt", f"must be a string or a list of chat messages, got {type(prompt).__name__}"))
+        return [("prompt", f"must be a string or a list of chat messages, got {type(prompt).__name__}")]
+    return []
+
+
+def _bad_completion_text(row: Mapping[str, Any]) -> List[tuple]:
     if row.get("completion") is not None and not isinstance(row["completion"], str):
-        out.append(("completion", f"must be a string, got {type(row['completion']).__name__}"))
+        return [("completion", f"must be a string, got {type(row['completion']).__name__}")]
+    return []
+
+
+def _bad_token_ids(row: Mapping[str, Any], vocab_size: Optional[int]) -> List[tuple]:
+    """Token id columns (`LIST_INT_COLUMNS`): lists of integers in ``[0, vocab_size)``."""
+    out: List[tuple] = []
     for col in LIST_INT_COLUMNS:
         ids = row.get(col)
         if ids is None:
@@ -189,7 +219,14 @@ def check_row(
             out.append((col, "negative token id"))
         if vocab_size is not None and any(i >= vocab_size for i in ids):
             out.append((col, f"token id {max(ids)} >= vocabulary size {vocab_size}"))
-    n_completion = _completion_length(row, tokenizer)
+    return out
+
+
+def _bad_length(
+    row: Mapping[str, Any], tokenizer, n_completion: Optional[int], max_seq_len: Optional[int]
+) -> List[tuple]:
+    """An empty completion, or prompt + completion longer than ``max_seq_len``."""
+    out: List[tuple] = []
     if n_completion == 0:
         out.append(("completion", "empty completion"))
     if max_seq_len is not None and n_completion:
@@ -202,42 +239,52 @@ def check_row(
                     f"offline_max_seq_len={max_seq_len}",
                 )
             )
+    return out
+
+
+def _bad_loss_mask(row: Mapping[str, Any], n_completion: Optional[int]) -> List[tuple]:
+    """A loss mask (multi-turn rows) holds 0/1 integers, at least one 1, one per completion token."""
     mask = loss_mask(row)
-    if mask is not None:
-        try:
-            mask = [int(v) for v in mask]
-        except (TypeError, ValueError):
-            mask = None
-            out.append((LOSS_MASK, "must be a list of 0/1 integers"))
-        if mask is not None:
-            if any(v not in (0, 1) for v in mask):
-                out.append((LOSS_MASK, "must hold only 0 and 1"))
-            elif not any(mask):
-                out.append((LOSS_MASK, "has no model token (all 0): nothing to train on"))
-            if n_completion is not None and len(mask) != n_completion:
-                out.append((LOSS_MASK, f"has {len(mask)} entries for {n_completion} completion tokens"))
+    if mask is None:
+        return []
+    try:
+        mask = [int(v) for v in mask]
+    except (TypeError, ValueError):
+        return [(LOSS_MASK, "must be a list of 0/1 integers")]
+    out: List[tuple] = []
+    if any(v not in (0, 1) for v in mask):
+        out.append((LOSS_MASK, "must hold only 0 and 1"))
+    elif not any(mask):
+        out.append((LOSS_MASK, "has no model token (all 0): nothing to train on"))
+    if n_completion is not None and len(mask) != n_completion:
+        out.append((LOSS_MASK, f"has {len(mask)} entries for {n_completion} completion tokens"))
+    return out
+
+
+def _bad_behavior_logprobs(row: Mapping[str, Any], n_completion: Optional[int], require_behavior: bool) -> List[tuple]:
+    """Behavior log-probs: present unless rows are rescored, one finite value <= `MAX_LOGPROB` per completion
+    token."""
     lps = row.get("behavior_logprobs")
     if lps is None:
         if require_behavior:
-            out.append(
+            return [
                 (
                     "behavior_logprobs",
                     "missing (set offline_rescore_model to score such rows, never treat them as on-policy)",
                 )
-            )
-    else:
-        try:
-            values = [float(v) for v in lps]
-        except (TypeError, ValueError):
-            out.append(("behavior_logprobs", "must be a list of floats"))
-            values = None
-        if values is not None:
-            if n_completion is not None and len(values) != n_completion:
-                out.append(("behavior_logprobs", f"has {len(values)} entries for {n_completion} completion tokens"))
-            if not all(math.isfinite(v) for v in values):
-                out.append(("behavior_logprobs", "non-finite log-prob"))
-            elif any(v > MAX_LOGPROB for v in values):
-                out.append(("behavior_logprobs", f"positive log-prob {max(values):.4g}"))
+            ]
+        return []
+    try:
+        values = [float(v) for v in lps]
+    except (TypeError, ValueError):
+        return [("behavior_logprobs", "must be a list of floats")]
+    out: List[tuple] = []
+    if n_completion is not None and len(values) != n_completion:
+        out.append(("behavior_logprobs", f"has {len(values)} entries for {n_completion} completion tokens"))
+    if not all(math.isfinite(v) for v in values):
+        out.append(("behavior_logprobs", "non-finite log-prob"))
+    elif any(v > MAX_LOGPROB for v in values):
+        out.append(("behavior_logprobs", f"positive log-prob {max(values):.4g}"))
     return out
 
 
