@@ -412,6 +412,20 @@ def report_saved(out: str, grid: Grid) -> Dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    grid = _grid(args)
+    out = os.path.abspath(args.out)
+    if args.report_only:
+        return _report_only(out, grid)
+    if args.fresh and os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(out, exist_ok=True)
+    return _run(out, grid, args)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rllib-p3o sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -462,7 +476,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="write the table and figures from the trials saved under --out so far (a running or interrupted sweep's "
         "say how many are missing), without running any; from curves.csv where there are no trial files",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (exit 2) an ``--out`` on object storage and a ``--parallel`` below 1."""
     if storage.is_uri(args.out) and storage.uri_scheme(args.out) != "file":
         # The prepared models must be local directories (vLLM and transformers load them), and a resumed sweep reads
         # its per-trial files back: an object store cannot hold either. Refused rather than written to "./s3:".
@@ -473,6 +491,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if args.parallel < 1:
         parser.error(f"--parallel must be >= 1, got {args.parallel}")
+
+
+def _grid(args: argparse.Namespace) -> Grid:
+    """The task's quick or full grid with the regimes, methods, seeds, iterations and lr the arguments name."""
     grid = GRIDS[args.task, "quick" if args.quick else "full"]
     changes = {
         k: tuple(v) for k, v in (("regimes", args.regimes), ("methods", args.methods), ("seeds", args.seeds)) if v
@@ -485,21 +507,25 @@ def main(argv: Optional[List[str]] = None) -> int:
         changes["iterations"] = args.iterations
     if args.lr:
         changes.update(lr_peaks=(), default_lr=args.lr)
-    grid = Grid(**{**grid.__dict__, **changes})
-    out = os.path.abspath(args.out)
-    if args.report_only:
-        if os.path.isdir(os.path.join(out, report.TRIALS_DIR)):
-            summary = report_saved(out, grid)
-        else:  # a sweep's published outputs without its trial files: redraw from curves.csv
-            lr_peak = json.load(open(os.path.join(out, LR_CHOICE)))["lr_peak"] if grid.lr_peaks else grid.default_lr
-            curves = pd.read_csv(os.path.join(out, report.CURVES_CSV))
-            summary = report.write_report(out, curves, grid, lr_peak=lr_peak, wall_s=None)
-        print(open(summary["table"]).read())
-        return 0
-    if args.fresh and os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out, exist_ok=True)
+    return Grid(**{**grid.__dict__, **changes})
 
+
+def _report_only(out: str, grid: Grid) -> int:
+    """``--report-only``: the report of the trials saved under ``out``, or of its ``curves.csv`` where there are no
+    trial files; prints its table."""
+    if os.path.isdir(os.path.join(out, report.TRIALS_DIR)):
+        summary = report_saved(out, grid)
+    else:  # a sweep's published outputs without its trial files: redraw from curves.csv
+        lr_peak = json.load(open(os.path.join(out, LR_CHOICE)))["lr_peak"] if grid.lr_peaks else grid.default_lr
+        curves = pd.read_csv(os.path.join(out, report.CURVES_CSV))
+        summary = report.write_report(out, curves, grid, lr_peak=lr_peak, wall_s=None)
+    print(open(summary["table"]).read())
+    return 0
+
+
+def _run(out: str, grid: Grid, args: argparse.Namespace) -> int:
+    """Start Ray with the libraries quiet, run the sweep and print its table; 130 when it was interrupted (its
+    finished trials are saved, and a rerun continues)."""
     import logging
 
     import ray
