@@ -117,10 +117,10 @@ def main() -> None:
     import ray
 
     import rllib_p3o
-    from rllib_p3o.driver.progress import quiet_library_output
+    from rllib_p3o.driver.progress import silence_driver_and_workers
     from rllib_p3o.tasks import build_demo_model
 
-    quiet_library_output()
+    silence_driver_and_workers()
     model = build_demo_model(args.model_dir)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     report = {

@@ -54,10 +54,10 @@ def main() -> int:
     args = parser.parse_args()
     out = os.path.abspath(args.out)
 
-    from rllib_p3o.driver.progress import quiet_library_output
+    from rllib_p3o.driver.progress import silence_driver_and_workers
     from rllib_p3o.tasks.products import build_tool_model
 
-    quiet_library_output()
+    silence_driver_and_workers()
 
     print(
         f"{len(args.base_seeds) * len(args.rl_seeds)} tool-use runs (with the calculator to {args.target}, then "

@@ -44,10 +44,10 @@ def start(
     import ray
     import torch
 
-    from rllib_p3o.driver.progress import quiet_library_output
+    from rllib_p3o.driver.progress import silence_driver_and_workers
     from rllib_p3o.tasks import build_demo_model
 
-    env = quiet_library_output()
+    env = silence_driver_and_workers()
     if threads:
         torch.set_num_threads(threads)
     model = build_demo_model(

@@ -91,7 +91,7 @@ def main() -> int:
     import ray
 
     from rllib_p3o.core import metrics
-    from rllib_p3o.driver.progress import CURVES, plot_training_curves, quiet_library_output
+    from rllib_p3o.driver.progress import CURVES, plot_training_curves, silence_driver_and_workers
     from rllib_p3o.tasks.products import build_tool_model, calc
 
     print(
@@ -99,7 +99,7 @@ def main() -> int:
         f"[1/3] base model (seed {args.base_seed}) -> {os.path.relpath(base_dir)}",
         flush=True,
     )
-    env = quiet_library_output()
+    env = silence_driver_and_workers()
     model = build_tool_model(
         base_dir,
         seed=args.base_seed,

@@ -64,6 +64,7 @@ def test_old_import_paths_still_work():
         "rllib_p3o.trial_reuse": ["RESETTABLE_KEYS", "config_differences"],
         "rllib_p3o.preflight": ["check_cluster_fits", "ClusterTooSmallError"],
         "rllib_p3o.progress": ["IterationPrinter", "quiet_library_output", "plot_training_curves"],
+        "rllib_p3o.driver.progress": ["silence_driver_and_workers", "quiet_library_output"],
         "rllib_p3o.sync.push": ["WeightSync", "LearnerProbes"],
         "rllib_p3o.runner.episodes": ["completion_episode", "episodes_to_records"],
         "rllib_p3o.data.batch_source": ["BatchSource", "SourceBatch", "OfflineSource"],
@@ -93,6 +94,8 @@ def test_old_module_paths_and_names_warn_once_with_the_new_path_and_the_removal_
         "from rllib_p3o.runner.env import DatasetError, TextEnv\n"
         "from rllib_p3o.data.batch_source import BatchSource\n"
         "from rllib_p3o.driver.sampler import OnlineSource\n"
+        "from rllib_p3o.driver.progress import quiet_library_output, silence_driver_and_workers\n"
+        "assert quiet_library_output is silence_driver_and_workers\n"
         "from rllib_p3o.sampler import Sampler\n"  # the second time: silent
         "import rllib_p3o.driver.sampler, rllib_p3o.data.episodes, rllib_p3o.data.datasets\n"
         "assert Sampler is rllib_p3o.driver.sampler.Sampler\n"
@@ -112,6 +115,7 @@ def test_old_module_paths_and_names_warn_once_with_the_new_path_and_the_removal_
         ("rllib_p3o.runner.env.DatasetError", "rllib_p3o.data.datasets.DatasetError"),
         ("rllib_p3o.data.batch_source", "rllib_p3o.driver.batch_sources"),
         ("rllib_p3o.driver.sampler.OnlineSource", "rllib_p3o.driver.batch_sources.OnlineSource"),
+        ("rllib_p3o.driver.progress.quiet_library_output", "rllib_p3o.driver.progress.silence_driver_and_workers"),
     ]:
         assert [w for w in warned if f" {old} is deprecated" in w and f"use {new} instead" in w and "0.4" in w], old
     assert sum(" rllib_p3o.sampler is deprecated" in w for w in warned) == 1

@@ -237,9 +237,9 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
     spec = read_config_file(path, overrides)
     run = dict(spec.get(RUN) or {})
     target = target_of(run)
-    from rllib_p3o.driver.progress import quiet_library_output
+    from rllib_p3o.driver.progress import silence_driver_and_workers
 
-    env = quiet_library_output()
+    env = silence_driver_and_workers()
     config = build_config(spec, path)
     import ray
     from ray import tune

@@ -1,5 +1,11 @@
-"""What a person sees of a long run: quiet libraries, a status table with a row per iteration (a Tune callback), the
-training curves."""
+"""What a person sees of a long run: the libraries silenced in a script's driver and its workers, a status table
+with a row per iteration (a Tune callback), the training curves.
+
+Two functions keep the libraries quiet, each with its own job: `rllib_p3o.core.quiet.quiet_libraries` is what
+``import rllib_p3o`` does in every process by default (chatter below ERROR hidden, ``RLLIB_P3O_VERBOSE=1`` shows
+it); `silence_driver_and_workers` is for a script's driver, before Ray starts: it silences more (every
+DeprecationWarning, FutureWarning and UserWarning, whatever ``RLLIB_P3O_VERBOSE`` says) and returns the environment
+that does the same in Ray's workers."""
 
 from __future__ import annotations
 
@@ -7,16 +13,17 @@ import logging
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from ray import tune
 
 from rllib_p3o.core import metrics, quiet
+from rllib_p3o.core.deprecation import warn_once
 
 if TYPE_CHECKING:
     import pandas
 
-# `quiet_library_output`'s settings: those ``import rllib_p3o`` applies by default (`rllib_p3o.core.quiet`), and
+# `silence_driver_and_workers`' settings: those ``import rllib_p3o`` applies by default (`rllib_p3o.core.quiet`), and
 # Tune's classic output engine and every Python warning for the worker processes. Errors still show.
 QUIET_ENV = {
     **quiet.QUIET_ENV,
@@ -26,11 +33,12 @@ QUIET_ENV = {
 }
 
 
-def quiet_library_output() -> Dict[str, str]:
-    """Silence Ray/RLlib/Tune, transformers and vLLM below ERROR in this process, whatever ``RLLIB_P3O_VERBOSE``
-    says (the examples' scripts); returns the environment variables to hand to Ray workers
-    (``ray.init(runtime_env={"env_vars": ...})``). Call it before those libraries start. ``import rllib_p3o`` already
-    does most of this by default (`rllib_p3o.core.quiet`)."""
+def silence_driver_and_workers() -> Dict[str, str]:
+    """Silence Ray/RLlib/Tune, transformers and vLLM below ERROR, and every DeprecationWarning, FutureWarning and
+    UserWarning, in this process (a script's driver), whatever ``RLLIB_P3O_VERBOSE`` says; returns the environment
+    variables that do the same in Ray's workers (``ray.init(runtime_env={"env_vars": ...})``). Call it before those
+    libraries start. ``import rllib_p3o`` already does most of this by default, in every process
+    (`rllib_p3o.core.quiet.quiet_libraries`)."""
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     for category in (DeprecationWarning, FutureWarning, UserWarning):
@@ -195,3 +203,11 @@ def plot_training_curves(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def __getattr__(name: str) -> Any:
+    """``quiet_library_output``, the old name of `silence_driver_and_workers`, with a warning (PEP 562)."""
+    if name == "quiet_library_output":
+        warn_once(f"{__name__}.quiet_library_output", f"{__name__}.silence_driver_and_workers")
+        return silence_driver_and_workers
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -530,9 +530,9 @@ def _run(out: str, grid: Grid, args: argparse.Namespace) -> int:
 
     import ray
 
-    from rllib_p3o.progress import quiet_library_output
+    from rllib_p3o.driver.progress import silence_driver_and_workers
 
-    env = quiet_library_output()
+    env = silence_driver_and_workers()
     # Logical CPUs beyond the cores: a trial holds 2 (its actor and the runner), Ray Data reads need their own.
     ray.init(
         num_cpus=max(8, 2 * args.parallel + 4),
