@@ -46,8 +46,8 @@ MEASURE_WIDTHS = (256, 1024)
 MEASURE_REPEATS = 3
 MEASURE_BUDGET_S = 60.0
 # A measured call cost is counted twice in the plan: a split must save twice what the fit says a pass costs. The fit
-# is linear, but a narrow bucket on a GPU runs below the device's throughput (an H200 ran a 0.5B model's issue-42
-# batch fastest in one pass even at 16384 positions per pass), and a wrong split costs more than a missed one.
+# is linear, but a narrow bucket on a GPU runs below the device's throughput (an H200 ran a 0.5B model's batch of
+# long rows fastest in one pass even at 16384 positions per pass), and a wrong split costs more than a missed one.
 MEASURED_CALL_COST_MARGIN = 2.0
 
 

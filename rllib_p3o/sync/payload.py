@@ -51,10 +51,10 @@ LM_PREFIX = "lm."
 class PackedTensors:
     """A module state's tensors as flat byte arrays, for the object store.
 
-    Ray pickles torch tensors through ``torch.save`` (about 4 ms per MB here), but ships numpy arrays out of band: one
-    copy into the object store, zero-copy reads in every runner. Any dtype (bfloat16 included, which numpy lacks)
-    travels as its raw bytes and is viewed back as the same dtype and shape; the receiving engine copies the values
-    into its own parameters, so the read-only views are never written.
+    Ray pickles torch tensors through ``torch.save`` (a serialization pass over every byte), but ships numpy arrays
+    out of band: one copy into the object store, zero-copy reads in every runner. Any dtype (bfloat16 included, which
+    numpy lacks) travels as its raw bytes and is viewed back as the same dtype and shape; the receiving engine copies
+    the values into its own parameters, so the read-only views are never written.
     """
 
     def __init__(self, tensors: Mapping[str, torch.Tensor]):

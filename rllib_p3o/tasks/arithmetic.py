@@ -61,14 +61,13 @@ class ArithmeticTask(HeldOutSplit):
         pretrained model often does before RL: it samples the right digit 31-43% of the time and its greedy answer
         is right on 19-41% of held-out prompts (5 seeds measured); RL has to make the right answer its habit.
 
-        Why this design (measured over base-model seeds): with plain sums only, the base model sampled a right
-        answer ~1% of the time, 2-4% of 8-completion groups held any reward variance, and whether RL learned at
-        all depended on the floats of the pretraining. With 2% correct format lines it answered at chance (~0.1)
-        and about half of all groups carried signal, but RL then had to discover the operation itself: 3 of 15
-        demo runs did not within 600 s, the others took 48-480 s. A few hundred correct lines more put the base
-        model on a cliff (some seeds generalized the operation before RL, others did not). With 30% of the pairs
-        in the format, every seed tried learns the operation in the format, and the spurious carries keep it
-        sloppy: 79-86% of groups carry signal from the first iteration.
+        Why this design: with plain sums only, the base model almost never samples a right answer, so almost no
+        group carries reward variance and whether RL learns at all depends on the floats of the pretraining. With
+        a few format lines it answers at chance and RL has to discover the operation itself, which some seeds do
+        not in a demo's time; a few hundred correct lines more and some seeds generalize the operation before RL
+        while others do not. With 30% of the pairs in the format, every seed learns the operation in the format,
+        and the spurious carries keep it sloppy: 79-86% of groups carry signal from the first iteration. (The
+        alternatives' measurements: CHANGELOG, 0.1.0, "Demo base model".)
         """
         rows = sorted(self.train_rows(), key=lambda r: r["prompt"])
         sums = [f"{a:02d}+{b:02d}={a + b}" for a, b in map(self._operands, rows)]
