@@ -482,14 +482,16 @@ class P3OConfig(AlgorithmConfig):
         return self
 
     def _check_untruncated_sampling(self) -> None:
-        """P3O's losses read the behavior log-probs as the full sampling distribution's. With processed log-probs and
-        top-p/top-k truncation they are the truncated distribution's, renormalized, hence higher than the policy's own
-        on every sampled token: fresh samples would look off-policy (ratio < 1), lower the ESS and pull the policy
-        toward the truncated distribution. Refused, for the policy's sampling and each behavior model's."""
-        if self.loss not in LOSSES or not get_loss(self.loss).needs_untruncated_sampling:
-            return
+        """P3O's losses read the behavior log-probs as those of the distribution the learner's log-probs are of. With
+        processed log-probs and top-p/top-k truncation the behavior log-probs are the truncated distribution's,
+        renormalized; so each token records its kept set (`kept_set_cap`) and the learner renormalizes its log-prob
+        over the same set (`rllib_p3o.learner.compute.kept_set_logprobs`): the ratio compares like with like. Refused:
+        truncated sampling with ``kept_set_cap=0`` (fresh samples would look off-policy, ratio < 1, and pull the
+        policy toward the truncated distribution), and top-k alone with a ``kept_set_cap`` below ``top_k`` (every
+        kept set would overflow the record). For the policy's sampling and each behavior model's."""
         if self.logprobs_mode != "processed":
             return
+        needs_exact = self.loss in LOSSES and get_loss(self.loss).needs_untruncated_sampling
         samplers = [("the policy", self.top_p, self.top_k)] + [
             (
                 f"behavior model {s.get('name') or s.get('model')}",
@@ -499,12 +501,23 @@ class P3OConfig(AlgorithmConfig):
             for s in self.behavior_models
         ]
         for who, top_p, top_k in samplers:
-            if (top_p is not None and top_p < 1.0) or (top_k is not None and top_k > 0):
+            truncated = (top_p is not None and top_p < 1.0) or (top_k is not None and top_k > 0)
+            if not truncated:
+                continue
+            if self.kept_set_cap == 0 and needs_exact:
                 self._value_error(
-                    f"loss={self.loss!r} needs untruncated sampling, but {who} samples with top_p={top_p}, "
-                    f"top_k={top_k}: the behavior log-probs would be those of the truncated distribution, so even "
-                    "fresh samples would look off-policy. Sample with top_p=1.0 and top_k=-1 (temperature is fine), "
-                    "or use a loss without this requirement (e.g. 'grpo')."
+                    f"loss={self.loss!r} needs the learner's log-probs renormalized over the sampler's kept set, but "
+                    f"{who} samples with top_p={top_p}, top_k={top_k} and kept_set_cap=0 records no kept set: the "
+                    "behavior log-probs would be those of the truncated distribution, so even fresh samples would look "
+                    "off-policy. Set kept_set_cap > 0, sample with top_p=1.0 and top_k=-1, or use a loss without this "
+                    "requirement (e.g. 'grpo')."
+                )
+            full_top_k = top_k is not None and top_k > 0 and (top_p is None or top_p >= 1.0)
+            if self.kept_set_cap > 0 and full_top_k and top_k > self.kept_set_cap:
+                self._value_error(
+                    f"{who} samples with top_k={top_k} but kept_set_cap={self.kept_set_cap}: every token's kept set "
+                    f"({top_k} tokens) would be larger than recorded and left out of the loss. Set kept_set_cap >= "
+                    f"{top_k} (or 0 to record none)."
                 )
 
     def loss_settings(self) -> Any:

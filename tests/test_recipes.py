@@ -63,6 +63,7 @@ def test_the_built_in_fields_keep_the_batch_layout():
         "attention_mask",
         "completion_mask",
         "behavior_logprobs",
+        "kept_ids",
         "advantages",
         "weights_seq_no",
         "source_id",

@@ -13,6 +13,8 @@ Layout of a learner batch of B rows right-padded to T tokens (targets are ``inpu
     token columns   [B, T]     input_ids (padding: the tokenizer's pad id), attention_mask (0)
     target columns  [B, T-1]   completion_mask (1 on model-generated completion targets: a multi-turn record's
                                environment tokens are 0), behavior_logprobs (log π_b of that target)
+                    [B, T-1, W] kept_ids: the sampler's kept set of each target under top-k/top-p sampling
+                               (`KEPT_PAD` after it; W = 0 when nothing in the batch was truncated)
     row columns     [B]        advantages, weights_seq_no, source_id, staleness
 """
 
@@ -44,6 +46,9 @@ class Columns:
     REF_LOGPROBS = "ref_logprobs"
     # Log-probs of the learner's policy before the update [B, T-1], for losses that need π_old; added by the learner.
     OLD_LOGPROBS = "old_logprobs"
+    # Top-k/top-p sampling: the token ids the sampler kept at each target [B, T-1, W] (`KEPT_PAD` after them; a row
+    # of `KEPT_PAD` only: sampled untruncated; `KEPT_OVERFLOW` first: the kept set was larger than recorded).
+    KEPT_IDS = "kept_ids"
 
 
 class Record:
@@ -61,6 +66,25 @@ class Record:
     INFOS = "infos"  # the episode's infos (`Infos`); online records only
     # Multi-turn only: 1 on model tokens, 0 on environment tokens of the completion (absent: all model tokens).
     LOSS_MASK = "loss_mask"
+    # Top-k/top-p sampling: [completion tokens, W] int32, each token's kept set (absent: sampled untruncated).
+    KEPT_IDS = Columns.KEPT_IDS
+
+
+# Kept sets (`Columns.KEPT_IDS`): the padding after a token's kept set, and the mark of a token whose kept set was
+# larger than the runner recorded (`kept_set_cap`): the learner leaves that token out of the loss.
+KEPT_PAD = -1
+KEPT_OVERFLOW = -2
+
+
+def kept_set_candidates(top_k: Optional[int], top_p: Optional[float], cap: int) -> int:
+    """How many candidates of the processed distribution a runner asks vLLM for (``SamplingParams.logprobs``) to
+    record each token's kept set under ``top_k``/``top_p`` sampling: one more than the largest kept set it records
+    (``top_k``, else ``cap``; at most ``cap``), so that a larger set shows; 0 when sampling is untruncated or
+    ``cap`` is 0 (nothing recorded)."""
+    truncated = (top_k is not None and top_k > 0) or (top_p is not None and top_p < 1.0)
+    if not truncated or cap <= 0:
+        return 0
+    return (min(int(top_k), cap) if top_k is not None and top_k > 0 else cap) + 1
 
 
 class Infos:
@@ -98,7 +122,9 @@ class Field:
     ``episode``: carried in the runner's episodes (``extra_model_outputs``) to the driver. ``file``: its trajectory
     Parquet column (None: not recorded), of pyarrow type ``arrow`` (``"int64"``, ``"float32"``, ``"string"``,
     ``"list<float32>"``, ...); ``nullable``: a missing value is written as null and read back as ``default``.
-    ``label``: its name in error messages (default: ``key``).
+    ``label``: its name in error messages (default: ``key``). ``ragged``: a per-token field whose value at each
+    token is a list of ids (a ``[tokens, W]`` array padded with `KEPT_PAD`; its batch column is ``[B, T-1, W]``,
+    W the widest of the batch, padded with `KEPT_PAD`; a record without it: none at any token).
 
     `pad_records` (batching), the episode builders and `episodes_to_records`, the recorder and the trajectory
     reader all loop over `FIELDS`: a new column is one `Field` here plus the code that produces its value (the
@@ -115,6 +141,7 @@ class Field:
     arrow: Optional[str] = None
     nullable: bool = False
     label: str = ""
+    ragged: bool = False
 
     @property
     def what(self) -> str:
@@ -137,6 +164,11 @@ FIELDS: Tuple[Field, ...] = (
         file="policy_version", arrow="int64",
     ),
     Field(Record.SOURCE_ID, ROW, np.int64, batch=Columns.SOURCE_ID, default=0, episode=True),
+    # The sampler's kept set of each token under top-k/top-p (`rllib_p3o.runner.rollouts.kept_sets`); not recorded in
+    # trajectory files (offline rows: none).
+    Field(
+        Record.KEPT_IDS, TOKEN, np.int32, batch=Columns.KEPT_IDS, episode=True, label="kept sets", ragged=True,
+    ),
     Field(Record.STALENESS, ROW, np.int64, batch=Columns.STALENESS, default=-1),
 )  # fmt: skip
 
@@ -167,6 +199,16 @@ def batch_layout(
         **{f.batch: f.dtype for f in fields if f.batch},
     }
     return TOKEN_COLUMNS, target, row, dtypes
+
+
+def ragged_array(values: Any, tokens: int, dtype: type = np.int32) -> np.ndarray:
+    """A ragged field's value (`Field.ragged`) as a ``[tokens, W]`` array (None or empty: ``[tokens, 0]``)."""
+    if values is None or np.size(values) == 0:
+        return np.zeros((tokens, 0), dtype=dtype)
+    out = np.asarray(values, dtype=dtype)
+    if out.ndim != 2 or len(out) != tokens:
+        raise ValueError(f"kept sets of shape {out.shape} for {tokens} tokens")
+    return out
 
 
 def to_file(field: Field, value: Any) -> Any:

@@ -147,6 +147,9 @@ MISMATCH_NUM_TOKENS = "mismatch_num_tokens"
 PADDING_SHARE = "padding_share"
 # The same share had every row been padded to the longest row of its minibatch (as without length buckets).
 PADDING_SHARE_UNBUCKETED = "padding_share_unbucketed"
+# Top-k/top-p sampling: share of the minibatch's completion tokens whose kept set was larger than the runners recorded
+# (`kept_set_cap`), left out of the loss; logged only for batches with kept sets.
+KEPT_SET_OVERFLOW_SHARE = "kept_set_overflow_share"
 # Seconds the learner spent recomputing π_old before an update (losses that need it: grpo_tis, grpo_seq_mask, ...).
 OLD_LOGPROBS_S = "old_logprobs_s"
 

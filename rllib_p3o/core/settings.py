@@ -176,6 +176,17 @@ class P3OSettings:
     temperature: float = setting(1.0, group=SAMPLING, help="Sampling temperature of the rollouts.")
     top_p: float = setting(1.0, group=SAMPLING, help="Nucleus-sampling threshold of the rollouts (1.0: off).")
     top_k: int = setting(-1, group=SAMPLING, help="Top-k sampling of the rollouts (-1: off).")
+    kept_set_cap: int = setting(
+        64,
+        group=SAMPLING,
+        minimum=0,
+        help="Top-k/top-p sampling with processed log-probs: each generated token records its kept set (the tokens "
+        "the sampler kept, up to this many; vLLM returns them as the top candidates of the processed distribution) "
+        "and the learner renormalizes its log-prob over that set, so the ratio compares the same truncated "
+        "distribution. A token whose kept set is larger (top-p only) is left out of the loss "
+        "(`kept_set_overflow_share`). With top-k alone it must be at least `top_k`. 0: record nothing (P3O's losses "
+        "then refuse truncated sampling).",
+    )
     logprobs_mode: str = setting(
         "processed",
         group=SAMPLING,

@@ -39,14 +39,20 @@ def add_group_advantages(records: Sequence[Dict[str, Any]]) -> None:
         r[Record.ADVANTAGE] = a
 
 
-def _zeros(rows: int, width: int) -> Batch:
+def _ragged() -> Dict[str, int]:
+    """The ragged per-token batch columns (`rllib_p3o.core.columns.Field.ragged`) and their padding value."""
+    return {f.batch: columns.KEPT_PAD for f in columns.FIELDS if f.batch and f.ragged}
+
+
+def _zeros(rows: int, width: int, ragged_width: int = 0) -> Batch:
     token, target, row, dtypes = columns.batch_layout(columns.FIELDS)
+    ragged = _ragged()
     shapes = {
         **{k: (rows, width) for k in token},
-        **{k: (rows, width - 1) for k in target},
+        **{k: (rows, width - 1) + ((ragged_width,) if k in ragged else ()) for k in target},
         **{k: (rows,) for k in row},
     }
-    return {k: np.zeros(shapes[k], dtypes[k]) for k in shapes}
+    return {k: np.full(shapes[k], ragged.get(k, 0), dtypes[k]) for k in shapes}
 
 
 def empty_batch(width: int) -> Batch:
@@ -70,8 +76,10 @@ def pad_records(records: Sequence[Mapping[str, Any]], pad_id: int, pad_to: Optio
             raise ValueError(f"a row has {width} tokens, more than pad_to={pad_to}")
         width = pad_to
     fields = [f for f in columns.FIELDS if f.batch]
-    per_token = [f for f in fields if f.per == TOKEN]
-    out = _zeros(len(records), width)
+    per_token = [f for f in fields if f.per == TOKEN and not f.ragged]
+    ragged = [f for f in fields if f.ragged]
+    ragged_width = max((np.shape(r[f.key])[-1] for f in ragged for r in records if r.get(f.key) is not None), default=0)
+    out = _zeros(len(records), width, ragged_width)
     out[Columns.INPUT_IDS].fill(pad_id)
     for i, r in enumerate(records):
         p, c = len(r[Record.PROMPT_IDS]), len(r[Record.COMPLETION_IDS])
@@ -90,6 +98,14 @@ def pad_records(records: Sequence[Mapping[str, Any]], pad_id: int, pad_to: Optio
             if len(values) != c:
                 raise ValueError(f"record {i}: {len(values)} {f.what} for {c} completion tokens")
             out[f.batch][i, p - 1 : p - 1 + c] = values
+        for f in ragged:  # a [c, w] array (w <= the batch's width), or nothing: padding only
+            values = r.get(f.key)
+            if values is None or np.size(values) == 0:
+                continue
+            if len(values) != c:
+                raise ValueError(f"record {i}: {len(values)} {f.what} for {c} completion tokens")
+            values = columns.ragged_array(values, c, f.dtype)
+            out[f.batch][i, p - 1 : p - 1 + c, : values.shape[1]] = values
     for f in fields:
         if f.per == ROW:
             values = [r[f.key] for r in records] if f.default is None else [r.get(f.key, f.default) for r in records]
@@ -107,6 +123,7 @@ def fit_width(batch: Mapping[str, np.ndarray], width: int, pad_id: int) -> Batch
     """The batch at token width ``width``: token columns cut or padded to ``width``, target columns to ``width - 1``
     (padding: ``pad_id`` in input_ids, 0 elsewhere). Only ever cut columns that are padding in every row."""
     token, target_columns, row, _ = columns.batch_layout(columns.FIELDS)
+    ragged = _ragged()
     out = {}
     for k in (*token, *target_columns, *row):
         v = batch[k]
@@ -115,18 +132,24 @@ def fit_width(batch: Mapping[str, np.ndarray], width: int, pad_id: int) -> Batch
             if v.shape[1] >= target:
                 v = v[:, :target]
             else:
-                fill = pad_id if k == Columns.INPUT_IDS else 0
-                v = np.pad(v, ((0, 0), (0, target - v.shape[1])), constant_values=fill)
+                fill = pad_id if k == Columns.INPUT_IDS else ragged.get(k, 0)
+                pad = [(0, 0), (0, target - v.shape[1])] + [(0, 0)] * (v.ndim - 2)
+                v = np.pad(v, pad, constant_values=fill)
         out[k] = v
     return out
 
 
 def concat_padded(batches: List[Mapping[str, np.ndarray]], pad_id: int) -> Batch:
-    """Concatenate batches (online and offline parts) at the width of the longest real row among them."""
+    """Concatenate batches (online and offline parts) at the width of the longest real row among them (and the
+    ragged columns at their widest)."""
     width = max(real_width(b) for b in batches)
     parts = [fit_width(b, width, pad_id) for b in batches]
     if len(parts) == 1:
         return parts[0]
+    for k, fill in _ragged().items():
+        widest = max(p[k].shape[2] for p in parts)
+        for p in parts:
+            p[k] = np.pad(p[k], ((0, 0), (0, 0), (0, widest - p[k].shape[2])), constant_values=fill)
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 

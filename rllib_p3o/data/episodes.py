@@ -4,7 +4,8 @@ One `SingleAgentEpisode` per sampled completion. Single-turn, it is one env step
 ids, action = completion token ids, reward = the verifier's reward. Multi-turn (`rllib_p3o.runner.multiturn`), it has one
 step per model turn: the reset observation is the prompt's ids, each action a model turn's engine ids, each later
 observation the environment turn's ids that follow it (empty after the last turn), each reward that turn's reward.
-Every step's ``extra_model_outputs`` hold the behavior log-probs of its action tokens, the weights version
+Every step's ``extra_model_outputs`` hold the behavior log-probs of its action tokens (and under top-k/top-p sampling
+each token's kept set, `rllib_p3o.core.columns.Record.KEPT_IDS`), the weights version
 (``weights_seq_no``) that produced them, the prompt group and the data source. Texts and sampling parameters ride
 in the last step's infos (`rllib_p3o.core.columns.Infos`), for recording and debugging.
 
@@ -48,9 +49,11 @@ def completion_episode(
     source_id: int = 0,
     infos: Mapping[str, Any] | None = None,
     extras: Mapping[str, Any] | None = None,
+    kept_ids: Any = None,
 ) -> SingleAgentEpisode:
     """A finished 1-step episode holding one completion of ``prompt_ids``. ``extras``: values of further declared
-    per-row fields (`rllib_p3o.core.columns.FIELDS`)."""
+    per-row fields (`rllib_p3o.core.columns.FIELDS`). ``kept_ids``: each token's kept set under top-k/top-p
+    sampling (``[tokens, W]``; None: untruncated)."""
     row = _row_extras(
         {
             **(extras or {}),
@@ -68,7 +71,11 @@ def completion_episode(
         reward=float(reward),
         infos=dict(infos or {}),
         terminated=True,
-        extra_model_outputs={Record.BEHAVIOR_LOGPROBS: np.asarray(behavior_logprobs, dtype=np.float32), **row},
+        extra_model_outputs={
+            Record.BEHAVIOR_LOGPROBS: np.asarray(behavior_logprobs, dtype=np.float32),
+            Record.KEPT_IDS: columns.ragged_array(kept_ids, len(completion_ids)),
+            **row,
+        },
     )
     return ep
 
@@ -80,6 +87,7 @@ class Turn(NamedTuple):
     behavior_logprobs: Sequence[float]  # one per action token
     reward: float
     env_ids: Sequence[int]  # token ids of the environment's turn that follows (empty after the last turn)
+    kept_ids: Any = None  # top-k/top-p sampling: each action token's kept set, [tokens, W] (None: untruncated)
 
 
 def multi_turn_episode(
@@ -116,7 +124,11 @@ def multi_turn_episode(
             infos=dict(infos or {}) if last else {},
             terminated=terminated and last,
             truncated=(not terminated) and last,
-            extra_model_outputs={Record.BEHAVIOR_LOGPROBS: np.asarray(t.behavior_logprobs, dtype=np.float32), **row},
+            extra_model_outputs={
+                Record.BEHAVIOR_LOGPROBS: np.asarray(t.behavior_logprobs, dtype=np.float32),
+                Record.KEPT_IDS: columns.ragged_array(t.kept_ids, len(t.action_ids)),
+                **row,
+            },
         )
     return ep
 
@@ -133,6 +145,8 @@ def episodes_to_records(episodes: Sequence[SingleAgentEpisode]) -> List[Dict[str
             Record.INFOS: ep.get_infos(-1),
         }
         for f in carried:  # per-token fields of a multi-turn episode: `_interleaved_turns` below
+            if f.ragged and f.key not in ep.extra_model_outputs:  # an episode built without it
+                continue
             value = ep.get_extra_model_outputs(f.key, 0)
             record[f.key] = np.asarray(value, dtype=f.dtype) if f.per != ROW else f.dtype(value).item()
         if len(ep) > 1:
@@ -144,19 +158,31 @@ def episodes_to_records(episodes: Sequence[SingleAgentEpisode]) -> List[Dict[str
 def _interleaved_turns(ep: SingleAgentEpisode) -> Dict[str, np.ndarray]:
     """A multi-turn episode's completion ids, behavior log-probs and loss mask (model turns and the environment
     turns between them, in order)."""
-    ids, logps, mask = [], [], []
+    ids, logps, mask, kept = [], [], [], []
     observations, actions = ep.get_observations(), ep.get_actions()
+    has_kept = Record.KEPT_IDS in ep.extra_model_outputs
     for k, action in enumerate(actions):
         ids.append(np.asarray(action, dtype=np.int64))
         logps.append(np.asarray(ep.get_extra_model_outputs(Record.BEHAVIOR_LOGPROBS, k), dtype=np.float32))
         mask.append(np.ones(len(action), dtype=np.int8))
+        if has_kept:
+            kept.append(columns.ragged_array(ep.get_extra_model_outputs(Record.KEPT_IDS, k), len(action)))
         if k < len(actions) - 1:  # the environment's turn before the next model turn
             env_ids = np.asarray(observations[k + 1], dtype=np.int64)
             ids.append(env_ids)
             logps.append(np.zeros(len(env_ids), dtype=np.float32))
             mask.append(np.zeros(len(env_ids), dtype=np.int8))
-    return {
+            kept.append(None)
+    out = {
         Record.COMPLETION_IDS: np.concatenate(ids),
         Record.BEHAVIOR_LOGPROBS: np.concatenate(logps),
         Record.LOSS_MASK: np.concatenate(mask),
     }
+    if has_kept:  # environment tokens: no kept set (they are not trained on)
+        width = max(k.shape[1] for k in kept if k is not None)
+        parts = [np.full((len(i), width), columns.KEPT_PAD, np.int32) for i in ids]
+        for part, k in zip(parts, kept):
+            if k is not None:
+                part[:, : k.shape[1]] = k
+        out[Record.KEPT_IDS] = np.concatenate(parts)
+    return out

@@ -18,6 +18,9 @@ batch ``input_ids`` [B, T] with ``attention_mask`` [B, T], ``token_logp`` [B, T-
 - **The LM head**: the full-vocabulary logits are the largest activation of LM training (B·T·V floats), so the
   head, log-softmax and gather run per chunk of ``chunk_size`` sequences under activation checkpointing once the
   batch's float32 logits pass ``HEAD_CHUNKING_MIN_BYTES``; below that, once.
+- **Top-k/top-p sampling** (``kept_ids``, the sampler's kept set of each target, `rllib_p3o.core.columns.Columns`):
+  each target's log-prob is renormalized over its kept set (`kept_set_logprobs`), so that the learner's log-prob and
+  the sampler's processed log-prob are of the same truncated distribution.
 - **torch.compile** (``compile=True``): each decoder layer is compiled with dynamic shapes (a new batch width
   reuses the compiled code instead of recompiling), when the core is first used on a device.
 
@@ -38,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from rllib_p3o.core.columns import KEPT_OVERFLOW
 from rllib_p3o.core.losses import LossInputs, LossOutput, LossSpec
 from rllib_p3o.learner.length_buckets import (
     DEFAULT_CALL_COST_TOKENS,
@@ -49,7 +53,14 @@ from rllib_p3o.learner.length_buckets import (
     plan_buckets,
     planned_call_cost,
 )
-from rllib_p3o.learner.packing import MASKED_ATTENTION, VARLEN_ATTENTION, pack_capacity, pack_rows, plan_packing
+from rllib_p3o.learner.packing import (
+    MASKED_ATTENTION,
+    VARLEN_ATTENTION,
+    pack_capacity,
+    pack_rows,
+    pack_target_values,
+    plan_packing,
+)
 from rllib_p3o.learner.packing import unpack_token_values as unpack
 
 logger = logging.getLogger(__name__)
@@ -95,14 +106,55 @@ def _softcap(logits: torch.Tensor, cap: Optional[float]) -> torch.Tensor:
     return logits if not cap else torch.tanh(logits / cap) * cap
 
 
+def kept_set_log_mass(logp_all: torch.Tensor, kept_ids: torch.Tensor) -> torch.Tensor:
+    """``log Σ_{v ∈ K} π(v)`` at each position, from the full log-probs ``logp_all`` [..., V] and the kept set's ids
+    ``kept_ids`` [..., W] (negative ids: padding, or the `KEPT_OVERFLOW` mark); 0 where a position has no kept set
+    (sampled untruncated, or its set overflowed the record), i.e. the full distribution there."""
+    valid = kept_ids >= 0
+    has_set = valid.any(-1) & (kept_ids[..., 0] != KEPT_OVERFLOW)
+    picked = logp_all.gather(-1, kept_ids.clamp(min=0).long()).masked_fill(~valid, float("-inf"))
+    # Positions without a set sum zeros instead of -inf only: logsumexp of all -inf has a NaN gradient.
+    picked = torch.where(has_set.unsqueeze(-1), picked, torch.zeros_like(picked))
+    return torch.where(has_set, torch.logsumexp(picked, dim=-1), torch.zeros_like(picked[..., 0]))
+
+
+def kept_set_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, kept_ids: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Log-prob of each target under the distribution truncated to the sampler's kept set K and renormalized:
+
+        logp_K(y) = z_y − logsumexp_{v ∈ K} z_v,    z = logits / temperature,
+
+    i.e. ``log softmax(z)[y] − log Σ_{v ∈ K} softmax(z)[v]``. vLLM's processed log-prob of a token sampled with
+    top-k/top-p is this, at the sampler's weights and temperature (it divides by the temperature, masks the logits
+    outside K with -inf and takes the log-softmax: ``vllm.v1.sample.sampler``); so at equal weights and temperature
+    the ratio of the two is exactly 1. ``logits`` [..., V], ``targets`` [...], ``kept_ids`` [..., W] (padding:
+    negative ids; positions without a kept set: the full distribution's log-prob). The learner calls it with its own
+    temperature, 1 (a rollout at T ≠ 1 stays off-policy data, as without truncation)."""
+    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logp - kept_set_log_mass(logp_all, kept_ids)
+
+
 def head_from_logits(
-    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, kept_ids: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``log softmax(logits)[target]`` and the entropy ``-Σ p log p`` (zeros unless asked), in float32."""
+    """``log softmax(logits)[target]`` (renormalized over ``kept_ids`` where given: `kept_set_logprobs`) and the
+    entropy ``-Σ p log p`` of the full distribution (zeros unless asked), in float32."""
     logp_all = F.log_softmax(logits.float(), dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if kept_ids is not None:
+        logp = logp - kept_set_log_mass(logp_all, kept_ids)
     ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
     return logp, ent
+
+
+def kept_set_overflow(kept_ids: Optional[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """Where ``mask``'s targets had a kept set larger than the runner recorded (`KEPT_OVERFLOW`): their log-probs
+    cannot be renormalized exactly, so the learner leaves them out of the loss."""
+    if kept_ids is None or kept_ids.shape[-1] == 0:
+        return torch.zeros_like(mask)
+    return mask & (kept_ids[..., 0] == KEPT_OVERFLOW)
 
 
 class TokenLogprobs:
@@ -302,47 +354,62 @@ class TokenLogprobs:
         return torch.autocast(device_type=device.type, dtype=self.autocast)
 
     def token_logprobs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = False, autocast: bool = True
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        with_entropy: bool = False,
+        autocast: bool = True,
+        kept_ids: Optional[torch.Tensor] = None,
     ) -> Dict[str, Any]:
         """Log-prob (and optionally entropy) of every target token, plus the position counts of the padding metric
         (`TOKEN_POSITIONS`, `REAL_TOKENS`, `LONGEST_ROW_POSITIONS`). Under ``autocast`` (a mixed precision) the model
-        runs under that dtype's autocast; log-softmax and what follows run in float32."""
+        runs under that dtype's autocast; log-softmax and what follows run in float32. ``kept_ids`` [B, T-1, W]: the
+        sampler's kept sets under top-k/top-p, each target's log-prob renormalized over its own (`kept_set_logprobs`)."""
         self.prepare(input_ids.device)
+        if kept_ids is not None:
+            kept_ids = torch.as_tensor(kept_ids, device=input_ids.device).long() if kept_ids.shape[-1] else None
         context = self._autocast_context(input_ids.device) if autocast else contextlib.nullcontext()
         with context:
-            return self._token_logprobs(input_ids, attention_mask, with_entropy)
+            return self._token_logprobs(input_ids, attention_mask, with_entropy, kept_ids)
 
     def _token_logprobs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        with_entropy: bool,
+        kept_ids: Optional[torch.Tensor] = None,
     ) -> Dict[str, Any]:
         input_ids = input_ids.long()
         rows, width = input_ids.shape
         if not is_right_padded(attention_mask):  # (never from our batching): the whole batch, masked as given
-            out: Dict[str, Any] = self._forward_rows(input_ids, attention_mask, None, with_entropy)
+            out: Dict[str, Any] = self._forward_rows(input_ids, attention_mask, None, with_entropy, kept_ids)
             real = float(attention_mask.sum())
             out.update({TOKEN_POSITIONS: float(rows * width), REAL_TOKENS: real, LONGEST_ROW_POSITIONS: rows * width})
             return out
         lengths = attention_mask.sum(-1).clamp(min=2).cpu().numpy()
         if self.packing:
             capacity = pack_capacity(lengths, getattr(self.causal_lm().config, "_attn_implementation", ""))
-            out, positions = self._packed(input_ids, lengths, with_entropy, capacity)
+            out, positions = self._packed(input_ids, lengths, with_entropy, capacity, kept_ids)
         else:
             if self._call_cost is None:
                 self._call_cost = self._resolve_call_cost(input_ids.device)
-            out, positions = self._bucketed(input_ids, lengths, with_entropy)
+            out, positions = self._bucketed(input_ids, lengths, with_entropy, kept_ids)
         out[TOKEN_POSITIONS] = float(positions)
         out[REAL_TOKENS] = float(lengths.sum())
         out[LONGEST_ROW_POSITIONS] = float(rows * lengths.max())
         return out
 
-    def _bucketed(self, input_ids: torch.Tensor, lengths: np.ndarray, with_entropy: bool) -> Tuple[Dict[str, Any], int]:
+    def _bucketed(
+        self, input_ids: torch.Tensor, lengths: np.ndarray, with_entropy: bool, kept_ids: Optional[torch.Tensor] = None
+    ) -> Tuple[Dict[str, Any], int]:
         """One forward pass per length bucket, outputs back in the batch's row order and width."""
         width = input_ids.shape[1]
         buckets = plan_buckets(lengths, self._call_cost)
         parts = []
         for bucket in buckets:
             index = torch.as_tensor(bucket.rows, device=input_ids.device)
-            part = self._forward_rows(input_ids[index, : bucket.width], None, None, with_entropy)
+            kept = None if kept_ids is None else kept_ids[index, : bucket.width - 1]
+            part = self._forward_rows(input_ids[index, : bucket.width], None, None, with_entropy, kept)
             parts.append({k: F.pad(v, (0, width - bucket.width)) for k, v in part.items()})
         # Back to the batch's row order: each row's outputs depend on that row alone, so this equals the padded pass.
         order = torch.as_tensor(np.concatenate([b.rows for b in buckets]), device=input_ids.device)
@@ -352,12 +419,18 @@ class TokenLogprobs:
         return out, sum(len(b.rows) * b.width for b in buckets)
 
     def _packed(
-        self, input_ids: torch.Tensor, lengths: np.ndarray, with_entropy: bool, capacity: int
+        self,
+        input_ids: torch.Tensor,
+        lengths: np.ndarray,
+        with_entropy: bool,
+        capacity: int,
+        kept_ids: Optional[torch.Tensor] = None,
     ) -> Tuple[Dict[str, Any], int]:
         """One forward pass over the rows packed into rows of ``capacity`` positions, outputs unpacked."""
         plan = plan_packing(lengths, capacity)
         packed_ids, position_ids = pack_rows(input_ids, plan)
-        part = self._forward_rows(packed_ids, None, position_ids, with_entropy)
+        kept = None if kept_ids is None else pack_target_values(kept_ids, plan, fill=-1)
+        part = self._forward_rows(packed_ids, None, position_ids, with_entropy, kept)
         return {k: unpack(v, plan, input_ids.shape[1]) for k, v in part.items()}, plan.token_positions
 
     def _forward_rows(
@@ -366,8 +439,10 @@ class TokenLogprobs:
         attention_mask: Optional[torch.Tensor],
         position_ids: Optional[torch.Tensor],
         with_entropy: bool,
+        kept_ids: Optional[torch.Tensor] = None,
     ) -> Dict[str, torch.Tensor]:
-        """Log-probs (and entropies) of every target token of these rows, in one forward pass of the model."""
+        """Log-probs (and entropies) of every target token of these rows, in one forward pass of the model (renormalized
+        over ``kept_ids`` [rows, width - 1, W] where given)."""
         targets = input_ids[:, 1:]
         lm = self.causal_lm()
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -384,10 +459,11 @@ class TokenLogprobs:
         logps, ents = [], []
         for s in range(0, hidden.shape[0], chunk):
             h, y = hidden[s : s + chunk], targets[s : s + chunk]
+            k = None if kept_ids is None else kept_ids[s : s + chunk]
             if chunk < hidden.shape[0] and torch.is_grad_enabled() and h.requires_grad:
-                lp, ent = checkpoint(head, h, y, with_entropy, use_reentrant=False)
+                lp, ent = checkpoint(head, h, y, with_entropy, k, use_reentrant=False)
             else:
-                lp, ent = head(h, y, with_entropy)
+                lp, ent = head(h, y, with_entropy, k)
             logps.append(lp)
             ents.append(ent)
         out = {TOKEN_LOGP: torch.cat(logps)}
@@ -395,9 +471,11 @@ class TokenLogprobs:
             out[TOKEN_ENTROPY] = torch.cat(ents)
         return out
 
-    def _head_from_hidden(self, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    def _head_from_hidden(
+        self, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool, kept_ids: Optional[torch.Tensor] = None
+    ):
         logits = self.causal_lm().get_output_embeddings()(hidden)
-        return head_from_logits(_softcap(logits, self._softcap), targets, with_entropy)
+        return head_from_logits(_softcap(logits, self._softcap), targets, with_entropy, kept_ids)
 
     @torch.no_grad()
     def _check_chunked_head(self) -> bool:

@@ -41,6 +41,7 @@ from rllib_p3o.learner.compute import (
     TOKEN_LOGP,
     TOKEN_POSITIONS,
     compute_loss,
+    kept_set_overflow,
 )
 from rllib_p3o.learner.rl_module import load_causal_lm
 
@@ -138,8 +139,14 @@ class P3OTorchLearner(TorchLearner):
             module = self.module[module_id].unwrapped()
             ids = torch.as_tensor(np.asarray(rows[Columns.INPUT_IDS]), device=self._device)
             attention = torch.as_tensor(np.asarray(rows[Columns.ATTENTION_MASK]), device=self._device)
+            kept = rows[Columns.KEPT_IDS] if Columns.KEPT_IDS in rows else None
+            kept = None if kept is None else torch.as_tensor(np.asarray(kept), device=self._device)
             chunks = [
-                module.token_logprobs(ids[s : s + OLD_LOGPROBS_CHUNK_ROWS], attention[s : s + OLD_LOGPROBS_CHUNK_ROWS])
+                module.token_logprobs(
+                    ids[s : s + OLD_LOGPROBS_CHUNK_ROWS],
+                    attention[s : s + OLD_LOGPROBS_CHUNK_ROWS],
+                    kept_ids=None if kept is None else kept[s : s + OLD_LOGPROBS_CHUNK_ROWS],
+                )
                 for s in range(0, ids.shape[0], OLD_LOGPROBS_CHUNK_ROWS)
             ]
             rows[Columns.OLD_LOGPROBS] = torch.cat([c[TOKEN_LOGP] for c in chunks]).float().cpu().numpy()
@@ -199,6 +206,12 @@ class P3OTorchLearner(TorchLearner):
         objective."""
         logp = fwd_out[TOKEN_LOGP]
         mask = batch[Columns.COMPLETION_MASK].bool()
+        kept = batch.get(Columns.KEPT_IDS)
+        if kept is not None and kept.shape[-1]:  # top-k/top-p: tokens whose kept set overflowed leave the loss
+            overflow = kept_set_overflow(kept, mask)
+            share = float(overflow.sum()) / max(1.0, float(mask.sum()))
+            self.metrics.log_value((module_id, metrics.KEPT_SET_OVERFLOW_SHARE), share, window=1)
+            mask = mask & ~overflow
         ref_logp = batch.get(Columns.REF_LOGPROBS)
         if ref_logp is None and config.kl_ref_coeff > 0:
             ref_logp = self._reference_logprobs(module_id, config, batch)

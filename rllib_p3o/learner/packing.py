@@ -110,6 +110,18 @@ def pack_rows(input_ids: torch.Tensor, plan: PackPlan) -> Tuple[torch.Tensor, to
     return ids.view(plan.num_packed, plan.width), torch.as_tensor(positions, device=device).view(plan.num_packed, -1)
 
 
+def pack_target_values(values: torch.Tensor, plan: PackPlan, fill: int = 0) -> torch.Tensor:
+    """Per-target values of the batch's rows ``[rows, row_width - 1, ...]`` into the packed batch's target positions
+    ``[num_packed, width - 1, ...]`` (the inverse of `unpack_token_values`; ``fill`` elsewhere)."""
+    rows, targets = values.shape[:2]
+    padded, packed = _token_index(plan, targets, plan.width - 1, shorten=1)
+    device = values.device
+    flat = values.reshape(rows * targets, *values.shape[2:])
+    out = values.new_full((plan.num_packed * (plan.width - 1), *values.shape[2:]), fill)
+    out[torch.as_tensor(packed, device=device)] = flat[torch.as_tensor(padded, device=device)]
+    return out.view(plan.num_packed, plan.width - 1, *values.shape[2:])
+
+
 def unpack_token_values(values: torch.Tensor, plan: PackPlan, row_width: int) -> torch.Tensor:
     """Per-target values of the packed batch ``[num_packed, width - 1]`` (position ``p`` scores token ``p + 1``) back
     to the batch's rows ``[rows, row_width - 1]``: row ``i``'s targets ``0 .. length_i - 2``, zeros after them.

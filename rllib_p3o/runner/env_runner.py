@@ -12,7 +12,8 @@ they are log-probs of the distribution the token was actually drawn from (after 
 true behavior policy π_b of the importance ratio; so rollouts at T=1.2 count as off-policy data for the T=1
 learner, as in the paper. ``"raw"`` reports the unprocessed model log-probs instead (then ratios at T≠1 only
 measure weight staleness/numerics, not the sampling distortion). The mode and sampling parameters are recorded
-with every sample.
+with every sample. Under top-k/top-p each token also carries its kept set (`rllib_p3o.runner.rollouts.kept_sets`:
+vLLM's top candidates of the processed distribution, up to ``kept_set_cap``), over which the learner renormalizes.
 
 Weight sync (`rllib_p3o.sync`): `load_policy_weights` reloads the engine's weights in place (no restart)
 through vLLM's layerwise reload (`rllib_p3o.runner.vllm_engine`), re-processes a tied LM head, resets the prefix cache
@@ -50,6 +51,7 @@ from ray.rllib.utils.metrics import (
 
 from rllib_p3o.core import lora, metrics
 from rllib_p3o.core.callables import resolve_callable
+from rllib_p3o.core.columns import kept_set_candidates
 from rllib_p3o.core.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
 from rllib_p3o.data import chat, prompt_fit
 from rllib_p3o.data.datasets import has_conversational_prompts
@@ -139,6 +141,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                 getattr(self._llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
             )
             self._behavior = [(spec, self._make_engine(spec["model"])) for spec in config.behavior_models]
+            # Top-k/top-p kept sets are asked for as candidates: at most the smallest vocabulary of the engines.
+            engines = [self._llm] + [llm for _, llm in self._behavior]
+            self._vocab_size = min(llm.llm_engine.model_config.get_vocab_size() for llm in engines)
         # Where this runner's start went (`startup_times`); the imports before __init__ are not in it.
         self._startup = {"init_s": time.perf_counter() - t_init, "engines_s": time.perf_counter() - t_engines}
 
@@ -223,6 +228,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         if self._stop_ids:
             kw["stop_token_ids"] = self._stop_ids
         kw.update(overrides)
+        if cfg.logprobs_mode == "processed":  # top-k/top-p: each token's kept set (`rollouts.kept_sets`)
+            candidates = kept_set_candidates(kw["top_k"], kw["top_p"], cfg.kept_set_cap)
+            kw["logprobs"] = min(candidates, getattr(self, "_vocab_size", candidates))
         return SamplingParams(**kw)
 
     # -- EnvRunner API --------------------------------------------------------------------------------------------

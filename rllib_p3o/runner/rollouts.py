@@ -19,11 +19,14 @@ from the user's environment is raised as `MultiTurnEnvError` naming the class an
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from rllib_p3o.core.columns import Infos
+import numpy as np
+
+from rllib_p3o.core.columns import KEPT_OVERFLOW, KEPT_PAD, Infos
 from rllib_p3o.core.sources import source_id
 from rllib_p3o.data import chat, prompt_fit
 from rllib_p3o.data.episodes import Turn, completion_episode, multi_turn_episode
@@ -41,6 +44,39 @@ class Engine(NamedTuple):
     lora_request: Any = None  # the policy's current adapter under LoRA (vllm.lora.request.LoRARequest)
 
 
+def kept_sets(
+    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]], requested: int, vocab: Optional[int] = None
+) -> Optional[np.ndarray]:
+    """Each sampled token's kept set under top-k/top-p, ``[tokens, W]`` int32 (`KEPT_PAD` after it), from vLLM's
+    processed log-probs of a request that asked for ``requested`` candidates (``SamplingParams.logprobs``; 0 or
+    None: no kept sets, None returned).
+
+    With ``logprobs_mode="processed_logprobs"`` vLLM's candidates are the top ``requested`` tokens of the log-softmax
+    of the logits after temperature and the top-k/top-p mask, which are -inf outside the kept set K
+    (``vllm.v1.sample.sampler.Sampler.gather_logprobs``). So when ``|K| < requested`` the finite candidates are K
+    exactly (the sampled token among them); when ``requested`` or more are finite K may hold more than was returned:
+    the token is marked `KEPT_OVERFLOW` (the learner leaves it out of the loss), unless ``requested`` is the engine's
+    whole vocabulary ``vocab``."""
+    if not requested:
+        return None
+    whole = vocab is not None and requested >= vocab
+    rows = []
+    for position in logprobs:
+        kept = [t for t, lp in position.items() if math.isfinite(lp.logprob)]
+        rows.append(kept if len(kept) < requested or whole else [KEPT_OVERFLOW])
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(token_ids), width), KEPT_PAD, dtype=np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def _vocab(engine: "Engine") -> Optional[int]:
+    """The vocabulary size of an engine's model (None: not a vLLM engine, e.g. a test's fake)."""
+    config = getattr(getattr(engine.llm, "llm_engine", None), "model_config", None)
+    return config.get_vocab_size() if config is not None else None
+
+
 class _Completion(NamedTuple):
     """One generated completion, before it is scored and turned into an episode."""
 
@@ -52,6 +88,7 @@ class _Completion(NamedTuple):
     text: str
     source: str
     params: Any  # vllm.SamplingParams
+    kept_ids: Optional[np.ndarray] = None  # top-k/top-p: each token's kept set (`kept_sets`)
 
 
 def single_turn_episodes(
@@ -98,6 +135,7 @@ def single_turn_episodes(
                         text=tokenizer.decode(ids, skip_special_tokens=True),
                         source=engine.source,
                         params=params[i],
+                        kept_ids=kept_sets(ids, comp.logprobs, params[i].logprobs, _vocab(engine)),
                     )
                 )
     scored_rows = [rows[c.row] for c in completions]
@@ -117,6 +155,7 @@ def single_turn_episodes(
             weights_seq_no=weights_seq_no,
             group_id=groups[c.row].group_id,
             source_id=source_id(c.source),
+            kept_ids=c.kept_ids,
             infos={
                 Infos.PROMPT: chat.prompt_text(tokenizer, rows[c.row]["prompt"]),
                 Infos.COMPLETION: c.text,
@@ -301,7 +340,10 @@ class MultiTurnRollouts:
         outputs = engine.llm.generate(
             [r for _, r in requests], params, use_tqdm=False, lora_request=engine.lora_request
         )
-        turns = [self._model_turn(e, out.outputs[0]) for (e, _), out in zip(requests, outputs)]
+        turns = [
+            self._model_turn(e, out.outputs[0], p.logprobs, _vocab(engine))
+            for (e, _), out, p in zip(requests, outputs, params)
+        ]
         for (e, _), out, model_turn in zip(requests, outputs, turns):
             self._env_turn(e, out.outputs[0], model_turn, last_turn=last_turn)
 
@@ -342,22 +384,22 @@ class MultiTurnRollouts:
             infos=info,
         )
 
-    def _model_turn(self, e: _Live, completion: Any) -> Tuple[List[int], List[float], str]:
+    def _model_turn(
+        self, e: _Live, completion: Any, requested: Optional[int] = None, vocab: Optional[int] = None
+    ) -> Tuple[Any, ...]:
         """Append a model turn to the episode and hand its text to the environment's `prepare_step`; returns the
-        turn's ids, their behavior log-probs and its text."""
+        turn's ids, their behavior log-probs, its text and its kept sets (`kept_sets`; None: untruncated)."""
         action = list(completion.token_ids)
         logps = [lp[t].logprob for t, lp in zip(action, completion.logprobs)]
         e.ids += action
         e.finish_reason = completion.finish_reason
         text = self.tokenizer.decode(action, skip_special_tokens=True)
         self._call(e.env, "prepare_step", {"role": "assistant", "content": text}, e.row)
-        return action, logps, text
+        return action, logps, text, kept_sets(action, completion.logprobs, requested, vocab)
 
-    def _env_turn(
-        self, e: _Live, completion: Any, model_turn: Tuple[List[int], List[float], str], last_turn: bool
-    ) -> None:
+    def _env_turn(self, e: _Live, completion: Any, model_turn: Tuple[Any, ...], last_turn: bool) -> None:
         """Let the environment answer the model turn and append its turn (or end the episode)."""
-        action, logps, text = model_turn
+        action, logps, text, kept = model_turn
         result = check_turn_result(self._call(e.env, "step", {"role": "assistant", "content": text}, e.row), e.env)
         e.terminated = bool(result.terminated)
         e.truncated = bool(result.truncated) or (
@@ -368,7 +410,9 @@ class MultiTurnRollouts:
             env_ids = self._env_ids(e.env, result.messages, action[-1] if action else None)
             if len(e.ids) + len(env_ids) >= self.max_total_tokens:
                 e.truncated, env_ids = True, []
-        e.turns.append(Turn(action_ids=action, behavior_logprobs=logps, reward=result.reward, env_ids=env_ids))
+        e.turns.append(
+            Turn(action_ids=action, behavior_logprobs=logps, reward=result.reward, env_ids=env_ids, kept_ids=kept)
+        )
         e.ids += env_ids
         e.done = e.terminated or e.truncated
 

@@ -58,6 +58,8 @@ def make_engine(
         trust_remote_code=cfg.trust_remote_code,
         max_model_len=max_model_len,
         logprobs_mode="processed_logprobs" if cfg.logprobs_mode == "processed" else "raw_logprobs",
+        # Top-k/top-p sampling asks for each token's kept set as candidates (`columns.kept_set_candidates`).
+        max_logprobs=max(20, int(cfg.kept_set_cap) + 1),
         worker_extension_cls=WORKER_EXTENSION,
         generation_config="vllm",
         use_tqdm_on_load=quiet.verbose(),  # the checkpoint-loading bar, unless RLLIB_P3O_VERBOSE

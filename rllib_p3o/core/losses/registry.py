@@ -78,9 +78,10 @@ class LossSpec(NamedTuple):
     settings: Type[Any]
     ess_scoped: bool
     needs_old_logprobs: Union[bool, Callable[[Any], bool]] = False
-    # The loss's statistics (P3O's ESS, cap and KL) read the behavior log-probs as the full sampling distribution's:
-    # the config refuses top-p/top-k truncation for it (the truncated distribution's log-probs are higher than any
-    # untruncated policy's, so even fresh samples would look off-policy).
+    # The loss's statistics (P3O's ESS, cap and KL) read the behavior log-probs as those of the distribution the
+    # learner's log-probs are of: under top-p/top-k truncation the learner renormalizes over the sampler's recorded
+    # kept sets, and the config refuses truncation without them (``kept_set_cap=0``: the truncated distribution's
+    # log-probs are higher than any untruncated policy's, so even fresh samples would look off-policy).
     needs_untruncated_sampling: bool = False
 
     def uses_old_logprobs(self, settings: Any) -> bool:
@@ -121,7 +122,8 @@ def register_loss(
     uses ``inputs.ess_groups`` (``ess_scope="source"``), so the learner computes them. ``needs_old_logprobs``: the
     loss reads ``inputs.old_logprobs``, which the learner then computes before each update (one forward pass); a
     function ``settings -> bool`` when that depends on the loss's settings.
-    ``needs_untruncated_sampling``: the config refuses top-p/top-k sampling with this loss (`LossSpec`).
+    ``needs_untruncated_sampling``: the config refuses top-p/top-k sampling with this loss unless the kept sets are
+    recorded (``kept_set_cap > 0``; `LossSpec`).
     """
     if not dataclasses.is_dataclass(settings):
         raise TypeError(f"settings of loss {name!r} must be a dataclass, got {settings!r}")
