@@ -141,10 +141,10 @@ class P3OSettings:
         group=LOSSES_GROUP,
         resettable=True,
         choices=ESS_SCOPES,
-        help="Over which tokens P3O's ESS is taken. \"source\" (the default): one ESS per data source of the "
+        help='Over which tokens P3O\'s ESS is taken. "source" (the default): one ESS per data source of the '
         "optimizer step's minibatch across all learners (the policy's own rollouts, each behavior model, each offline "
         "source), each token capped and pulled by its own source's ESS; with one source (on-policy or async data "
-        'alone) it is the paper\'s ESS. "batch" (the paper\'s): all valid tokens of the minibatch, one ESS for '
+        "alone) it is the paper's ESS. \"batch\" (the paper's): all valid tokens of the minibatch, one ESS for "
         "everything, so a mixture's most off-policy part lowers the cap of all of it.",
     )
     max_consecutive_nonfinite_steps: int = setting(
