@@ -57,6 +57,45 @@ def test_a_new_column_is_one_declaration_plus_its_producer(monkeypatch):
     assert back[0][Record.WEIGHTS_SEQ_NO] == 3  # the file's policy_version
 
 
+# A per-token column: one value per completion token, given per turn in multi-turn episodes; the multi-turn decoder
+# places it over the whole completion (its default on the environment's tokens: 0) without a line of its own.
+TOKEN_WEIGHT = columns.Field(
+    "token_weight", columns.TOKEN, np.float32, batch="token_weight", default=1.0, episode=True, file="token_weight",
+    arrow="list<float32>",
+)  # fmt: skip
+
+
+def test_a_new_per_token_column_needs_no_line_in_the_multi_turn_decoder(monkeypatch):
+    monkeypatch.setattr(columns, "FIELDS", columns.FIELDS + (TOKEN_WEIGHT,))
+    single = completion_episode(
+        prompt_ids=[1, 2],
+        completion_ids=[3, 4],
+        behavior_logprobs=[-0.5, -1.0],
+        reward=1.0,
+        weights_seq_no=3,
+        group_id=0,
+        extras={"token_weight": [0.5, 0.25]},
+    )
+    turns = [
+        Turn([5, 6], [-0.1, -0.2], 0.0, [7, 8, 9], extras={"token_weight": [2.0, 3.0]}),
+        Turn([10], [-0.3], 1.0, []),  # no value given: the declared default at its tokens
+    ]
+    multi = multi_turn_episode(prompt_ids=[1], turns=turns, terminated=True, weights_seq_no=3, group_id=0)
+    records = episodes_to_records([single, multi])
+    assert records[0]["token_weight"].tolist() == [0.5, 0.25]
+    assert records[1][Record.COMPLETION_IDS].tolist() == [5, 6, 7, 8, 9, 10]
+    assert records[1]["token_weight"].tolist() == [2.0, 3.0, 0.0, 0.0, 0.0, 1.0]
+    assert records[1][Record.LOSS_MASK].tolist() == [1, 1, 0, 0, 0, 1]
+    for r in records:
+        r[Record.ADVANTAGE] = 1.0
+    batch = batching.pad_records(records, pad_id=0)  # at the completion's target positions
+    assert batch["token_weight"].dtype == np.float32
+    assert batch["token_weight"].tolist() == [[0.0, 0.5, 0.25, 0.0, 0.0, 0.0], [2.0, 3.0, 0.0, 0.0, 0.0, 1.0]]
+    table = records_to_table(records)
+    back = [row_to_record(row, tokenizer=None) for row in table.to_pylist()]
+    assert [r["token_weight"].tolist() for r in back] == [[0.5, 0.25], [2.0, 3.0, 0.0, 0.0, 0.0, 1.0]]
+
+
 def test_the_built_in_fields_keep_the_batch_layout():
     assert columns.BATCH_COLUMNS == (
         "input_ids",

@@ -16,13 +16,13 @@ placeholders). Single-turn records carry no loss mask: all their completion toke
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, NamedTuple, Sequence
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from rllib_p3o.core import columns
-from rllib_p3o.core.columns import ROW, Record
+from rllib_p3o.core.columns import ROW, TOKEN, Field, Record
 
 
 def _row_extras(values: Mapping[str, Any]) -> Dict[str, Any]:
@@ -35,6 +35,25 @@ def _row_extras(values: Mapping[str, Any]) -> Dict[str, Any]:
             if value is None:
                 raise ValueError(f"a completion episode needs {f.what}")
             out[f.key] = f.dtype(value).item()
+    return out
+
+
+def _token_extras(values: Mapping[str, Any], tokens: int) -> Dict[str, np.ndarray]:
+    """The per-token fields an episode step carries for its ``tokens`` action tokens (`rllib_p3o.core.columns.FIELDS`
+    with ``episode=True``), from ``values``, each as its declared dtype: a ragged field as ``[tokens, W]`` (none:
+    ``[tokens, 0]``), another field its values or, where ``values`` lacks them, its default at every token."""
+    out = {}
+    for f in columns.FIELDS:
+        if f.episode and f.per == TOKEN:
+            value = values.get(f.key)
+            if f.ragged:
+                out[f.key] = columns.ragged_array(value, tokens, f.dtype)
+                continue
+            if value is None and f.default is not None:
+                value = np.full(tokens, f.default)
+            if value is None:
+                raise ValueError(f"a completion episode needs {f.what}")
+            out[f.key] = np.asarray(value, dtype=f.dtype)
     return out
 
 
@@ -52,8 +71,8 @@ def completion_episode(
     kept_ids: Any = None,
 ) -> SingleAgentEpisode:
     """A finished 1-step episode holding one completion of ``prompt_ids``. ``extras``: values of further declared
-    per-row fields (`rllib_p3o.core.columns.FIELDS`). ``kept_ids``: each token's kept set under top-k/top-p
-    sampling (``[tokens, W]``; None: untruncated)."""
+    fields (`rllib_p3o.core.columns.FIELDS`), per row or per completion token. ``kept_ids``: each token's kept set
+    under top-k/top-p sampling (``[tokens, W]``; None: untruncated)."""
     row = _row_extras(
         {
             **(extras or {}),
@@ -72,8 +91,10 @@ def completion_episode(
         infos=dict(infos or {}),
         terminated=True,
         extra_model_outputs={
-            Record.BEHAVIOR_LOGPROBS: np.asarray(behavior_logprobs, dtype=np.float32),
-            Record.KEPT_IDS: columns.ragged_array(kept_ids, len(completion_ids)),
+            **_token_extras(
+                {**(extras or {}), Record.BEHAVIOR_LOGPROBS: behavior_logprobs, Record.KEPT_IDS: kept_ids},
+                len(completion_ids),
+            ),
             **row,
         },
     )
@@ -88,6 +109,8 @@ class Turn(NamedTuple):
     reward: float
     env_ids: Sequence[int]  # token ids of the environment's turn that follows (empty after the last turn)
     kept_ids: Any = None  # top-k/top-p sampling: each action token's kept set, [tokens, W] (None: untruncated)
+    # Values of further declared per-token fields (`rllib_p3o.core.columns.FIELDS`) for the action tokens.
+    extras: Optional[Mapping[str, Any]] = None
 
 
 def multi_turn_episode(
@@ -102,7 +125,7 @@ def multi_turn_episode(
     extras: Mapping[str, Any] | None = None,
 ) -> SingleAgentEpisode:
     """A finished episode with one step per model turn (module docstring); ``infos`` go to the last step,
-    ``extras`` (further declared per-row fields) to every step."""
+    ``extras`` (further declared per-row fields) to every step, each turn's per-token fields (`Turn`) to its step."""
     row = _row_extras(
         {
             **(extras or {}),
@@ -125,8 +148,10 @@ def multi_turn_episode(
             terminated=terminated and last,
             truncated=(not terminated) and last,
             extra_model_outputs={
-                Record.BEHAVIOR_LOGPROBS: np.asarray(t.behavior_logprobs, dtype=np.float32),
-                Record.KEPT_IDS: columns.ragged_array(t.kept_ids, len(t.action_ids)),
+                **_token_extras(
+                    {**(t.extras or {}), Record.BEHAVIOR_LOGPROBS: t.behavior_logprobs, Record.KEPT_IDS: t.kept_ids},
+                    len(t.action_ids),
+                ),
                 **row,
             },
         )
@@ -156,33 +181,42 @@ def episodes_to_records(episodes: Sequence[SingleAgentEpisode]) -> List[Dict[str
 
 
 def _interleaved_turns(ep: SingleAgentEpisode) -> Dict[str, np.ndarray]:
-    """A multi-turn episode's completion ids, behavior log-probs and loss mask (model turns and the environment
-    turns between them, in order)."""
-    ids, logps, mask, kept = [], [], [], []
+    """A multi-turn episode's completion ids, loss mask and every per-token field it carries
+    (`rllib_p3o.core.columns.FIELDS`), over the model turns and the environment turns between them, in order."""
     observations, actions = ep.get_observations(), ep.get_actions()
-    has_kept = Record.KEPT_IDS in ep.extra_model_outputs
+    carried = [f for f in columns.FIELDS if f.episode and f.per == TOKEN and f.key in ep.extra_model_outputs]
+    ids, mask = [], []
+    values: Dict[str, List[Optional[np.ndarray]]] = {f.key: [] for f in carried}
     for k, action in enumerate(actions):
         ids.append(np.asarray(action, dtype=np.int64))
-        logps.append(np.asarray(ep.get_extra_model_outputs(Record.BEHAVIOR_LOGPROBS, k), dtype=np.float32))
         mask.append(np.ones(len(action), dtype=np.int8))
-        if has_kept:
-            kept.append(columns.ragged_array(ep.get_extra_model_outputs(Record.KEPT_IDS, k), len(action)))
+        for f in carried:
+            value = ep.get_extra_model_outputs(f.key, k)
+            values[f.key].append(
+                columns.ragged_array(value, len(action), f.dtype) if f.ragged else np.asarray(value, dtype=f.dtype)
+            )
         if k < len(actions) - 1:  # the environment's turn before the next model turn
             env_ids = np.asarray(observations[k + 1], dtype=np.int64)
             ids.append(env_ids)
-            logps.append(np.zeros(len(env_ids), dtype=np.float32))
             mask.append(np.zeros(len(env_ids), dtype=np.int8))
-            kept.append(None)
-    out = {
+            for f in carried:
+                values[f.key].append(None)  # the environment's tokens: `_join_turns` pads them
+    return {
         Record.COMPLETION_IDS: np.concatenate(ids),
-        Record.BEHAVIOR_LOGPROBS: np.concatenate(logps),
+        **{f.key: _join_turns(f, values[f.key], [len(i) for i in ids]) for f in carried},
         Record.LOSS_MASK: np.concatenate(mask),
     }
-    if has_kept:  # environment tokens: no kept set (they are not trained on)
-        width = max(k.shape[1] for k in kept if k is not None)
-        parts = [np.full((len(i), width), columns.KEPT_PAD, np.int32) for i in ids]
-        for part, k in zip(parts, kept):
-            if k is not None:
-                part[:, : k.shape[1]] = k
-        out[Record.KEPT_IDS] = np.concatenate(parts)
-    return out
+
+
+def _join_turns(field: Field, turns: List[Optional[np.ndarray]], lengths: List[int]) -> np.ndarray:
+    """One per-token field over a whole multi-turn completion: each model turn's values, and on the environment's
+    tokens (None in ``turns``) the field's padding, 0 (a ragged field: none at any of them, and every turn padded to
+    the widest)."""
+    if not field.ragged:
+        return np.concatenate([np.zeros(n, dtype=field.dtype) if t is None else t for t, n in zip(turns, lengths)])
+    width = max(t.shape[1] for t in turns if t is not None)
+    parts = [np.full((n, width), columns.KEPT_PAD, dtype=field.dtype) for n in lengths]
+    for part, t in zip(parts, turns):
+        if t is not None:
+            part[:, : t.shape[1]] = t
+    return np.concatenate(parts)
