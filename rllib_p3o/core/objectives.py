@@ -270,7 +270,8 @@ def p3o_loss(
     and ``L = (1/N) Σ_t ℓ_t`` with ``N`` the global number of valid tokens (``sg`` stop-gradient). ``K`` is the
     per-token KL estimator ``kl_estimator`` (`rllib_p3o.core.kl_estimators`: ``"k3"``, ``"k3_clamped"``,
     ``"k3_is"``) of ``KL(πθ ‖ π_a)`` from tokens sampled by π_b; the anchor ``π_a`` is π_b unless
-    ``anchor_logprobs`` is given (``kl_anchor="proximal"``: the learner's weights at the start of the iteration).
+    ``anchor_logprobs`` is given (``kl_anchor="proximal"``: the learner's weights at the start of the iteration;
+    ``"auto"``: those on the rows another model wrote, π_b on the others).
     On fresh data ``ESS ≈ 1`` and ``r ≈ 1``: plain REINFORCE with the given advantages. Off-policy data lowers ESS,
     which both caps the importance weights lower and strengthens the pull toward the anchor; the policy gradient
     never vanishes (the weight is ``min(r, ESS) > 0`` for ``r > 0``). ESS carries no gradient.
