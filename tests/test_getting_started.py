@@ -70,6 +70,13 @@ def test_the_first_training_run_runs_as_written(tmp_path):
     assert last, screen[-3000:]
     final = float(last[-1].rsplit(" ", 1)[1])
     assert final > held_out[0], screen[-3000:]
-    # One quiet screen: no Tune experiment box, no token-auth notice.
-    for noise in ("Configuration for experiment", "View detailed results here", "Token authentication", "Traceback"):
+    # One quiet screen: no Tune experiment box, no token-auth notice, no C++ notices of Ray's core worker or torch.
+    for noise in (
+        "Configuration for experiment",
+        "View detailed results here",
+        "Token authentication",
+        "Traceback",
+        "core_worker.cc",
+        "NUMA binding",
+    ):
         assert noise not in screen, (noise, screen[-5000:])

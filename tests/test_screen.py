@@ -57,3 +57,22 @@ def test_the_libraries_are_quiet_by_default_and_one_setting_brings_them_back():
     assert quiet.stdout.split() == ["ERROR", "40", "ERROR"], quiet.stdout + quiet.stderr
     vllm_level, rllib_level, log_level = verbose.stdout.split()
     assert (vllm_level, log_level) == ("None", "WARN") and int(rllib_level) < 40, verbose.stdout + verbose.stderr
+
+
+def test_the_workers_cpp_notices_on_success_are_left_off_the_screen_even_with_ray_imported_first():
+    """Ray's notice about actors with max_restarts > 0 and arguments in the object store (RLlib's runners) and torch's
+    NUMA note from vLLM's CPU worker: lines the driver drops from the workers' output; other lines still show."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import ray, rllib_p3o; from ray._private.ray_logging import stderr_deduplicator as d; "
+        "lines = ['[E core_worker.cc:2465] Actor ... has constructor arguments in the object store and "
+        "max_restarts > 0. If the arguments ...', '[W utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy for "
+        "memory allocation', 'Traceback (most recent call last):']; "
+        "out = d.deduplicate({'ip': 'x', 'pid': 1, 'is_err': True, 'lines': lines}); "
+        "print([line for batch in out for line in batch['lines']])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RLLIB_P3O_"))}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip().splitlines()[-1] == "['Traceback (most recent call last):']", done.stdout + done.stderr

@@ -4,7 +4,9 @@
 actor, the EnvRunners and the learners (Ray workers import the package before they unpickle its classes, so before
 vLLM, transformers or RLlib speak there). What is hidden: vLLM's and transformers' start-up and loading logs below
 ERROR, the Hugging Face and vLLM progress bars, RLlib's and Tune's warnings about themselves (API-stack notices,
-deprecations of their own internals, slow-setup hints), and Python warnings raised inside those libraries.
+deprecations of their own internals, slow-setup hints), Python warnings raised inside those libraries, and two lines
+the workers' C++ code prints on every successful run (`SKIP_WORKER_LINES`, dropped where the driver shows the
+workers' output).
 What stays: every error, rllib-p3o's own warnings, and warnings raised by the user's code.
 
 ``RLLIB_P3O_VERBOSE=1`` in the environment (before Ray starts, so that its workers inherit it) shows all of it again.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import warnings
 from typing import Dict
@@ -33,6 +36,16 @@ QUIET_ENV = {
     # here") even with RunConfig(verbose=0); the classic output prints nothing there.
     "RAY_AIR_NEW_OUTPUT": "0",
 }
+# Lines of the workers' output that Ray's driver leaves off the screen (Ray's own setting; ignored with
+# RAY_DEDUP_LOGS=0). Both come from C++, below any Python logger or warning filter, once per run: Ray's notice that
+# an actor with max_restarts > 0 (RLlib's EnvRunners, Ray Data's actors) has constructor arguments in the object
+# store (ray-project/ray#53727: RLlib holds its reference to them for the runners' lifetime), and torch's note from
+# vLLM's CPU worker that it binds memory to a NUMA node.
+SKIP_WORKER_LINES_ENV = "RAY_DEDUP_LOGS_SKIP_REGEX"
+SKIP_WORKER_LINES = (
+    r"has constructor arguments in the object store and max_restarts > 0|NUMA binding: Using MEMBIND policy"
+)
+QUIET_ENV[SKIP_WORKER_LINES_ENV] = SKIP_WORKER_LINES
 # Ray's notice, on every local ray.init(), that it turned token authentication on by itself: nothing to act on (the
 # notice that authentication is off, a risk, still shows).
 TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -80,11 +93,24 @@ def quiet_libraries() -> Dict[str, str]:
     for name, env in QUIET_LOGGERS.items():
         if env is None or os.environ[env].upper() == QUIET_ENV[env].upper():
             logging.getLogger(name).setLevel(logging.ERROR)
+    _skip_worker_lines()
     if "transformers" in sys.modules:  # imported before us: its progress bars read the environment at import
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
     return dict(QUIET_ENV)
+
+
+def _skip_worker_lines() -> None:
+    """`SKIP_WORKER_LINES` where Ray was imported before us: its driver read ``RAY_DEDUP_LOGS_SKIP_REGEX`` at import
+    (``import ray`` first, as scripts do). Not where the user set that variable to a pattern of their own."""
+    if os.environ.get(SKIP_WORKER_LINES_ENV) != SKIP_WORKER_LINES or "ray._private.ray_logging" not in sys.modules:
+        return
+    from ray._private import ray_logging
+
+    for deduplicator in (ray_logging.stdout_deduplicator, ray_logging.stderr_deduplicator):
+        if getattr(deduplicator, "skip_re", False) is None:
+            deduplicator.skip_re = re.compile(SKIP_WORKER_LINES)
 
 
 class _DropTokenAuthEnabled(logging.Filter):
