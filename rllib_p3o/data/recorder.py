@@ -3,11 +3,14 @@
 ``record_rollouts=DIR`` writes one file per iteration, under a temporary name and renamed: a file is complete or
 absent, whatever happens to the run. ``DIR`` is a local path or a URI (``s3://bucket/traj``, ...) that pyarrow's
 filesystems open (`rllib_p3o.core.storage`). The prompt column holds the prompt as the engine saw it (a conversational
-prompt rendered by the chat template); the ids columns are authoritative.
+prompt rendered by the chat template); the ids columns are authoritative. A completion no reward function scored
+(its reward NaN in the run) is recorded with a null reward: valid, and left out of offline training, counted
+(`rllib_p3o.data.trajectories`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Iterable, List, Mapping, Sequence
 
@@ -43,7 +46,7 @@ def records_to_table(records: Iterable[Mapping[str, Any]]):
                 "prompt_ids": [int(i) for i in r[Record.PROMPT_IDS]],
                 "completion": infos.get(Infos.COMPLETION),
                 "completion_ids": [int(i) for i in r[Record.COMPLETION_IDS]],
-                "reward": float(r[Record.REWARD]),
+                "reward": _reward(r[Record.REWARD]),
                 **{f.file: columns.to_file(f, r.get(f.key)) for f in recorded},
                 "source": str(infos.get(Infos.SOURCE, POLICY)),
                 "temperature": infos.get(Infos.TEMPERATURE),
@@ -66,6 +69,12 @@ def records_to_table(records: Iterable[Mapping[str, Any]]):
         ]
     )
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _reward(reward: Any):
+    """A record's reward as recorded: None (null) for an unscored completion (NaN in the run)."""
+    reward = float(reward)
+    return None if math.isnan(reward) else reward
 
 
 class TrajectoryRecorder:

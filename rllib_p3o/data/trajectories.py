@@ -11,7 +11,8 @@ Schema: one row per completion.
     prompt_ids         list<int>           prompt or prompt_ids              prompt token ids (policy tokenizer)
     completion         string              completion or completion_ids      completion text
     completion_ids     list<int>           completion or completion_ids      completion token ids
-    reward             float               yes                               verifier reward, finite
+    reward             float or null       yes                               verifier reward, finite; null (or
+                                                                             NaN): unscored, left out of training
     behavior_logprobs  list<float>         yes (or rescore, see below)       log π_b of each completion token, ≤ 0
     group_id           int or string       group_id or advantage             rows of one prompt group
     advantage          float               group_id or advantage             used as-is when present
@@ -38,6 +39,11 @@ Online runs with ``record_rollouts=DIR`` write this same schema (`rllib_p3o.data
 written to a temporary name and renamed: a file is complete or absent, whatever happens to the run. Read back, a
 row's source becomes ``offline/<source>``; files recorded when the policy source was called "online" read as
 ``offline/policy`` too (`rllib_p3o.core.sources.offline_source_name`).
+
+Unscored rows: a completion no reward function scored (each returned None) is recorded with a null reward (earlier
+recordings hold NaN there; it means the same). Such a row is valid and counted apart (`ValidationReport.unscored`):
+offline training leaves it out and warns with the count (`rllib_p3o.data.offline_data`), as online training gives it
+no advantage and leaves it out of its group's statistics.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -87,6 +93,8 @@ class ValidationReport:
     num_rows: int
     problems: List[Problem]
     locations: List[storage.Location] = dataclasses.field(default_factory=list, repr=False)
+    # (file, row) of the unscored rows (reward null or NaN): valid, but left out of training.
+    unscored: List[Tuple[str, int]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -96,10 +104,17 @@ class ValidationReport:
     def bad_rows(self) -> int:
         return len({(p.file, p.row) for p in self.problems if p.row is not None})
 
+    @property
+    def skipped_rows(self) -> int:
+        """Rows training leaves out: the unscored ones and, under ``offline_skip_bad_rows``, the bad ones."""
+        return len({(p.file, p.row) for p in self.problems if p.row is not None} | set(self.unscored))
+
     def summary(self, limit: int = 50) -> str:
         head = f"{len(self.files)} file(s), {self.num_rows} row(s): " + (
             "OK" if self.ok else f"{len(self.problems)} problem(s) in {self.bad_rows} row(s)"
         )
+        if self.unscored:
+            head += f"; {len(self.unscored)} unscored (reward null: left out of training)"
         lines = [head] + [f"  {p}" for p in self.problems[:limit]]
         if len(self.problems) > limit:
             lines.append(f"  ... and {len(self.problems) - limit} more")
@@ -140,6 +155,12 @@ def _finite(x) -> bool:
         return False
 
 
+def unscored(reward: Any) -> bool:
+    """Whether a row's reward says that no reward function scored it: null (None), or NaN (older recordings, and how
+    Ray Data's numpy batches read a null)."""
+    return reward is None or (isinstance(reward, (float, np.floating)) and math.isnan(reward))
+
+
 def check_row(
     row: Mapping[str, Any],
     *,
@@ -169,8 +190,8 @@ def _bad_numbers(row: Mapping[str, Any]) -> List[tuple]:
     """The reward (required) and the optional advantage and sampling parameters, each a finite number."""
     out: List[tuple] = []
     reward = row.get("reward")
-    if reward is None or not _finite(reward):
-        out.append(("reward", f"must be a finite number, got {reward!r}"))
+    if not unscored(reward) and not _finite(reward):  # null or NaN: an unscored row, valid (module docstring)
+        out.append(("reward", f"must be a finite number or null, got {reward!r}"))
     for col in ("advantage", "temperature", "top_p"):
         if row.get(col) is not None and not _finite(row[col]):
             out.append((col, f"must be a finite number, got {row[col]!r}"))
@@ -342,6 +363,7 @@ def validate_trajectories(
     if tokenizer is not None and vocab_size is None:
         vocab_size = len(tokenizer)
     problems: List[Problem] = []
+    unscored_rows: List[Tuple[str, int]] = []
     num_rows = 0
     for location in locations:
         f = str(location)
@@ -360,6 +382,8 @@ def validate_trajectories(
             num_rows += table.num_rows
             continue
         for i, row in enumerate(table.to_pylist()):
+            if unscored(row.get("reward")):
+                unscored_rows.append((f, i))
             for column, message in check_row(
                 row,
                 vocab_size=vocab_size,
@@ -372,7 +396,11 @@ def validate_trajectories(
     if num_rows == 0 and not problems:
         problems.append(Problem(", ".join(map(str, locations)), None, None, "the dataset has no rows"))
     return ValidationReport(
-        files=[location.uri for location in locations], num_rows=num_rows, problems=problems, locations=locations
+        files=[location.uri for location in locations],
+        num_rows=num_rows,
+        problems=problems,
+        locations=locations,
+        unscored=unscored_rows,
     )
 
 
