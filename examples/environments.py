@@ -2,6 +2,7 @@
 
     python examples/environments.py reasoning-gym   # reasoning-gym's chain_sum, scored by its verifier + math-verify
     python examples/environments.py openenv         # an OpenEnv server (the modsum game) that the runner starts
+    python examples/environments.py reward-models   # a classifier and a vLLM judge in actors, beside a rule reward
 
 Each prints one line per iteration (reward, tokens trained). The tiny model is random, so the point is the wiring:
 swap in your model, task and environment (docs/guide/environments.md).
@@ -67,9 +68,37 @@ def openenv_config(out: str):
     )
 
 
+def reward_models_config(out: str):
+    from rllib_p3o import P3OConfig
+    from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward, build_tiny_model
+    from rllib_p3o.tasks.tiny_model import build_tiny_reward_model
+
+    policy = build_tiny_model(os.path.join(out, "tiny"))
+    classifier = build_tiny_reward_model(os.path.join(out, "tiny_rm"), policy)  # a sequence classifier, one logit
+    return (
+        P3OConfig()
+        .environment(
+            env_config={
+                "dataset": ArithmeticTask().train_rows(),
+                "reward_fn": arithmetic_reward,  # a rule, then one weight per reward model
+                "reward_models": [
+                    {"model": classifier, "kind": "classifier", "name": "quality", "score": "sigmoid"},
+                    # The policy's own tiny model as a judge (vLLM in its actor); its tokenizer has digits, no "yes".
+                    {"model": policy, "kind": "judge", "name": "judge", "yes": "1", "no": "0"},
+                ],
+                "reward_weights": [1.0, 0.2, 0.2],
+            }
+        )
+        .training(model=policy, group_size=4, prompts_per_step=8, max_tokens=4)
+    )
+
+
+CONFIGS = {"reasoning-gym": reasoning_gym_config, "openenv": openenv_config, "reward-models": reward_models_config}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("env", choices=["reasoning-gym", "openenv"])
+    parser.add_argument("env", choices=list(CONFIGS))
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--out", default=None, help="where the tiny model is built (default: a temporary folder)")
     args = parser.parse_args()
@@ -78,8 +107,8 @@ def main() -> None:
     from rllib_p3o.core import metrics as m
 
     out = args.out or tempfile.mkdtemp(prefix="rllib_p3o_envs_")
-    config = (reasoning_gym_config if args.env == "reasoning-gym" else openenv_config)(out)
-    ray.init(num_cpus=4, include_dashboard=False)
+    config = CONFIGS[args.env](out)
+    ray.init(num_cpus=6, include_dashboard=False)  # the driver, a runner, a learner and a CPU per reward model
     algo = config.env_runners(num_env_runners=1).debugging(seed=0).build_algo()
     try:
         for _ in range(args.iterations):
@@ -87,7 +116,7 @@ def main() -> None:
             p3o = result[m.P3O]
             print(
                 f"iteration {result['training_iteration']}: reward {p3o[m.REWARD_MEAN]:.3f} "
-                f"{dict((k, round(v, 3)) for k, v in p3o.get(m.REWARDS, {}).items())} "
+                f"{ {k: round(float(v), 3) for k, v in p3o.get(m.REWARDS, {}).items()} } "
                 f"tokens trained {p3o[m.TRAINED_TOKENS]:.0f}"
             )
     finally:

@@ -76,6 +76,8 @@ from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import SEED_STRIDE, PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
+from rllib_p3o.data.reward_models import ACTORS_KEY as REWARD_MODEL_ACTORS
+from rllib_p3o.data.reward_models import reward_model_specs
 from rllib_p3o.data.rewards import make_reward_function
 from rllib_p3o.driver import checkpoints, learner_health
 from rllib_p3o.driver.batch_sources import BatchSource, OfflineSource, OnlineSource
@@ -89,6 +91,7 @@ from rllib_p3o.driver.preflight import (
     missing_path_problem,
 )
 from rllib_p3o.driver.progress import unscored_warning
+from rllib_p3o.driver.reward_models import RewardModelActors
 from rllib_p3o.driver.runner_calls import EngineRunners
 from rllib_p3o.driver.sampler import Sampler
 from rllib_p3o.driver.trial_reuse import RESETTABLE_KEYS, config_differences
@@ -196,6 +199,12 @@ class P3OConfig(AlgorithmConfig):
         dataset is read into rows, on the driver (`rllib_p3o.data.datasets.materialize_dataset`)."""
         if isinstance(env_config, dict):
             env_config = absolute_paths(env_config, DATASET_KEYS)
+            models = env_config.get("reward_models")
+            if isinstance(models, (list, tuple, dict)):
+                env_config["reward_models"] = [
+                    {**m, "model": absolute_if_local(m["model"])} if isinstance(m, dict) and "model" in m else m
+                    for m in ([models] if isinstance(models, dict) else models)
+                ]
         super().environment(env, env_config=env_config, **kwargs)
         self._materialize_datasets()
         return self
@@ -380,6 +389,8 @@ class P3OConfig(AlgorithmConfig):
             check_model_path("model", self.policy_model)
             for i, spec in enumerate(self.behavior_models):
                 check_model_path(f"behavior_models[{i}]['model']", spec.get("model"))
+            for i, spec in enumerate(reward_model_specs(self.env_config or {})):  # (checked above)
+                check_model_path(f"env_config['reward_models'][{i}]['model']", spec["model"])
             check_model_path("offline_rescore_model", self.offline_rescore_model)
         except ModelPathError as e:
             self._value_error(str(e))
@@ -600,9 +611,12 @@ class P3O(Algorithm):
             # Built directly (``config.build_algo()``), not in a Tune trial that already holds its resources: the
             # runners and learners start as actors of their own, which would wait forever for what is not there.
             check_cluster_fits(config, include_main_process=False)
+        self._start_reward_models()
         try:
             super().setup(config)
         except Exception:
+            if self._reward_models is not None:
+                self._reward_models.stop()
             # A runner that failed to start makes RLlib fail later and elsewhere (an IndexError in get_spaces): raise
             # the runner's own error instead.
             if getattr(self, "env_runner_group", None) is not None:
@@ -619,6 +633,18 @@ class P3O(Algorithm):
         )
         self._runner_restarts = 0
         self._setup_training_state(actor_reused=False, t0=t0)
+
+    def _start_reward_models(self) -> None:
+        """Start ``env_config["reward_models"]``'s actors (`rllib_p3o.driver.reward_models`) before the runners, and
+        give the runners their names in ``env_config``."""
+        config: P3OConfig = self.config
+        self._reward_models = None
+        if not (config.env_config or {}).get("reward_models") or not config.is_online:
+            return
+        self._reward_models = RewardModelActors(config.env_config)
+        frozen, config._is_frozen = config._is_frozen, False  # the algorithm's own copy of the config
+        config.env_config = {**config.env_config, REWARD_MODEL_ACTORS: self._reward_models.names}
+        config._is_frozen = frozen
 
     def _setup_training_state(self, actor_reused: bool, t0: float) -> None:
         """Everything a trial starts from, beside the runners: data position, counters, recorder, weight sync (the
@@ -695,6 +721,8 @@ class P3O(Algorithm):
                 ", ".join(RESETTABLE_KEYS),
             )
             return False
+        if getattr(self, "_reward_models", None) is not None:  # the same reward models (compared above): kept
+            new.env_config = {**new.env_config, REWARD_MODEL_ACTORS: self._reward_models.names}
         new.freeze()
         for source in self._sources:
             source.close()
@@ -931,6 +959,8 @@ class P3O(Algorithm):
         if self.offline_data is not None:
             self.offline_data.batch_iterators = None  # release the Ray Data iterator before Ray goes away
         super().stop()
+        if getattr(self, "_reward_models", None) is not None:
+            self._reward_models.stop()
 
     def restore_env_runners(self, env_runner_group) -> List[int]:
         """RLlib's hook after it restarted failed runners: load the current weights into their new engines and

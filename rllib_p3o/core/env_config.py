@@ -19,6 +19,7 @@ ENV_CONFIG_KEYS = (
     "reward_fn",
     "reward_funcs",  # TRL's name for reward_fn
     "reward_weights",
+    "reward_models",
     "stop_tokens",
     "seed",
     "multi_turn_env",
@@ -31,8 +32,8 @@ ENV_CONFIG_KEYS = (
     "tool_workers",
     "openenv",
 )
-# Set by RLlib and the runners themselves, in each runner's copy.
-RUNNER_KEYS = ("worker_index", "num_workers", "vector_index", "remote")
+# Set by RLlib, the runners themselves and the driver (its reward-model actors' names), in each runner's copy.
+RUNNER_KEYS = ("worker_index", "num_workers", "vector_index", "remote", "reward_model_actors")
 # A key this close to a known one (difflib's ratio) is taken for its misspelling.
 MISSPELLING_CUTOFF = 0.75
 

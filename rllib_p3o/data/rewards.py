@@ -18,6 +18,7 @@ import numpy as np
 
 from rllib_p3o.core.callables import function_name, resolve_callable
 from rllib_p3o.core.deprecation import warn_once
+from rllib_p3o.data import reward_models
 from rllib_p3o.data.chat import is_conversational
 from rllib_p3o.data.datasets import Row
 
@@ -72,6 +73,7 @@ class RewardFunction:
         if len(weights) != len(self.fns):
             raise ValueError(
                 f"reward_weights has {len(weights)} weights for {len(self.fns)} reward functions; give one per function"
+                " (then one per reward model)"
             )
         if not all(math.isfinite(w) for w in weights):
             raise ValueError(f"reward_weights must be finite numbers, got {weights}")
@@ -143,6 +145,8 @@ class RewardFunction:
                 out = fn(prompts=prompts, completions=completions, **columns)
             else:
                 out = fn(prompts, completions, **columns)
+        except reward_models.RewardModelError:
+            raise  # it names the reward model and what to do
         except Exception as e:
             raise RewardFunctionError(
                 f"reward function {name} raised {type(e).__name__}: {e} "
@@ -213,10 +217,14 @@ def _unique(names: List[str]) -> List[str]:
 
 
 def make_reward_function(env_config: Mapping[str, Any]) -> Optional[RewardFunction]:
-    """The `RewardFunction` an ``env_config`` describes (``reward_fn``/``reward_funcs``, ``reward_weights``), or None."""
+    """The `RewardFunction` an ``env_config`` describes (``reward_fn``/``reward_funcs``, then one function per
+    ``reward_models`` entry, `rllib_p3o.data.reward_models`; ``reward_weights`` one per function in that order), or
+    None."""
     spec = reward_spec(env_config)
-    if spec is None:
+    models = reward_models.clients(env_config)
+    if spec is None and not models:
         if env_config.get("reward_weights") is not None:
-            raise ValueError("env_config has reward_weights but no reward_fn.")
+            raise ValueError("env_config has reward_weights but no reward_fn or reward_models.")
         return None
-    return RewardFunction(spec, env_config.get("reward_weights"))
+    fns = [] if spec is None else list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    return RewardFunction([*fns, *models], env_config.get("reward_weights"))

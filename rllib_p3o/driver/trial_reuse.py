@@ -11,6 +11,7 @@ from typing import Any, List
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from rllib_p3o.core.settings import SETTINGS
+from rllib_p3o.data.reward_models import ACTORS_KEY as REWARD_MODEL_ACTORS
 
 # RLlib's settings that reach only the driver and the learner.
 RLLIB_RESETTABLE_KEYS = (
@@ -33,6 +34,8 @@ def config_differences(old: AlgorithmConfig, new: AlgorithmConfig) -> List[str]:
     keys the config class does not define (a Tune search's own keys). Both go through a dict round trip first, as
     Tune's trial configs do (RLlib rewrites some settings, e.g. its old-stack ``policies``, on the way)."""
     old, new = (type(old)().update_from_dict(c.to_dict()) for c in (old, new))
+    for c in (old, new):  # the names of a run's reward-model actors, which the driver adds (they are kept)
+        c.env_config = {k: v for k, v in (c.env_config or {}).items() if k != REWARD_MODEL_ACTORS}
     defined = [k for k in type(old)().__dict__ if not k.startswith("_") and k not in RESETTABLE_KEYS]
     return [k for k in defined if not _same(getattr(old, k, None), getattr(new, k, None))]
 

@@ -19,6 +19,8 @@ schedule picks the rows) and scores with `TextEnv.score`, so the reward function
         TRL passes them; for string prompts, texts. See `RewardFunction` for weights and None.
     ``reward_weights``: optional, one weight per reward function (TRL's ``reward_weights``; default all 1.0).
     ``reward_funcs``: TRL's name, accepted for ``reward_fn`` (give one of the two).
+    ``reward_models``: optional, reward models served by Ray actors (`rllib_p3o.data.reward_models`), scored after
+        the reward functions (``reward_weights``: then one weight per reward model).
     ``multi_turn_env``: optional, a `rllib_p3o.runner.multiturn.MultiTurnEnv` class: episodes of several turns (see there
         for ``max_turns``, ``max_total_tokens``); ``reward_fn`` is then optional.
     ``stop_tokens``: optional token strings that end a completion (or a model turn) besides EOS.
@@ -96,8 +98,11 @@ class TextEnv(gym.Env):
             raise datasets.DatasetError(
                 "TextEnv needs env_config['dataset'] (a Parquet/JSONL path or a list of dicts)."
             )
-        if rewards.reward_spec(config) is None and not config.get("multi_turn_env"):
-            raise ValueError("TextEnv needs env_config['reward_fn'] (TRL signature: prompts, completions, **columns).")
+        if rewards.reward_spec(config) is None and not config.get("multi_turn_env") and not config.get("reward_models"):
+            raise ValueError(
+                "TextEnv needs env_config['reward_fn'] (TRL signature: prompts, completions, **columns) or "
+                "env_config['reward_models']."
+            )
         self.rows = datasets.load_prompt_dataset(config["dataset"])
         self.eval_rows = (
             datasets.load_prompt_dataset(config["eval_dataset"], "eval_dataset")

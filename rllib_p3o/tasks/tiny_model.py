@@ -167,6 +167,46 @@ def build_tiny_model(
     return path
 
 
+def build_tiny_reward_model(
+    path: str,
+    tokenizer_from: str,
+    *,
+    num_labels: int = 1,
+    hidden_size: int = 64,
+    num_layers: int = 1,
+    seed: int = 0,
+    init_std: float = 0.2,
+) -> str:
+    """Write a tiny Qwen2 sequence classifier (a reward model: ``num_labels`` logits read at the last token) with the
+    tokenizer of the model directory ``tokenizer_from`` to ``path``, and return ``path``. Randomly initialized (a
+    large ``init_std`` spreads its scores): for tests and examples of reward models served by actors."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
+    config = AutoConfig.for_model(
+        "qwen2",
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=hidden_size // 2,
+        max_position_embeddings=256,
+        initializer_range=init_std,
+        num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def build_demo_model(
     path: str,
     *,
