@@ -212,3 +212,22 @@ def test_the_pages_figures_are_copies_of_their_runs_figures():
         assert source, f"{copy} has no original under results/{run}/"
         with open(copy, "rb") as a, open(source, "rb") as b:
             assert a.read() == b.read(), f"{copy} differs from {source}: copy it again"
+
+
+def test_the_claims_page_fails_when_a_result_of_p3os_default_changes(tmp_path):
+    """docs/results/claims.md against results/bench/summary.json: the default's held-out with the weaker behavior
+    model 0.1 lower changes its table rows, its verdicts and the page's summary, and the check says so."""
+    page = next(p for p in PAGES if p.path == "docs/results/claims.md")
+    files = ("results/bench/summary.json", "results/bench/lr_choice.json", "results/bench-two-step/summary.json")
+    root = _copy(tmp_path, page.path, *files)
+    assert check_page(page, root) == []
+    path = os.path.join(root, "results/bench/summary.json")
+    with open(path) as f:
+        summary = json.load(f)
+    row = next(r for r in summary["summary"] if (r["stage"], r["method"]) == ("behavior_weaker", "p3o_default"))
+    row["heldout_at_budget_mean"] -= 0.1
+    with open(path, "w") as f:
+        json.dump(summary, f)
+    problems = check_page(page, root)
+    assert any(p.startswith("derived text not on the page: | `behavior_weaker` |") for p in problems), problems
+    assert any("the weaker behavior model it ends at" in p for p in problems), problems

@@ -493,3 +493,25 @@ def test_verdicts_follow_the_one_tie_rule_and_name_p3os_standing_in_each_regime(
         in text
     )
     assert "| on_policy | **0.840 ± 0.020** | **0.850 ± 0.010** | 0.700 ± 0.010 |" in report.regime_matrix(summary)
+
+
+def test_the_committed_claims_report_is_what_the_report_reads_from_its_trials(tmp_path):
+    """results/bench/summary.json (which docs/results/claims.md is checked against) is the report the sweep writes
+    from the committed trial files: every summary row and every verdict sentence, so neither can drift."""
+    import json
+    import shutil
+
+    from rllib_p3o.sweep import run
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "bench")
+    out = tmp_path / "bench"
+    shutil.copytree(os.path.join(root, "trials"), out / "trials")
+    shutil.copy(os.path.join(root, "lr_choice.json"), out / "lr_choice.json")
+    assert run.main(["--task", "sorting", "--full", "--out", str(out), "--report-only"]) == 0
+    with open(os.path.join(root, "summary.json")) as f:
+        committed = json.load(f)
+    with open(out / "summary.json") as f:
+        derived = json.load(f)
+    assert not derived["note"] and not committed["note"]  # the whole grid: nothing missing
+    assert derived["verdict_sentences"] == committed["verdict_sentences"]
+    pd.testing.assert_frame_equal(pd.DataFrame(derived["summary"]), pd.DataFrame(committed["summary"]))

@@ -7,9 +7,10 @@ from typing import List
 
 from results_check import Page
 
-from pages import benchmarks_page, claims_sweep, demo, faults, precision, readme, soak, tool_use
+from pages import benchmarks_page, claims, claims_sweep, demo, faults, precision, readme, soak, tool_use
 
 PAGES: List[Page] = [
+    claims.PAGE,
     claims_sweep.PAGE,
     soak.PAGE,
     precision.PAGE,
