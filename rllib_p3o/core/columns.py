@@ -24,7 +24,12 @@ import dataclasses
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
-from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO as _RLLIB_WEIGHTS_SEQ_NO
+
+try:  # RLlib's name for the weights version a sample was taken with; the learner's compute core imports this
+    # module without Ray (`rllib_p3o.learner.compute`), where the name is RLlib's own string.
+    from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO as _RLLIB_WEIGHTS_SEQ_NO
+except ImportError:
+    _RLLIB_WEIGHTS_SEQ_NO = "weights_seq_no"
 
 
 class Columns:
