@@ -40,14 +40,16 @@ def _row_extras(values: Mapping[str, Any]) -> Dict[str, Any]:
 
 def _token_extras(values: Mapping[str, Any], tokens: int) -> Dict[str, np.ndarray]:
     """The per-token fields an episode step carries for its ``tokens`` action tokens (`rllib_p3o.core.columns.FIELDS`
-    with ``episode=True``), from ``values``, each as its declared dtype: a ragged field as ``[tokens, W]`` (none:
-    ``[tokens, 0]``), another field its values or, where ``values`` lacks them, its default at every token."""
+    with ``episode=True``), from ``values``, each as its declared dtype: a ragged field as ``[tokens, W]`` (left
+    out when ``values`` has none: an extra per-token buffer in every episode costs the runners measurable time),
+    another field its values or, where ``values`` lacks them, its default at every token."""
     out = {}
     for f in columns.FIELDS:
         if f.episode and f.per == TOKEN:
             value = values.get(f.key)
             if f.ragged:
-                out[f.key] = columns.ragged_array(value, tokens, f.dtype)
+                if value is not None:  # untruncated sampling carries none: the decoders read it as absent
+                    out[f.key] = columns.ragged_array(value, tokens, f.dtype)
                 continue
             if value is None and f.default is not None:
                 value = np.full(tokens, f.default)
