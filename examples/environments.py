@@ -3,6 +3,8 @@
     python examples/environments.py reasoning-gym   # reasoning-gym's chain_sum, scored by its verifier + math-verify
     python examples/environments.py openenv         # an OpenEnv server (the modsum game) that the runner starts
     python examples/environments.py reward-models   # a classifier and a vLLM judge in actors, beside a rule reward
+    python examples/environments.py verifiers       # a multi-turn verifiers environment (the modsum game of tries)
+    python examples/environments.py verifiers-single   # a verifiers taskset, one answer per task
 
 Each prints one line per iteration (reward, tokens trained). The tiny model is random, so the point is the wiring:
 swap in your model, task and environment (docs/guide/environments.md).
@@ -40,17 +42,9 @@ def reasoning_gym_config(out: str):
 def openenv_config(out: str):
     from rllib_p3o import P3OConfig
     from rllib_p3o.runner.openenv_env import OpenEnvEnv
-    from rllib_p3o.tasks import ArithmeticTask, build_tiny_model
     from rllib_p3o.tasks.openenv_modsum import MAX_TRIES
-    from rllib_p3o.tasks.tiny_model import CHAT_TEMPLATE, CHAT_TOKENS
 
-    model = build_tiny_model(
-        os.path.join(out, "tiny_chat"),
-        ArithmeticTask().corpus() + ["system user assistant add"] * 10,
-        vocab_size=80,
-        special_tokens=CHAT_TOKENS,
-        chat_template=CHAT_TEMPLATE,
-    )
+    model = _tiny_chat_model(out)
     rows = [{"prompt": [{"role": "system", "content": "add"}], "reset_kwargs": {"seed": s}} for s in range(100)]
     return (
         P3OConfig()
@@ -93,7 +87,51 @@ def reward_models_config(out: str):
     )
 
 
-CONFIGS = {"reasoning-gym": reasoning_gym_config, "openenv": openenv_config, "reward-models": reward_models_config}
+def _tiny_chat_model(out: str) -> str:
+    from rllib_p3o.tasks import ArithmeticTask, build_tiny_model
+    from rllib_p3o.tasks.tiny_model import CHAT_TEMPLATE, CHAT_TOKENS
+
+    return build_tiny_model(
+        os.path.join(out, "tiny_chat"),
+        ArithmeticTask().corpus() + ["system user assistant add"] * 10,
+        vocab_size=80,
+        special_tokens=CHAT_TOKENS,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def verifiers_config(out: str, multi_turn: bool = True):
+    from rllib_p3o import P3OConfig
+    from rllib_p3o.data.verifiers_tasks import verifiers_dataset
+    from rllib_p3o.runner.verifiers_env import VerifiersEnv
+    from rllib_p3o.tasks.verifiers_modsum_game import MAX_TRIES
+
+    # verifiers' EnvConfig: a taskset (an installed package's name, or a dotted module path) and, for the game, the
+    # Env that plays it as an exchange of tries.
+    vf_env = {"taskset": {"id": "rllib_p3o.tasks.verifiers_modsum", "size": 200}}
+    if multi_turn:
+        vf_env["id"] = "rllib_p3o.tasks.verifiers_modsum_game"
+    return (
+        P3OConfig()
+        .environment(
+            env_config={
+                "dataset": verifiers_dataset(vf_env),
+                "multi_turn_env": VerifiersEnv,
+                "max_turns": MAX_TRIES,
+                "stop_tokens": ["<|im_end|>"],
+            }
+        )
+        .training(model=_tiny_chat_model(out), group_size=4, prompts_per_step=8, max_tokens=4)
+    )
+
+
+CONFIGS = {
+    "reasoning-gym": reasoning_gym_config,
+    "openenv": openenv_config,
+    "reward-models": reward_models_config,
+    "verifiers": verifiers_config,
+    "verifiers-single": lambda out: verifiers_config(out, multi_turn=False),
+}
 
 
 def main() -> None:
@@ -102,13 +140,19 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--out", default=None, help="where the tiny model is built (default: a temporary folder)")
     args = parser.parse_args()
+    import logging
+
     import ray
 
     from rllib_p3o.core import metrics as m
+    from rllib_p3o.driver.progress import silence_driver_and_workers
 
     out = args.out or tempfile.mkdtemp(prefix="rllib_p3o_envs_")
+    env_vars = silence_driver_and_workers()
     config = CONFIGS[args.env](out)
-    ray.init(num_cpus=6, include_dashboard=False)  # the driver, a runner, a learner and a CPU per reward model
+    ray.init(  # the driver, a runner, a learner and a CPU per reward model
+        num_cpus=6, include_dashboard=False, logging_level=logging.ERROR, runtime_env={"env_vars": env_vars}
+    )
     algo = config.env_runners(num_env_runners=1).debugging(seed=0).build_algo()
     try:
         for _ in range(args.iterations):
