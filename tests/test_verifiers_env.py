@@ -101,6 +101,24 @@ class _BrokenTaskset(vf.Taskset[_BrokenTask, vf.TasksetConfig]):
         yield _BrokenTask(_BrokenData(prompt="1+1="), self.config.task)
 
 
+class _OpenedByEnv(vf.Env[vf.SingleAgentEnvConfig]):
+    """The environment speaks first: the task has no prompt, run() sends the question as the first user turn."""
+
+    async def run(self, task, agents):
+        async with agents.agent.interaction(task.with_data(prompt=None)) as chat:
+            await chat.turn(task.data.prompt)
+
+
+def test_an_environment_that_opens_the_exchange():
+    rows = verifiers_dataset({"id": _module("vf_test_opened", OpenedByEnv=_OpenedByEnv), "taskset": TASKSET})
+    text, answer = question(0)
+    env = VerifiersEnv({})
+    # The runner's prompt is the system prompt, then the environment's opening turn.
+    assert env.reset(rows[0]) == [{"role": "system", "content": "add"}, {"role": "user", "content": text}]
+    result = _say(env, answer)
+    assert result.terminated and result.reward == 1.0
+
+
 def test_what_the_adapter_cannot_play_fails_with_what_to_change():
     with pytest.raises(VerifiersError, match="cannot load the environment.*no_such_verifiers_env"):
         verifiers_dataset("no_such_verifiers_env")

@@ -223,14 +223,18 @@ def verifiers_dataset(
     ``env``: verifiers' ``EnvConfig`` as a dict (``{"taskset": {"id": ..., <taskset options>}, "id": <env id>,
     <seats and env options>}``), or a taskset id. ``limit``: the first ``limit`` tasks (required for an infinite
     taskset). ``seat``: the agent seat the policy plays (default ``"agent"``, or the environment's only seat).
-    Each row: ``prompt`` (the task's system prompt and prompt, or its system prompt alone for a task the environment
-    opens), and the ``verifiers_env``, ``verifiers_task`` and ``verifiers_task_key`` columns the runner reads.
+    Each row: ``prompt`` (the task's system prompt and prompt; for a task the environment opens, its system prompt,
+    or a name when it has none), and the ``verifiers_env``, ``verifiers_task`` and ``verifiers_task_key`` columns the
+    runner reads.
     """
     spec = json.dumps({"env": _normalized(env), "seat": seat, "limit": limit}, sort_keys=True)
     loaded = load_environment(spec)
     rows: List[Row] = []
     for index, task in enumerate(loaded.tasks()):
         prompt, _ = opening_messages(task.data)
+        # A task the environment opens and without a system prompt has no text of its own before the episode starts
+        # (the runner's prompt is what the environment sends); the row names it instead.
+        prompt = prompt or f"{loaded.config.taskset.id} task {index}"
         rows.append({"prompt": prompt, ENV_COLUMN: spec, TASK_COLUMN: index, KEY_COLUMN: task.key})
     if not rows:
         raise VerifiersError(f"the verifiers environment {loaded.env_id!r} has no tasks")
