@@ -43,7 +43,8 @@ class VerifiersError(RuntimeError):
     the message says which and what to change."""
 
 
-def _vf() -> Any:
+def import_verifiers() -> Any:
+    """``verifiers.v1``, or an ImportError that says how to install it."""
     try:
         import verifiers.v1 as vf
     except ImportError as e:  # pragma: no cover - the envs extra is part of `make install`
@@ -90,7 +91,7 @@ class LoadedEnvironment:
     """
 
     def __init__(self, spec: Mapping[str, Any]):
-        vf = _vf()
+        vf = import_verifiers()
         raw = _normalized(spec["env"])
         taskset = raw.get("taskset")
         if not isinstance(taskset, Mapping) or not taskset.get("id"):
@@ -125,6 +126,8 @@ class LoadedEnvironment:
                     f"the taskset {self.config.taskset.id!r} is infinite: give verifiers_dataset a limit"
                 )
             self._tasks = list(taskset)
+            if self._tasks:
+                self._check_hooks(self._tasks[0])
         return self._tasks
 
     def task(self, index: int, key: Optional[str] = None) -> Any:
@@ -161,6 +164,23 @@ class LoadedEnvironment:
                 "clients; serve a judge as a reward model instead (env_config['reward_models'], kind 'judge')"
             )
 
+    def _check_hooks(self, task: Any) -> None:
+        """Refuse scoring and stop functions this adapter cannot call, once per process (one task type per
+        taskset): those that need a sandbox, and ``@vf.stop`` on a model request or response."""
+        vf = import_verifiers()
+        from verifiers.v1.session import hook_boundary
+
+        name = type(task).__name__
+        needs_runtime = [fn.__name__ for fn in task.hooks("reward") + task.hooks("metric") if requires_runtime(fn)]
+        if needs_runtime:
+            raise VerifiersError(f"{name}'s {needs_runtime} need a sandbox runtime, which VerifiersEnv does not run")
+        for fn in task.hooks("stop"):
+            if hook_boundary(fn, allow_trace=True) is not vf.Trace:
+                raise VerifiersError(
+                    f"{name}.{fn.__name__}: a @vf.stop on a model Request/Response is not supported here (one on the "
+                    "Trace is)"
+                )
+
 
 def choose_seat(seats: Sequence[str], seat: Optional[str]) -> str:
     """The seat the policy plays: ``seat``, else ``"agent"``, else the only one."""
@@ -184,7 +204,7 @@ def requires_runtime(fn: Any) -> bool:
 def messages_from_verifiers(messages: Any) -> Messages:
     """verifiers messages (typed or dicts, a string for a user message) as this package's ``{"role", "content"}``
     dicts, content as text."""
-    vf = _vf()
+    vf = import_verifiers()
     from verifiers.v1.types import content_text
 
     if messages is None:

@@ -40,12 +40,19 @@ from rllib_p3o.data.verifiers_tasks import (
     TASK_COLUMN,
     LoadedEnvironment,
     VerifiersError,
+    import_verifiers,
     load_environment,
     messages_from_verifiers,
     opening_messages,
-    requires_runtime,
 )
 from rllib_p3o.runner.multiturn import MultiTurnEnv, TurnResult, max_turns
+
+vf = import_verifiers()  # the envs extra; an ImportError says how to install it
+from verifiers.v1.agent import Segment  # noqa: E402
+from verifiers.v1.dialects.chat import parse_message  # noqa: E402
+from verifiers.v1.graph import MessageNode  # noqa: E402
+from verifiers.v1.session import call_hook  # noqa: E402
+from verifiers.v1.trace import AgentInfo, TraceTask  # noqa: E402
 
 METRIC_PREFIX = "vf_"  # the environment's metrics, as runner metrics (env_runners/multi_turn/vf_<name>)
 
@@ -125,7 +132,7 @@ class VerifiersEnv(MultiTurnEnv):
 
     def close(self) -> None:
         episode, self._episode = self._episode, None
-        if episode is not None:
+        if episode is not None and episode.running:  # an episode cut by the runner's limits, or reset mid-way
             _wait(episode.cancel())
 
 
@@ -175,13 +182,16 @@ class _Episode:
         self._asked.set_result(messages)
         return await self._reply
 
+    @property
+    def running(self) -> bool:
+        return self._main is not None and not self._main.done()
+
     async def cancel(self) -> None:
-        if self._main is not None and not self._main.done():
+        if self.running:
             self._main.cancel()
             await asyncio.gather(self._main, return_exceptions=True)
 
     async def _run(self) -> None:
-        import verifiers.v1 as vf
 
         env = self.loaded.env
         agents = vf.Agents(env.config, self._seat)
@@ -263,53 +273,32 @@ class _Conversation:
     answer as a ``Segment``; ``trace`` is a verifiers ``Trace`` of the messages, scored by the task on close."""
 
     def __init__(self, episode: _Episode, task: Any, seat: str, config: Any, interactive: bool):
-        import verifiers.v1 as vf
-        from verifiers.v1.session import hook_boundary
-        from verifiers.v1.trace import AgentInfo, TraceTask
 
         self.episode, self.task, self.interactive = episode, task, interactive
         self.trace = vf.Trace(
             task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
             agent=AgentInfo(config=config, name=seat),
         )
-        needs_runtime = [fn.__name__ for fn in task.hooks("reward") + task.hooks("metric") if requires_runtime(fn)]
-        if needs_runtime:
-            raise VerifiersError(
-                f"{type(task).__name__}'s {needs_runtime} need a sandbox runtime, which VerifiersEnv does not run"
-            )
-        self.stops = []
-        for fn in task.hooks("stop"):
-            if hook_boundary(fn, allow_trace=True) is not vf.Trace:
-                raise VerifiersError(
-                    f"{type(task).__name__}.{fn.__name__}: a @vf.stop on a model Request/Response is not supported "
-                    "here (one on the Trace is)"
-                )
-            self.stops.append(fn)
+        self.stops = task.hooks("stop")  # on the trace: `LoadedEnvironment` refuses the others when it loads
         self.limit = min(config.max_turns or math.inf, episode.runner_max_turns)
         opening, self.prompted = opening_messages(task.data)
-        self._unseen: Messages = []  # messages the policy has not been shown yet
         self._add([_typed(m) for m in opening])
-        self._unseen = list(opening)
+        self._unseen: Messages = list(opening)  # messages the policy has not been shown yet
         self.turns = 0
         self.started = self.over = self.ended = self.closed = False
 
     def _add(self, messages: List[Any], sampled: bool = False) -> None:
-        from verifiers.v1.graph import MessageNode
 
         for message in messages:
             parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
             self.trace.nodes.append(MessageNode(parent=parent, message=message, sampled=sampled))
 
     async def setup(self) -> None:
-        import verifiers.v1 as vf
 
         if type(self.task).setup is not vf.Task.setup:  # no sandbox here: runtime is None
             await self.task.setup(self.trace, None)
 
     async def turn(self, message: Any = None) -> Any:
-        import verifiers.v1 as vf
-        from verifiers.v1.agent import Segment
-        from verifiers.v1.session import call_hook
 
         if self.closed:
             raise RuntimeError("this interaction is closed")
@@ -346,7 +335,6 @@ class _Conversation:
 
     async def close(self) -> Any:
         """End the exchange: the task's finalize hook (if it has one) and scoring; idempotent."""
-        import verifiers.v1 as vf
 
         if self.closed:
             return self.trace
@@ -371,6 +359,4 @@ def _typed(message: Any) -> Any:
     """A message dict (``{"role", "content"}``) as verifiers' typed message."""
     if not isinstance(message, Mapping):
         return message
-    from verifiers.v1.dialects.chat import parse_message
-
     return parse_message(dict(message))
