@@ -271,8 +271,9 @@ def test_unknown_loss_lists_the_registered_names():
 
     assert {"p3o", "grpo", "p3o_no_cap", "p3o_no_kl"} <= set(LOSSES)
     with pytest.raises(
-        ValueError, match="Unknown loss 'ppo'; registered losses: cispo, grpo, grpo_seq_mask, grpo_tis, p3o,"
+        ValueError,
+        match="Unknown loss 'ppo'; registered losses: cispo, decoupled_ppo, grpo, grpo_seq_mask, grpo_tis, m2po, p3o,",
     ):
         get_loss("ppo")
-    with pytest.raises(ValueError, match="Unknown loss 'ppo'; registered losses: cispo, grpo"):
+    with pytest.raises(ValueError, match="Unknown loss 'ppo'; registered losses: cispo, decoupled_ppo, grpo"):
         P3OConfig().training(model="/some/model", loss="ppo").validate()

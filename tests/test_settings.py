@@ -47,7 +47,7 @@ def test_the_config_takes_its_defaults_and_keys_from_the_declarations():
 
 def test_validation_checks_each_declared_choice_and_minimum():
     for key, value, match in [
-        ("ess_scope", "tokens", "ess_scope must be one of batch, source, got 'tokens'"),
+        ("ess_scope", "tokens", "ess_scope must be one of batch, source, version, got 'tokens'"),
         ("logprobs_mode", "soft", "logprobs_mode must be one of processed, raw"),
         ("group_size", 1, "group_size must be >= 2, got 1"),
         ("num_threads_per_env_runner", 0, "num_threads_per_env_runner must be >= 1"),

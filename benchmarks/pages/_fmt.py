@@ -18,8 +18,8 @@ def num(x: float, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
-def pm(mean: float, std: float, digits: int = 3) -> str:
-    """``mean ± std``."""
+def pm(mean: float, std: float, n: Any = None, digits: int = 3) -> str:
+    """``mean ± std`` (``n``, the seeds of a verdict's ``(mean, std, n)`` statistics, is not printed)."""
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 

@@ -36,7 +36,7 @@ def _stats(report: Mapping) -> Tuple[List[str], List[str], Stats]:
     methods = list(dict.fromkeys(m for _, m in rows))
     stats: Stats = {r: {} for r in regimes}
     for (s, m), row in rows.items():
-        stats[s][m] = (row["heldout_at_budget_mean"], row["heldout_at_budget_std"])
+        stats[s][m] = (row["heldout_at_budget_mean"], row["heldout_at_budget_std"], int(row["seeds"]))
     return regimes, methods, stats
 
 
@@ -135,7 +135,7 @@ def quotes(root: str) -> List[str]:
     for r in regimes:
         top_m = _best(stats[r])
         gap = stats[r][DEFAULT][0] - stats[r][top_m][0]
-        word = "best" if top_m == DEFAULT else verdict(*stats[r][DEFAULT], *stats[r][top_m])
+        word = "best" if top_m == DEFAULT else verdict(stats[r][DEFAULT], stats[r][top_m])
         ok = gap >= -AIM_GAP
         (held if ok else missed).append(r)
         aim_rows.append(
@@ -160,7 +160,7 @@ def quotes(root: str) -> List[str]:
         f"the weaker behavior model it ends at {pm(*stats[WEAKER][DEFAULT])} "
         f"({'at or above' if weaker >= AIM_WEAKER else 'below'} the aim of {AIM_WEAKER:g})"
     )
-    ties = [r for r in regimes if verdict(*stats[r][DEFAULT], *stats[r][_best(stats[r])]) == "ties"]
+    ties = [r for r in regimes if verdict(stats[r][DEFAULT], stats[r][_best(stats[r])]) == "ties"]
     out.append(f"best or tied in {len(ties)} of {len(regimes)}")
 
     # The paper's form and the default, where they differ most.
@@ -174,7 +174,7 @@ def quotes(root: str) -> List[str]:
         )
         out.append(f"the batch's mean ESS is {rows[r, DEFAULT]['ess_mean']:.3f}")
         forms = [m for m in stats[r] if m.startswith("p3o")]
-        below = all(verdict(*stats[r][m], *stats[r][fb]) == "loses" for m in forms)
+        below = all(verdict(stats[r][m], stats[r][fb]) == "loses" for m in forms)
         out.append("every P3O form ends below it" if below else f"not every P3O form ends below `{fb}`")
     fell = rows[WEAKER, "p3o_k3"]
     out.append(

@@ -51,7 +51,7 @@ def quotes(root: str) -> List[str]:
     for stage in stages:
         rows = trials[trials["stage"] == stage]
         per = rows.groupby("method")["last"]
-        stats[stage] = {m: (per.get_group(m).mean(), per.get_group(m).std()) for m in METHODS}
+        stats[stage] = {m: (per.get_group(m).mean(), per.get_group(m).std(), len(per.get_group(m))) for m in METHODS}
     seeds = trials.groupby(["stage", "method"]).size()
     assert seeds.nunique() == 1, "every regime × method has the same number of seeds"
     n_seeds = int(seeds.iloc[0])
@@ -125,7 +125,7 @@ def quotes(root: str) -> List[str]:
 
     # The claims, each sentence from the verdicts.
     def v(stage: str, a: str, b: str) -> str:
-        return verdict(*stats[stage][a], *stats[stage][b])
+        return verdict(stats[stage][a], stats[stage][b])
 
     def best_grpo(stage: str) -> str:
         return max(GRPO, key=lambda m: stats[stage][m][0])

@@ -88,7 +88,7 @@ def quotes(root: str) -> List[str]:
     for name, s in settings.items():
         final = [r["heldout_final"] for r in s["runs"]]
         before = statistics.mean(s["heldout_before"])
-        stats[name] = (statistics.mean(final), statistics.stdev(final))
+        stats[name] = (statistics.mean(final), statistics.stdev(final), len(final))
         rows.append(
             [
                 name,
@@ -109,7 +109,7 @@ def quotes(root: str) -> List[str]:
     learned = sum(r["heldout_final"] > r["heldout"][0][1] for s in settings.values() for r in s["runs"])
     out += [f"deviation over the {seeds} seeds", f"own spread over {seeds} seeds", f"and {seeds} seeds cannot"]
     out.append(f"All {learned} runs end above their held-out before training")
-    out.append("; ".join(f"`{a}` {AS_VERB[verdict(*stats[a], *stats[b])]} `{b}`" for a, b in combinations(settings, 2)))
+    out.append("; ".join(f"`{a}` {AS_VERB[verdict(stats[a], stats[b])]} `{b}`" for a, b in combinations(settings, 2)))
     fp8_before = statistics.mean(settings["fp8_simulated"]["heldout_before"])
     out.append(f"(the FP8-rounded base model answers {fp8_before:.3f} greedily)")
     return out

@@ -133,6 +133,15 @@ CLIP_FRACTION = "clip_fraction"  # GRPO only
 KL_GRAD_SHARE = "kl_grad_share"
 REJECTED_FRACTION = "rejected_fraction"
 KL_REF = "kl_ref"  # with kl_ref_coeff > 0
+# Trust regions on stale data: P3O's `trust_region` (tokens whose policy gradient it removed, the share of lagging
+# tokens it acts on, the widest band's ε), M2PO's second-moment mask (mean (log r)² before it, tokens it left out)
+# and decoupled PPO's behavior-weight mask.
+TRUST_MASKED_FRACTION = "trust_masked_fraction"
+LAGGING_FRACTION = "lagging_fraction"
+TRUST_EPS_MAX = "trust_eps_max"
+M2 = "m2"
+M2_MASKED_FRACTION = "m2_masked_fraction"
+BEHAVIOR_MASKED_FRACTION = "behavior_masked_fraction"
 
 # -- learners/default_policy/<key>: the training-inference mismatch, on fresh samples -------------------------------
 # Measured on the policy's own tokens of staleness 0 in the first minibatch of each update (the learner's weights are

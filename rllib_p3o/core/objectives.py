@@ -16,7 +16,7 @@ This module imports only torch (and its sibling `rllib_p3o.core.kl_estimators`).
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -258,6 +258,8 @@ def p3o_loss(
     behavior_kl: bool = True,
     kl_estimator: str = "k3",
     anchor_logprobs: Optional[torch.Tensor] = None,
+    trust_region: str = "none",
+    lagging: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Metrics]:
     """The batch-adaptive P3O loss (``cap=False`` / ``behavior_kl=False``: its ablations, `rllib_p3o.core.losses`).
 
@@ -276,18 +278,34 @@ def p3o_loss(
     which both caps the importance weights lower and strengthens the pull toward the anchor; the policy gradient
     never vanishes (the weight is ``min(r, ESS) > 0`` for ``r > 0``). ESS carries no gradient.
 
-    ESS scope: by default one ESS for the whole global batch, as above. With ``ess_groups`` (``[B]`` ints in
-    ``[0, num_ess_groups)``, the same numbering on every rank) each group ``g`` gets its own ``ESS_g`` over its valid
-    tokens of the global batch, and its tokens use ``ESS_g`` for both the cap and the KL weight. The learner uses this
-    for ``ess_scope="source"``: the policy's own rollouts, each behavior model and offline data are then trusted by
-    their own mismatch instead of the mixture's.
+    ESS scope: by default one ESS for the whole global batch, as above. With ``ess_groups`` (``[B]`` or ``[B, T]``
+    ints in ``[0, num_ess_groups)``, the same numbering on every rank) each group ``g`` gets its own ``ESS_g`` over
+    its valid tokens of the global batch, and its tokens use ``ESS_g`` for both the cap and the KL weight. The learner
+    uses this for ``ess_scope="source"`` (the policy's own rollouts, each behavior model and offline data are then
+    trusted by their own mismatch instead of the mixture's) and ``"version"`` (one ESS per source and policy version).
+
+    Trust region (``trust_region``, on the tokens ``lagging`` marks: ``[B]`` or ``[B, T]`` bool, the policy's own
+    tokens sampled by weights the policy has moved from since, `rllib_p3o.core.trust_region`)::
+
+        "ess_clip":  m_t = 0 where (A_t > 0 ∧ r_t > 1 + ε_t) ∨ (A_t < 0 ∧ r_t < 1 - ε_t),  ε_t = sqrt(1/ESS_t - 1)
+        "ess_band":  the same with the band [ESS_t, 1/ESS_t]
+        ℓ_t = -m_t · sg(min(r_t, ESS_t)) · logπθ_t · A_t  +  (1 - ESS_t) · K_t
+
+    A lagging token outside the band on the side its advantage pushes toward gets no policy gradient (PPO's clip,
+    applied to P3O's detached weight); ``ε_t`` is the coefficient of variation of the ratios of the token's ESS
+    group, so the band is the spread the data show, with no coefficient. Fresh tokens (sampled by the current
+    weights: their ratios carry only the sampler's mismatch) and other models' tokens are never masked. The KL term
+    acts on every token. ``"none"`` (the default): ``m_t = 1``.
 
     Returns ``(loss, metrics)`` where loss is this rank's share (see module docstring) and metrics are global
     token-means: ``loss``, ``pg_loss``, ``ess`` (of the whole batch), ``ratio_mean``, ``ratio_max``,
     ``cap_fraction`` (tokens with ``r`` above their cap), ``kl_behavior`` (the KL term's estimator, unweighted),
     ``kl_weight`` (token-mean of ``1 - ESS``), ``kl_grad_share`` and ``rejected_fraction`` (`_gradient_shares`),
-    ``num_tokens`` and, when given, ``kl_ref``/``entropy``.
+    ``num_tokens`` and, when given, ``kl_ref``/``entropy``; with a trust region also ``trust_masked_fraction`` (tokens
+    whose policy gradient it removed), ``lagging_fraction`` and ``trust_eps_max`` (the widest band's ε).
     """
+    if trust_region not in TRUST_REGIONS:
+        raise ValueError(f"trust_region must be one of {', '.join(TRUST_REGIONS)}, got {trust_region!r}")
     mask, behavior, adv = _prepare(logprobs, behavior_logprobs, advantages, mask)
     anchor = behavior if anchor_logprobs is None else torch.where(mask, anchor_logprobs.to(logprobs.dtype), behavior)
     log_ratios = logprobs - behavior
@@ -301,6 +319,9 @@ def p3o_loss(
 
     ratio = torch.exp(log_ratios.detach())
     weight = torch.minimum(ratio, ess_tok) if cap else ratio
+    trust = _trust_region_terms(trust_region, ratio, adv, ess_tok, lagging, mask)
+    if trust:
+        weight = torch.where(trust["masked"], torch.zeros_like(weight), weight)
     pg_tok = -weight * logprobs * adv
     estimator = get_kl_estimator(kl_estimator)
     kl_tok = estimator(logprobs, anchor, behavior)
@@ -314,7 +335,51 @@ def p3o_loss(
     metrics = _diagnostics(log_ratios, mask, kl_tok, n_global, cap=ess_tok, extra=extra)
     metrics.update(_gradient_shares(logprobs, -weight * adv, kl_weight, estimator, anchor, behavior, mask))
     metrics.update(_loss_metrics(loss, pg_loss, n_global, stats))
+    if trust:
+        metrics.update(trust["metrics"])
     return loss, metrics
+
+
+# P3O's trust regions on lagging tokens (`p3o_loss`, `rllib_p3o.core.trust_region`).
+TRUST_REGIONS = ("none", "ess_clip", "ess_band")
+
+
+def _trust_region_terms(
+    trust_region: str,
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    ess_tok: torch.Tensor,
+    lagging: Optional[torch.Tensor],
+    mask: torch.Tensor,
+) -> Dict[str, Any]:
+    """The tokens a trust region masks (``"masked"``) and its metrics; ``{}`` for ``"none"``."""
+    # Imported here: `rllib_p3o.core.trust_region` builds on this module's all-reduce helpers.
+    from rllib_p3o.core import trust_region as tr
+
+    if trust_region == "none":
+        return {}
+    ess = ess_tok.detach().to(torch.float64)
+    if trust_region == "ess_clip":
+        low, high = tr.ess_band(ess)
+    else:  # "ess_band": the cap's own band
+        low, high = ess, 1.0 / ess.clamp(min=torch.finfo(torch.float64).tiny)
+    applies = torch.zeros_like(mask) if lagging is None else lagging.bool().to(mask.device)
+    if applies.dim() == 1:
+        applies = applies.unsqueeze(-1)
+    applies = applies.expand_as(mask) & mask
+    masked = tr.outward_mask(ratio.to(torch.float64), adv, low, high, applies)
+    with torch.no_grad():
+        eps = torch.where(applies, high - 1.0, torch.zeros_like(high))
+        eps_max = eps.max().reshape(1).clone() if eps.numel() else torch.zeros(1, dtype=eps.dtype, device=eps.device)
+        eps_max = _all_reduce(eps_max, dist.ReduceOp.MAX)[0]
+    return {
+        "masked": masked,
+        "metrics": {
+            "trust_masked_fraction": tr.masked_share(masked, mask),
+            "lagging_fraction": tr.masked_share(applies, mask),
+            "trust_eps_max": eps_max.to(torch.float32),
+        },
+    }
 
 
 def _gradient_shares(
@@ -353,13 +418,17 @@ def _gradient_shares(
 
 
 def _grouped_ess(log_ratios: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """``[B, T]`` tensor holding, at each token, the global ESS of its row's group (`_log_ratio_stats` per group;
-    every rank runs the same ``num_groups`` collectives, whichever groups it holds)."""
+    """``[B, T]`` tensor holding, at each token, the global ESS of its group (``groups``: ``[B]`` per row or
+    ``[B, T]`` per token; `_log_ratio_stats` per group; every rank runs the same ``num_groups`` collectives,
+    whichever groups it holds)."""
     groups = groups.to(log_ratios.device).long()
+    if groups.dim() == 1:
+        groups = groups.unsqueeze(-1)
+    groups = groups.expand_as(log_ratios)
     per_group = torch.ones(max(int(num_groups), 1), dtype=torch.float64, device=log_ratios.device)
     for g in range(int(num_groups)):
-        per_group[g] = _log_ratio_stats(log_ratios, mask & (groups == g).unsqueeze(-1))["ess"]
-    return per_group[groups.clamp(0, per_group.numel() - 1)].unsqueeze(-1).expand_as(log_ratios)
+        per_group[g] = _log_ratio_stats(log_ratios, mask & (groups == g))["ess"]
+    return per_group[groups.clamp(0, per_group.numel() - 1)]
 
 
 def grpo_loss(

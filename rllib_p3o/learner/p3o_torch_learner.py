@@ -94,11 +94,15 @@ class P3OTorchLearner(TorchLearner):
         # Rows another model wrote (for P3O's kl_anchor="auto"): their source ids.
         self._other_model_ids = torch.tensor(other_model_source_ids(self.config.behavior_models), dtype=torch.long)
         self._measure_mismatch = False  # set at the start of each update, for its first minibatch
+        # Optimizer steps applied since the current update began: a row sampled by the weights at the update's start
+        # is that many steps behind them at the next minibatch (`_row_lag`).
+        self._steps_in_update = 0
         self._token_positions = [0.0, 0.0, 0.0]
 
     def update(self, *args: Any, batch: Any = None, training_data: Any = None, **kwargs: Any) -> Any:
         # The first minibatch of an update meets the weights that sampled the fresh rows: measure the mismatch there.
         self._measure_mismatch = True
+        self._steps_in_update = 0
         self._token_positions = [0.0, 0.0, 0.0]  # real tokens, computed, padded to the longest row: over an update
         if self._loss.uses_old_logprobs(self._loss_settings):
             if training_data is None:
@@ -183,6 +187,7 @@ class P3OTorchLearner(TorchLearner):
         if not bad:
             self._consecutive_nonfinite = 0
             super().apply_gradients(gradients_dict)
+            self._steps_in_update += 1
             return
         self._consecutive_nonfinite += 1
         for optim in self._optimizer_parameters:
@@ -215,7 +220,8 @@ class P3OTorchLearner(TorchLearner):
         ref_logp = batch.get(Columns.REF_LOGPROBS)
         if ref_logp is None and config.kl_ref_coeff > 0:
             ref_logp = self._reference_logprobs(module_id, config, batch)
-        groups, num_groups = self._ess_groups(config, batch) if self._loss.ess_scoped else (None, 0)
+        lag = self._row_lag(batch)
+        groups, num_groups = self._ess_groups(config, batch, lag) if self._loss.ess_scoped else (None, 0)
         loss, ess, stats = compute_loss(
             self._loss,
             self._loss_settings,
@@ -230,6 +236,7 @@ class P3OTorchLearner(TorchLearner):
             num_ess_groups=num_groups,
             old_logprobs=batch.get(Columns.OLD_LOGPROBS),
             other_model_rows=self._loss_rows_of_other_models(batch, mask.device),
+            lagging=self._lagging_rows(batch, lag),
         )
 
         self.metrics.log_dict({(module_id, k): float(v) for k, v in {**stats, metrics.ESS: ess}.items()}, window=1)
@@ -259,20 +266,50 @@ class P3OTorchLearner(TorchLearner):
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return loss * world
 
+    def _row_lag(self, batch: Dict[str, Any]) -> Optional[torch.Tensor]:
+        """[B] optimizer steps between the weights that sampled each row and the current weights: the row's staleness
+        when the update began plus the steps this update has applied since; -1 where it is not known (offline rows,
+        another model's rows). None when the batch carries no staleness."""
+        if Columns.STALENESS not in batch:
+            return None
+        staleness = batch[Columns.STALENESS].long()
+        return torch.where(staleness >= 0, staleness + self._steps_in_update, staleness)
+
+    def _lagging_rows(self, batch: Dict[str, Any], lag: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """[B] bool: the policy's own rows sampled by weights the learner has moved from since (lag ≥ 1, or offline
+        rows of the policy, whose lag is unknown but not 0); never another model's rows. None when there are none."""
+        if Columns.SOURCE_ID not in batch:
+            return None
+        other = torch.isin(batch[Columns.SOURCE_ID].long(), self._other_model_ids.to(batch[Columns.SOURCE_ID].device))
+        if lag is None:
+            return None
+        known = lag >= 0
+        offline_own = ~known & ~other & (batch[Columns.SOURCE_ID].long() != POLICY_SOURCE_ID)
+        rows = (known & (lag >= 1)) | offline_own
+        return rows if bool(rows.any()) else None
+
     @staticmethod
-    def _ess_groups(config: "AlgorithmConfig", batch: Dict[str, Any]) -> Tuple[Optional[torch.Tensor], int]:
+    def _ess_groups(
+        config: "AlgorithmConfig", batch: Dict[str, Any], lag: Optional[torch.Tensor] = None
+    ) -> Tuple[Optional[torch.Tensor], int]:
         """For ``ess_scope="source"``: each row's source as an index into the sorted union of the sources present on
-        all learners (so every rank numbers them alike and runs the same collectives). ``(None, 0)`` for "batch"."""
-        if config.ess_scope != "source" or Columns.SOURCE_ID not in batch:
+        all learners (so every rank numbers them alike and runs the same collectives); for ``"version"``: of its
+        (source, lag) pair (`_row_lag`: rows of unknown lag form one group per source). ``(None, 0)`` for "batch"."""
+        if config.ess_scope == "batch" or Columns.SOURCE_ID not in batch:
             return None, 0
         source = batch[Columns.SOURCE_ID].long()
-        local = sorted(set(torch.unique(source).tolist()))
+        if config.ess_scope == "version" and lag is not None:
+            # One integer per (source, lag) pair: source ids are < 2^31 and lags small, so the pair packs into int64.
+            key = source * (1 << 20) + (lag.to(source.device) + 1)
+        else:
+            key = source
+        local = sorted(set(torch.unique(key).tolist()))
         if dist.is_available() and dist.is_initialized():
             gathered: List[List[int]] = [None] * dist.get_world_size()  # type: ignore[list-item]
             dist.all_gather_object(gathered, local)
             local = sorted(set().union(*gathered))
-        ids = torch.tensor(local, dtype=torch.long, device=source.device)
-        return torch.searchsorted(ids, source), len(local)
+        ids = torch.tensor(local, dtype=torch.long, device=key.device)
+        return torch.searchsorted(ids, key), len(local)
 
     def _log_groups(self, module_id, column, label, logp, batch, mask, ess, own_cap: bool = False) -> None:
         """Diagnostics per value of ``column``: per source (the policy, offline data, each behavior model) or

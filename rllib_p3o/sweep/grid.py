@@ -7,10 +7,11 @@ can change in a reused actor); a method is a set of `RESETTABLE_KEYS` overrides.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
-from rllib_p3o.core.losses import LOSSES
+from rllib_p3o.core.losses import LOSSES, get_loss
 from rllib_p3o.p3o import P3OConfig
 from rllib_p3o.tasks.arithmetic import ArithmeticTask
 from rllib_p3o.tasks.bench_config import EVAL_SAMPLES_PER_PROMPT, bench_config
@@ -53,11 +54,45 @@ METHODS: Dict[str, Dict[str, Any]] = {
         "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal"},
         "ess_scope": "source",
     },
-    # P3O's defaults, spelled out (so the method keeps its meaning if the defaults change): k3_is, anchored at π_b
-    # on the policy's own rows and at π_old on another model's, one ESS per source.
+    # P3O's defaults in 0.2, spelled out (the claims bench's full grid, results/bench): k3_is, anchored at π_b on the
+    # policy's own rows and at π_old on another model's, one ESS per source.
     "p3o_default": {
         "loss": "p3o",
         "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto"},
+        "ess_scope": "source",
+    },
+    # The paper's reference implementation (FeynRL `algs/P3O/p3o.py`): the clamped k3 toward π_b, one ESS per batch.
+    "p3o_reference": {
+        "loss": "p3o",
+        "loss_config": {"kl_estimator": "k3_clamped", "kl_anchor": "behavior"},
+        "ess_scope": "batch",
+    },
+    # Candidates against multi-version staleness (docs/results/claims.md, the development set): P3O as in 0.2 (named
+    # by what it is, so that its name keeps its meaning when the default changes), with one ESS per source and policy
+    # version, and/or with a trust region on lagging tokens from the ESS itself.
+    "p3o_source": {
+        "loss": "p3o",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", "trust_region": "none"},
+        "ess_scope": "source",
+    },
+    "p3o_version": {
+        "loss": "p3o",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto"},
+        "ess_scope": "version",
+    },
+    "p3o_clip": {
+        "loss": "p3o",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", "trust_region": "ess_clip"},
+        "ess_scope": "source",
+    },
+    "p3o_clip_version": {
+        "loss": "p3o",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", "trust_region": "ess_clip"},
+        "ess_scope": "version",
+    },
+    "p3o_band": {
+        "loss": "p3o",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", "trust_region": "ess_band"},
         "ess_scope": "source",
     },
 }
@@ -189,22 +224,43 @@ class Prepared:
     stronger_model: Optional[str] = None
     weaker_model: Optional[str] = None
     stale_recording: Optional[str] = None
+    weaker_recording: Optional[str] = None
+
+
+# What a regime's batches hold, as far as a loss can tell (`canonical_method`): rows another model wrote, rows the
+# learner has moved from since they were sampled (stale async rows, a batch's second optimizer step, offline data),
+# several policy versions in one minibatch (async), and more than one optimizer step per batch.
+OTHER_MODEL_ROWS, LAGGING_ROWS, VERSIONS, MULTI_STEP = "other_model_rows", "lagging_rows", "versions", "multi_step"
 
 
 @dataclass(frozen=True)
 class Regime:
-    """How the data reach the learner: a description for the report and the config changes it makes."""
+    """How the data reach the learner: a description for the report, the config changes it makes, and its traits
+    (which of `OTHER_MODEL_ROWS`, `LAGGING_ROWS`, `VERSIONS`, `MULTI_STEP` its batches have)."""
 
     name: str
     description: str
     apply: Callable[[P3OConfig, Prepared], P3OConfig]
     needs: Tuple[str, ...] = ()  # fields of `Prepared` this regime reads
+    traits: FrozenSet[str] = frozenset()
 
 
 def _behavior(model: str, name: str) -> Dict[str, Any]:
     return {"model": model, "name": name, "samples": 4}
 
 
+def _offline(recording: Callable[[Prepared], str]) -> Callable[[P3OConfig, Prepared], P3OConfig]:
+    """Offline-only training on a recording, read once in recorded order."""
+    return lambda c, p: c.training(offline_fraction=1.0).offline_data(
+        input_=[recording(p)],
+        # A small dataset on 2 cores: one reader, one preprocessing actor (Ray Data's defaults start many).
+        input_read_method_kwargs={"override_num_blocks": 1},
+        map_batches_kwargs={"concurrency": 1},
+    )
+
+
+_ASYNC = frozenset({LAGGING_ROWS, VERSIONS})
+_STEPS = frozenset({LAGGING_ROWS, MULTI_STEP})
 REGIMES: Dict[str, Regime] = {
     r.name: r
     for r in (
@@ -212,6 +268,7 @@ REGIMES: Dict[str, Regime] = {
             "on_policy_4_steps",
             "on-policy rollouts, 4 optimizer steps per iteration (minibatches of 128 of 512)",
             lambda c, p: c.training(minibatch_size=128),
+            traits=_STEPS,
         ),
         Regime(
             "temperature_1.2",
@@ -223,30 +280,29 @@ REGIMES: Dict[str, Regime] = {
             "async sampling: the runner keeps generating while the learner updates, "
             "samples up to 2 weight versions old",
             lambda c, p: c.training(async_sampling=True, max_staleness=2),
+            traits=_ASYNC,
         ),
         Regime(
             "behavior_stronger",
             "4 of each group's 8 completions from a frozen stronger checkpoint",
             lambda c, p: c.training(behavior_models=[_behavior(p.stronger_model, "stronger")]),
             needs=("stronger_model",),
+            traits=frozenset({OTHER_MODEL_ROWS}),
         ),
         Regime(
             "behavior_weaker",
             "4 of each group's 8 completions from a frozen weaker checkpoint",
             lambda c, p: c.training(behavior_models=[_behavior(p.weaker_model, "weaker")]),
             needs=("weaker_model",),
+            traits=frozenset({OTHER_MODEL_ROWS}),
         ),
         Regime(
             "offline_stale",
             "offline only: trajectories recorded by the frozen base policy (staler as the "
             "learner improves), read once in recorded order",
-            lambda c, p: c.training(offline_fraction=1.0).offline_data(
-                input_=[p.stale_recording],
-                # A small dataset on 2 cores: one reader, one preprocessing actor (Ray Data's defaults start many).
-                input_read_method_kwargs={"override_num_blocks": 1},
-                map_batches_kwargs={"concurrency": 1},
-            ),
+            _offline(lambda p: p.stale_recording),
             needs=("stale_recording",),
+            traits=frozenset({LAGGING_ROWS}),
         ),
         # The claims bench's regimes (with `temperature_1.2`, `behavior_*` and `offline_stale` above).
         Regime(
@@ -260,6 +316,7 @@ REGIMES: Dict[str, Regime] = {
             "on-policy rollouts, 2 optimizer steps per iteration (minibatches of 256 of 512): the second step's "
             "data are one update stale, so the trust region is what is measured",
             lambda c, p: c.training(minibatch_size=256),
+            traits=_STEPS,
         ),
         Regime(
             "bf16_rollouts",
@@ -276,6 +333,30 @@ REGIMES: Dict[str, Regime] = {
             "async sampling: the runner keeps generating while the learner updates, "
             "samples up to 4 weight versions old",
             lambda c, p: c.training(async_sampling=True, max_staleness=4),
+            traits=_ASYNC,
+        ),
+        # The confirmation set's harder variants of the staleness regimes.
+        Regime(
+            "async_staleness_8",
+            "async sampling: the runner keeps generating while the learner updates, samples up to 8 weight versions "
+            "old",
+            lambda c, p: c.training(async_sampling=True, max_staleness=8),
+            traits=_ASYNC,
+        ),
+        Regime(
+            "four_steps_per_batch",
+            "on-policy rollouts, 4 optimizer steps per iteration (minibatches of 128 of 512): the last step's data "
+            "are three updates stale",
+            lambda c, p: c.training(minibatch_size=128),
+            traits=_STEPS,
+        ),
+        Regime(
+            "offline_weaker",
+            "offline only: trajectories recorded by the frozen weaker checkpoint (another recording than "
+            "offline_stale's, from a worse policy), read once in recorded order",
+            _offline(lambda p: p.weaker_recording),
+            needs=("weaker_recording",),
+            traits=frozenset({LAGGING_ROWS}),
         ),
     )
 }
@@ -309,6 +390,42 @@ BENCH_REGIME_METHODS: Dict[str, Tuple[str, ...]] = {
 }
 
 
+# Losses whose PPO clip acts on πθ/π_old only: with one optimizer step per batch π_old = πθ there, so the clip range
+# changes nothing (`canonical_method`).
+_CLIP_AGAINST_OLD = ("grpo_tis", "grpo_seq_mask", "decoupled_ppo")
+
+
+def canonical_method(method: str, regime: Regime) -> Tuple[Any, ...]:
+    """What ``method`` computes in ``regime``: its loss, its settings (defaults filled in) and ESS scope, with every
+    setting the regime's batches cannot tell apart replaced by its equivalent. Two methods with the same canonical form
+    in a regime run the same trial, bit for bit (the grid runs it once; `Grid.same_run_as`):
+
+    - ESS scope ``"version"`` is ``"source"`` where a minibatch never holds two policy versions (no `VERSIONS`), and
+      ``"source"`` is ``"batch"`` where all rows have one source (no `OTHER_MODEL_ROWS`); scope is not read by a loss
+      that is not ESS-scoped;
+    - P3O's ``trust_region`` acts only on lagging rows: ``"none"`` where there are none (no `LAGGING_ROWS`);
+    - P3O's ``kl_anchor="auto"`` is ``"behavior"`` where no other model wrote rows;
+    - the clip range of a loss that clips πθ/π_old is inert with one optimizer step per batch (no `MULTI_STEP`).
+    """
+    spec = METHODS[method]
+    loss = get_loss(spec.get("loss", DEFAULTS["loss"]))
+    settings = dataclasses.asdict(loss.make_settings(spec.get("loss_config", DEFAULTS["loss_config"])))
+    traits = regime.traits
+    scope = spec.get("ess_scope", DEFAULTS["ess_scope"]) if loss.ess_scoped else None
+    if scope == "version" and VERSIONS not in traits:
+        scope = "source"
+    if scope == "source" and OTHER_MODEL_ROWS not in traits:
+        scope = "batch"
+    if "trust_region" in settings and LAGGING_ROWS not in traits:
+        settings["trust_region"] = "none"
+    if settings.get("kl_anchor") == "auto" and OTHER_MODEL_ROWS not in traits:
+        settings["kl_anchor"] = "behavior"
+    if loss.name in _CLIP_AGAINST_OLD and MULTI_STEP not in traits:
+        settings.pop("clip_low", None)
+        settings.pop("clip_high", None)
+    return (loss.name, tuple(sorted(settings.items())), scope)
+
+
 @dataclass(frozen=True)
 class Grid:
     """One sweep: regimes × methods × seeds, ``iterations`` of 512 completions per trial, after the lr stage.
@@ -333,28 +450,56 @@ class Grid:
     eval_interval: int = 5
     collapse_from: str = "first"  # a collapse: the last held-out 0.1 below the trial's "first" or "best" (`report`)
     extra: Dict[str, Any] = field(default_factory=dict)  # other `.training()` settings (tests: a tiny task)
+    # Run a trial once for all methods that compute the same thing in a regime (`canonical_method`), and show it in
+    # each of their cells.
+    dedupe: bool = False
+    # The lr stage extends its bracket upward (doubling the top peak) while a method's best peak is the top one.
+    lr_extend: bool = False
+    # No lr stage: each method's peak lr from this lr choice file (another grid's `lr_choice.json`).
+    lr_choice_from: Optional[str] = None
     # Methods added in some regimes only (at the lr of their `LR_FROM` twin).
     regime_methods: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
 
     def methods_in(self, regime: str) -> Tuple[str, ...]:
-        """The methods a regime's stage runs: every regime's, then its own."""
+        """The methods a regime's stage reports: every regime's, then its own."""
         return tuple(self.methods) + tuple(m for m in self.regime_methods.get(regime, ()) if m not in self.methods)
+
+    def same_run_as(self, regime: str, method: str, methods: Optional[Tuple[str, ...]] = None) -> str:
+        """The method whose trial ``method`` shares in ``regime``: the first of ``methods`` (the regime's, by
+        default) with the same `canonical_method` there; ``method`` itself when none comes before it. Where
+        ``dedupe`` is off, always ``method``."""
+        if not self.dedupe:
+            return method
+        form = canonical_method(method, REGIMES[regime])
+        for other in methods if methods is not None else self.methods_in(regime):
+            if canonical_method(other, REGIMES[regime]) == form:
+                return other
+        return method
+
+    def runs_in(self, regime: str, methods: Optional[Tuple[str, ...]] = None) -> Tuple[str, ...]:
+        """The methods whose trials a regime's stage runs: one per distinct `canonical_method` (`same_run_as`)."""
+        methods = self.methods_in(regime) if methods is None else methods
+        return tuple(m for m in methods if self.same_run_as(regime, m, methods) == m)
 
     def all_methods(self) -> Tuple[str, ...]:
         """Every method of the grid, in table order."""
         return tuple(dict.fromkeys(m for r in self.regimes for m in self.methods_in(r))) or tuple(self.methods)
 
     def lr_cells(self) -> int:
-        return len(self.lr_peaks) * len(self.lr_methods) * len(self.lr_seeds) * len(self.lr_regimes)
+        return (
+            sum(len(self.runs_in(r, self.lr_methods)) for r in self.lr_regimes)
+            * len(self.lr_peaks)
+            * len(self.lr_seeds)
+        )
 
     def num_trials(self) -> int:
-        """Trials the grid runs (a regime stage's cells already run by the lr stage are not run again)."""
-        regime_cells = sum(len(self.methods_in(r)) for r in self.regimes) * len(self.seeds)
+        """Trials the grid runs (a regime stage's cells already run by the lr stage are not run again, nor a method's
+        that shares another's trial, `same_run_as`); an lr stage that extends its bracket runs more."""
+        regime_cells = sum(len(self.runs_in(r)) for r in self.regimes) * len(self.seeds)
         if self.lr_per_method and self.lr_peaks:
-            shared = set(self.regimes) & set(self.lr_regimes)
-            regime_cells -= (
-                len(shared) * len(set(self.methods) & set(self.lr_methods)) * len(set(self.seeds) & set(self.lr_seeds))
-            )
+            for r in set(self.regimes) & set(self.lr_regimes):
+                both = set(self.runs_in(r)) & set(self.runs_in(r, self.lr_methods))
+                regime_cells -= len(both) * len(set(self.seeds) & set(self.lr_seeds))
         return regime_cells + self.lr_cells()
 
 
@@ -400,11 +545,62 @@ BENCH_QUICK = Grid(
     lr_per_method=True,
     collapse_from="best",
 )
+# P3O under multi-version staleness (docs/results/claims.md, "Staleness"): candidates are compared and P3O's default is
+# chosen on the development set, committed, then checked once on the confirmation set.
+STALENESS_CANDIDATES: Tuple[str, ...] = ("p3o_version", "p3o_clip", "p3o_clip_version", "p3o_band")
+# The peers' answers to staleness, and every baseline of the bench.
+BASELINES: Tuple[str, ...] = (
+    "grpo_eps0.2",
+    "grpo_eps0.4",
+    "grpo_tis_eps0.2",
+    "grpo_tis_eps0.4",
+    "grpo_seq_mask_eps0.2",
+    "grpo_seq_mask_eps0.4",
+    "cispo",
+    "p3o_proximal",
+    "m2po",
+    "decoupled_ppo",
+)
+DEVELOPMENT_METHODS: Tuple[str, ...] = ("p3o_source", "p3o_reference") + STALENESS_CANDIDATES + BASELINES
+# The development set: the three regimes where P3O's 0.3 default lost, seeds 0-2, every method at its own best peak
+# lr, the bracket extended upward until each method's best is inside it.
+BENCH_DEVELOPMENT = Grid(
+    regimes=("async_staleness_4", "offline_stale", "two_steps_per_batch"),
+    methods=DEVELOPMENT_METHODS,
+    seeds=(0, 1, 2),
+    iterations=30,
+    task="sorting",
+    target=0.7,
+    lr_peaks=(2.5e-4, 5e-4, 1e-3),
+    lr_methods=DEVELOPMENT_METHODS,
+    lr_seeds=(0, 1),
+    lr_regimes=("on_policy",),
+    lr_per_method=True,
+    lr_extend=True,
+    collapse_from="best",
+    dedupe=True,
+)
+# The confirmation set: every regime of the bench and three harder variants, seeds 3-5, run once after the default was
+# committed; P3O's chosen default, the paper's reference form and every baseline, at the development set's lr.
+CONFIRMATION_METHODS: Tuple[str, ...] = ("p3o_source", "p3o_reference") + BASELINES
+BENCH_CONFIRMATION = Grid(
+    regimes=BENCH_REGIMES + ("async_staleness_8", "four_steps_per_batch", "offline_weaker"),
+    methods=CONFIRMATION_METHODS,
+    seeds=(3, 4, 5),
+    iterations=30,
+    task="sorting",
+    target=0.7,
+    collapse_from="best",
+    dedupe=True,
+    lr_choice_from="results/bench-development/lr_choice.json",
+)
 GRIDS: Dict[Tuple[str, str], Grid] = {
     ("arithmetic", "quick"): QUICK,
     ("arithmetic", "full"): FULL,
     ("sorting", "quick"): BENCH_QUICK,
     ("sorting", "full"): BENCH_FULL,
+    ("sorting", "development"): BENCH_DEVELOPMENT,
+    ("sorting", "confirmation"): BENCH_CONFIRMATION,
 }
 
 

@@ -5,6 +5,7 @@
 - ``weaker_model``: an earlier checkpoint of the same pretraining (`Task.weaker_pretrain_steps`);
 - ``stale_recording``: trajectory Parquet sampled by the frozen base policy (an "older policy" for every trial:
   the further a trial's policy moves, the staler these data are for it);
+- ``weaker_recording``: the same, sampled by the frozen weaker model (another recording, of a worse policy);
 - ``stronger_model``: the base model RL-trained with P3O and the task's config until its held-out accuracy
   reaches `Task.stronger_heldout`.
 
@@ -50,6 +51,13 @@ def prepare(
         )
     if ({"stale_recording", "stronger_model"} & needs) - set(done):
         done.update(_record_then_train(task, base_model, prep_dir, grid, say))
+    if "weaker_recording" in needs and "weaker_recording" not in done:
+        if "weaker_model" not in done:
+            done["weaker_model"] = task.build_model(
+                os.path.join(prep_dir, "weaker_model"), seed=0, pretrain_steps=task.weaker_pretrain_steps
+            )
+        say(f"[prep] weaker recording: {grid.iterations} iterations sampled by the frozen weaker model")
+        done["weaker_recording"] = _record(task, done["weaker_model"], os.path.join(prep_dir, "weaker_recording"), grid)
     with open(stamp, "w") as f:
         json.dump(done, f, indent=2)
     return Prepared(**{k: done.get(k) for k in Prepared.__dataclass_fields__})
@@ -63,6 +71,21 @@ def _moved_with(prep_dir: str, done: dict) -> dict:
         moved = os.path.join(prep_dir, os.path.basename(value)) if isinstance(value, str) else None
         out[key] = moved if moved and not os.path.exists(value) and os.path.exists(moved) else value
     return out
+
+
+def _record(task: Task, model: str, recording: str, grid: Grid) -> str:
+    """``grid.iterations`` iterations of trajectories sampled by ``model``, frozen (``lr=0``), written to
+    ``recording``; returns its path."""
+    frozen = task.config(model, lr=0.0, eval_interval=0, record_rollouts=recording, **grid.extra)
+    frozen.environment(env_config={**frozen.env_config, "reward_fn": task.reward_fn})
+    frozen.fault_tolerance(restart_failed_env_runners=False)
+    algo = frozen.build_algo()
+    try:
+        for _ in range(grid.iterations):
+            algo.train()
+    finally:
+        algo.stop()
+    return recording
 
 
 def _record_then_train(task: Task, base_model: str, prep_dir: str, grid: Grid, say: Callable[[str], None]) -> dict:

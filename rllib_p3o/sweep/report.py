@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -34,6 +34,16 @@ STAGE, METHOD, SEED, LR_PEAK, ITERATION, SAMPLES = "stage", "method", "seed", "l
 HELDOUT, ESS, REWARD, SETUP_S, ACTOR_REUSED, ERROR = ("heldout", "ess", "reward", "setup_s", "actor_reused", "error")
 # The learner's diagnostics of the KL term (P3O's losses; NaN for the others).
 KL_WEIGHT, KL_GRAD_SHARE, REJECTED = "kl_weight", "kl_grad_share", "rejected_fraction"
+# What bounded the update at each iteration (NaN where the loss has no such part): the largest ratio πθ/π_b, the
+# shares of tokens capped (P3O), clipped (GRPO and the π_old-clipped losses), masked by a trust region (P3O's, M2PO's,
+# decoupled PPO's), the KL term's value, and ESS per source and policy version (JSON: {"source/<name>": ess, ...,
+# "policy/<staleness>": ess}).
+RATIO_MAX, CAP_FRACTION, CLIP_FRACTION = "ratio_max", "cap_fraction", "clip_fraction"
+MASKED_FRACTION, KL_VALUE, ESS_GROUPS = "masked_fraction", "kl_value", "ess_groups"
+# How stale the policy's samples were (async regimes: versions behind the learner; 0 in sync ones).
+STALENESS_MEAN, STALENESS_MAX = "staleness_mean", "staleness_max"
+# A method that shares another's trial in a regime (`rllib_p3o.sweep.grid.Grid.same_run_as`): that method's name.
+SAME_RUN_AS = "same_run_as"
 TIME_S = "time_total_s"  # the trial's wall time so far (Tune's), so a resumed sweep's files still add up to its cost
 PER_ITERATION = "completions_per_iteration"
 # The lr stage of a regime is the stage "lr_<regime>" (the demo sweep's single lr stage is "lr").
@@ -48,7 +58,15 @@ _SOURCES = {
     KL_WEIGHT: (*metrics.LEARNER, metrics.KL_WEIGHT),
     KL_GRAD_SHARE: (*metrics.LEARNER, metrics.KL_GRAD_SHARE),
     REJECTED: (*metrics.LEARNER, metrics.REJECTED_FRACTION),
+    RATIO_MAX: (*metrics.LEARNER, metrics.RATIO_MAX),
+    CAP_FRACTION: (*metrics.LEARNER, metrics.CAP_FRACTION),
+    CLIP_FRACTION: (*metrics.LEARNER, metrics.CLIP_FRACTION),
+    KL_VALUE: (*metrics.LEARNER, metrics.KL_BEHAVIOR),
+    STALENESS_MEAN: (metrics.P3O, metrics.STALENESS_MEAN),
+    STALENESS_MAX: (metrics.P3O, metrics.STALENESS_MAX),
 }
+# A loss reports at most one of these masks; the trial file's masked_fraction is the one it reports.
+_MASKS = (metrics.TRUST_MASKED_FRACTION, metrics.M2_MASKED_FRACTION, metrics.BEHAVIOR_MASKED_FRACTION)
 TRIALS_DIR = "trials"
 
 
@@ -61,7 +79,24 @@ def result_row(result: Dict[str, Any]) -> Dict[str, Any]:
             row[key] = float(value)
         except (TypeError, ValueError):  # not reported this iteration (held-out: only every eval_interval)
             row[key] = math.nan
+    learner = metrics.lookup(result, *metrics.LEARNER) or {}
+    masks = [float(learner[k]) for k in _MASKS if isinstance(learner.get(k), (int, float))]
+    row[MASKED_FRACTION] = masks[0] if masks else math.nan
+    row[ESS_GROUPS] = json.dumps(_ess_groups(result, learner), sort_keys=True)
     return row
+
+
+def _ess_groups(result: Mapping[str, Any], learner: Mapping[str, Any]) -> Dict[str, float]:
+    """ESS per source (``p3o/by_source/<name>/ess``) and per policy version (the learner's ``by_staleness/<k>/ess``:
+    the policy's rows that many versions behind), rounded to 6 digits."""
+    groups: Dict[str, float] = {}
+    for label, node in (("source", (metrics.lookup(result, metrics.P3O, metrics.BY_SOURCE) or {})),
+                        ("policy", learner.get(metrics.BY_STALENESS) or {})):  # fmt: skip
+        for name, stats in node.items():
+            value = stats.get(metrics.ESS) if isinstance(stats, Mapping) else None
+            if isinstance(value, (int, float)) and not math.isnan(value):  # NaN: the group was not in this batch
+                groups[f"{label}/{name}"] = round(float(value), 6)
+    return groups
 
 
 def trial_path(out: str, stage: str, name: str) -> str:
@@ -281,9 +316,12 @@ def markdown_table(summary: pd.DataFrame, target: float) -> str:
 def best_methods(rows: Mapping[str, Mapping[str, Any]]) -> List[str]:
     """The methods of one regime's summary rows (method -> row) that are best or tied for best
     (`rllib_p3o.sweep.verdicts.TIE_RULE`, on held-out at the budget over seeds)."""
-    return verdicts.best_or_tied(
-        {m: (r["heldout_at_budget_mean"], r["heldout_at_budget_std"]) for m, r in rows.items()}
-    )
+    return verdicts.best_or_tied({m: _stats(r) for m, r in rows.items()})
+
+
+def _stats(row: Mapping[str, Any]) -> Tuple[float, float, int]:
+    """A summary row's held-out at the budget as `rllib_p3o.sweep.verdicts` reads it: (mean, std, seeds)."""
+    return (float(row["heldout_at_budget_mean"]), float(row["heldout_at_budget_std"]), int(row["seeds"]))
 
 
 def matrix_cell(row: Mapping[str, Any], bold: bool) -> str:
@@ -328,7 +366,7 @@ def regime_verdicts(summary: pd.DataFrame) -> List[Dict[str, Any]]:
         return out
     for regime, rows in summary.groupby(STAGE, sort=False):
         by_method = {r[METHOD]: r for r in rows.to_dict(orient="records")}
-        stats = {m: (r["heldout_at_budget_mean"], r["heldout_at_budget_std"]) for m, r in by_method.items()}
+        stats = {m: _stats(r) for m, r in by_method.items()}
         focus = {}
         for method in (m for m in by_method if m.startswith(FOCUS_PREFIX)):
             others = {m: v for m, v in stats.items() if not m.startswith(FOCUS_PREFIX) and not math.isnan(v[0])}
@@ -336,7 +374,7 @@ def regime_verdicts(summary: pd.DataFrame) -> List[Dict[str, Any]]:
                 continue
             rival = max(others, key=lambda m: others[m][0])
             focus[method] = {
-                "verdict": verdicts.verdict(*stats[method], *others[rival]),
+                "verdict": verdicts.verdict(stats[method], others[rival]),
                 "against": rival,
                 "gap": stats[method][0] - others[rival][0],
             }
@@ -344,6 +382,7 @@ def regime_verdicts(summary: pd.DataFrame) -> List[Dict[str, Any]]:
             {
                 "regime": regime,
                 "best_or_tied": best_methods(by_method),
+                "all_tie": verdicts.all_tie(stats),
                 "focus": focus,
                 "collapses": {m: f"{r['collapses']}/{r['seeds']}" for m, r in by_method.items() if r["collapses"]},
             }
@@ -362,7 +401,14 @@ def verdict_sentences(rows: Sequence[Mapping[str, Any]], summary: pd.DataFrame) 
     lines = []
     for v in rows:
         regime = v["regime"]
-        text = f"- **{regime}**: best or tied: " + ", ".join(held(regime, m) for m in v["best_or_tied"]) + "."
+        if v.get("all_tie"):
+            text = (
+                f"- **{regime}**: every method is best or tied (no evidence for any): "
+                + ", ".join(held(regime, m) for m in v["best_or_tied"])
+                + "."
+            )
+        else:
+            text = f"- **{regime}**: best or tied: " + ", ".join(held(regime, m) for m in v["best_or_tied"]) + "."
         for method, f in v["focus"].items():
             word = {"wins": "wins over", "ties": "ties with", "loses": "loses to"}[f["verdict"]]
             fell = v["collapses"].get(method)  # a wide spread can tie: say beside it when seeds collapsed

@@ -30,6 +30,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
+import numpy as np
 import pandas as pd
 from ray import tune
 
@@ -53,6 +54,7 @@ from rllib_p3o.sweep.grid import (
 )
 
 LR_CHOICE = "lr_choice.json"
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class SweepInterrupted(Exception):
@@ -279,43 +281,99 @@ def lr_stage_name(regime: str) -> str:
     return report.LR_STAGE_PREFIX + regime
 
 
+# How many times the lr stage may double its top peak while a method's best is the top one (`Grid.lr_extend`).
+MAX_LR_EXTENSIONS = 3
+
+
 def choose_lr(
     out: str, grid: Grid, prepared: Prepared, say=print, parallel: int = 1
 ) -> Tuple[Union[float, Dict[str, float]], pd.DataFrame]:
-    """The lr stage (or the given lr): each method's best peak (``lr_per_method``), or the peak whose worse method
-    does best; with the lr stage's rows."""
+    """The lr stage (or the given lr, or another grid's choice): each method's best peak (``lr_per_method``), or the
+    peak whose worse method does best; with the lr stage's rows. With ``lr_extend`` the bracket grows upward (the
+    top peak doubled, for the methods whose best it is) until every method's best peak is inside it."""
+    if grid.lr_choice_from:
+        path = _repository_path(grid.lr_choice_from)
+        say(f"[lr] peak lr per method from {path}")
+        return json.load(open(path))["lr_peak"], pd.DataFrame()
     if not grid.lr_peaks:
         return grid.default_lr, pd.DataFrame()
-    frames = [
-        run_stage(
-            out,
-            lr_stage_name(r),
-            regime_config(REGIMES[r], prepared, grid),
-            lr_cells(grid),
-            grid.iterations,
-            say,
-            parallel,
+    peaks = [float(p) for p in grid.lr_peaks]
+
+    def stage(cells_at: List[float], methods: Tuple[str, ...]) -> pd.DataFrame:
+        return report.concat(
+            [
+                run_stage(
+                    out,
+                    lr_stage_name(r),
+                    regime_config(REGIMES[r], prepared, grid),
+                    lr_cells(grid, r, cells_at, methods),
+                    grid.iterations,
+                    say,
+                    parallel,
+                )
+                for r in grid.lr_regimes
+            ]
         )
-        for r in grid.lr_regimes
-    ]
-    curves = report.concat(frames)
-    choice = lr_choice(curves, grid)
+
+    curves = stage(peaks, grid.lr_methods)
+    choice = lr_choice(curves, grid, peaks)
+    for _ in range(MAX_LR_EXTENSIONS if grid.lr_extend and grid.lr_per_method else 0):
+        at_top = tuple(m for m, p in choice["lr_peak"].items() if np.isclose(p, peaks[-1]))
+        if not at_top:
+            break
+        peaks.append(2 * peaks[-1])
+        say(f"[lr] best peak at the top of the bracket for {', '.join(at_top)}: extending it to {peaks[-1]:g}")
+        curves = report.concat([curves, stage(peaks[-1:], at_top)])
+        choice = lr_choice(curves, grid, peaks)
+    choice["lr_peak"] = _with_shared_runs(choice["lr_peak"], grid)
+    choice["peaks"] = peaks
     with open(os.path.join(out, LR_CHOICE), "w") as f:
         json.dump(choice, f, indent=2)
     say(f"[lr] chosen peak lr {choice['lr_peak']} ({choice['why']})")
     return choice["lr_peak"], curves
 
 
-def lr_cells(grid: Grid) -> List[tuple]:
-    """The (method, seed, lr peak) cells of each of the grid's lr stages."""
-    return [(m, s, float(p)) for m in grid.lr_methods for s in grid.lr_seeds for p in grid.lr_peaks]
+def _repository_path(path: str) -> str:
+    """``path`` as given when absolute, else relative to the repository this package lives in (a grid names the
+    committed results it builds on, `Grid.lr_choice_from`)."""
+    return path if os.path.isabs(path) else os.path.join(REPOSITORY, path)
 
 
-def lr_choice(curves: pd.DataFrame, grid: Grid) -> Dict:
+def _with_shared_runs(lr_peak: Union[float, Dict[str, float]], grid: Grid) -> Union[float, Dict[str, float]]:
+    """Every lr method's peak, a method that shares another's trials in the lr regime (`Grid.same_run_as`) at that
+    method's."""
+    if not isinstance(lr_peak, dict):
+        return lr_peak
+    regime = grid.lr_regimes[0]
+    return {
+        m: lr_peak[grid.same_run_as(regime, m, grid.lr_methods)]
+        for m in grid.lr_methods
+        if grid.same_run_as(regime, m, grid.lr_methods) in lr_peak
+    }
+
+
+def lr_cells(
+    grid: Grid,
+    regime: Optional[str] = None,
+    peaks: Optional[List[float]] = None,
+    methods: Optional[Tuple[str, ...]] = None,
+) -> List[tuple]:
+    """The (method, seed, lr peak) cells of an lr stage in ``regime`` (the grid's first lr regime): one method per
+    shared trial (`Grid.runs_in`) of the grid's lr methods, those of ``methods`` only if given, at ``peaks`` (the
+    grid's)."""
+    regime = regime or grid.lr_regimes[0]
+    ran = grid.runs_in(regime, grid.lr_methods)
+    if methods is not None:
+        ran = tuple(m for m in ran if any(grid.same_run_as(regime, x, grid.lr_methods) == m for x in methods))
+    return [(m, s, float(p)) for m in ran for s in grid.lr_seeds for p in (peaks or grid.lr_peaks)]
+
+
+def lr_choice(curves: pd.DataFrame, grid: Grid, peaks: Optional[List[float]] = None) -> Dict:
     """The lr stage's choice from its rows: each method's best peak (``lr_per_method``), or one for every method."""
+    peaks = peaks or list(grid.lr_peaks)
     if grid.lr_per_method:
-        return report.choose_lr_per_method(curves, grid.lr_peaks, grid.target)
-    return report.choose_lr(curves, grid.lr_peaks)
+        return report.choose_lr_per_method(curves, peaks, grid.target)
+    return report.choose_lr(curves, peaks)
 
 
 StageRows = Callable[[str, List[tuple]], pd.DataFrame]
@@ -332,19 +390,28 @@ def regime_frames(
     grid: Grid, lr_peak: Union[float, Dict[str, float]], lr_curves: pd.DataFrame, stage_rows: StageRows
 ) -> List[pd.DataFrame]:
     """Every regime stage's rows: the lr stage's trials at the chosen peak where it ran that regime (they are seeds of
-    the regime stage already, relabelled to it), and ``stage_rows(regime, cells)`` for the other cells (run them, or
-    read what is saved)."""
+    the regime stage already, relabelled to it), ``stage_rows(regime, cells)`` for the other cells (run them, or read
+    what is saved), and for a method that shares another's trial in the regime (`Grid.same_run_as`), that trial's
+    rows under its own name, with the other's in ``same_run_as``."""
     frames = []
     for name in grid.regimes:
-        cells = [(m, int(s), method_peak(lr_peak, m)) for m in grid.methods_in(name) for s in grid.seeds]
+        cells = [(m, int(s), method_peak(lr_peak, m)) for m in grid.runs_in(name) for s in grid.seeds]
         shared = lr_curves[lr_curves[report.STAGE] == lr_stage_name(name)] if len(lr_curves) else lr_curves
+        regime = []
         if len(shared):
             have = set(_trial_cells(shared))
             kept = [c in set(cells) for c in _trial_cells(shared)]
-            frames.append(shared[kept].assign(**{report.STAGE: name}))
+            regime.append(shared[kept].assign(**{report.STAGE: name}))
             cells = [c for c in cells if c not in have]
         if cells:
-            frames.append(stage_rows(name, cells))
+            regime.append(stage_rows(name, cells))
+        rows = report.concat(regime)
+        frames.append(rows)
+        for method in grid.methods_in(name):
+            twin = grid.same_run_as(name, method)
+            if twin != method and len(rows):
+                copy = rows[rows[report.METHOD] == twin]
+                frames.append(copy.assign(**{report.METHOD: method, report.SAME_RUN_AS: twin}))
     return frames
 
 
@@ -388,9 +455,21 @@ def report_saved(out: str, grid: Grid) -> Dict:
 
     lr_peak: Union[None, float, Dict[str, float]] = grid.default_lr
     lr_curves = pd.DataFrame()
-    if grid.lr_peaks:
-        lr_curves = report.concat([saved(lr_stage_name(r), lr_cells(grid)) for r in grid.lr_regimes])
-        lr_peak = lr_choice(lr_curves, grid)["lr_peak"] if not counts["missing"] else None
+    if grid.lr_choice_from:
+        lr_peak = json.load(open(_repository_path(grid.lr_choice_from)))["lr_peak"]
+    elif grid.lr_peaks:
+        chosen = os.path.join(out, LR_CHOICE)
+        peaks = json.load(open(chosen)).get("peaks", list(grid.lr_peaks)) if os.path.exists(chosen) else None
+        peaks = [float(p) for p in (peaks or grid.lr_peaks)]
+        # The bracket's own peaks are counted (a missing one holds the choice back); an extension's, read as saved.
+        lr_curves = report.concat(
+            [saved(lr_stage_name(r), lr_cells(grid, r)) for r in grid.lr_regimes]
+            + [_extension_rows(out, lr_stage_name(r), grid.lr_peaks) for r in grid.lr_regimes]
+        )
+        if not counts["missing"]:
+            lr_peak = _with_shared_runs(lr_choice(lr_curves, grid, peaks)["lr_peak"], grid)
+        else:
+            lr_peak = None
     if lr_peak is None:
         frames = [lr_curves]
         counts["missing"] = grid.num_trials() - counts["finished"]
@@ -409,6 +488,14 @@ def report_saved(out: str, grid: Grid) -> Dict:
     else:
         curves.to_csv(os.path.join(out, report.CURVES_CSV), index=False)
     return report.write_report(out, curves, grid, lr_peak=lr_peak, wall_s=None, note=note)
+
+
+def _extension_rows(out: str, stage: str, bracket: Tuple[float, ...]) -> pd.DataFrame:
+    """The saved rows of an lr stage's trials at peaks beyond its ``bracket`` (`Grid.lr_extend`)."""
+    rows = report.read_trials(out, stage)
+    if not len(rows):
+        return rows
+    return rows[~np.isclose(rows[report.LR_PEAK].to_numpy()[:, None], np.array(bracket)[None, :]).any(axis=1)]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -451,6 +538,20 @@ def _parser() -> argparse.ArgumentParser:
             GRIDS["arithmetic", "full"].num_trials(), GRIDS["sorting", "full"].num_trials()
         ),
     )
+    size.add_argument(
+        "--development",
+        action="store_true",
+        help="the claims bench's development set for P3O under staleness (sorting only; {} trials or more: the lr "
+        "stage extends its bracket while a method's best peak is its top)".format(
+            GRIDS["sorting", "development"].num_trials()
+        ),
+    )
+    size.add_argument(
+        "--confirmation",
+        action="store_true",
+        help="the claims bench's confirmation set (sorting only; {} trials at the development set's committed lr "
+        "choice, results/bench-development/lr_choice.json)".format(GRIDS["sorting", "confirmation"].num_trials()),
+    )
     parser.add_argument(
         "--out",
         default="runs/sweep",
@@ -481,6 +582,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse (exit 2) an ``--out`` on object storage and a ``--parallel`` below 1."""
+    if (args.development or args.confirmation) and args.task != "sorting":
+        parser.error("--development and --confirmation are grids of the claims bench: add --task sorting")
     if storage.is_uri(args.out) and storage.uri_scheme(args.out) != "file":
         # The prepared models must be local directories (vLLM and transformers load them), and a resumed sweep reads
         # its per-trial files back: an object store cannot hold either. Refused rather than written to "./s3:".
@@ -495,7 +598,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def _grid(args: argparse.Namespace) -> Grid:
     """The task's quick or full grid with the regimes, methods, seeds, iterations and lr the arguments name."""
-    grid = GRIDS[args.task, "quick" if args.quick else "full"]
+    size = next((k for k in ("quick", "development", "confirmation") if getattr(args, k)), "full")
+    grid = GRIDS[args.task, size]
     changes = {
         k: tuple(v) for k, v in (("regimes", args.regimes), ("methods", args.methods), ("seeds", args.seeds)) if v
     }

@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from rllib_p3o.core import objectives
 from rllib_p3o.core.kl_estimators import KL_ESTIMATORS
 from rllib_p3o.core.losses.registry import LossInputs, LossOutput, NoSettings, output, register_loss
 from rllib_p3o.core.objectives import p3o_loss
@@ -24,6 +25,9 @@ REFERENCE_KL_ANCHOR = "behavior"
 # async rows back); toward another model it is imitation, so "auto" anchors those rows at π_old instead.
 DEFAULT_KL_ESTIMATOR = "k3_is"
 DEFAULT_KL_ANCHOR = "auto"
+# The trust region on lagging tokens (`rllib_p3o.core.objectives.TRUST_REGIONS`): "none" is the paper's.
+TRUST_REGIONS = objectives.TRUST_REGIONS
+DEFAULT_TRUST_REGION = "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,16 +41,25 @@ class P3OSettings:
     policy's own rows, fresh, stale or replayed, and π_old on rows another model wrote; π_old is computed only for
     batches that hold such rows), ``"behavior"`` (π_a = π_b everywhere, the paper's) or ``"proximal"`` (π_a = π_old,
     the learner's weights at the start of the iteration, everywhere; one forward pass per update). The paper's
-    reference implementation is ``kl_estimator="k3_clamped", kl_anchor="behavior"`` with ``ess_scope="batch"``."""
+    reference implementation is ``kl_estimator="k3_clamped", kl_anchor="behavior"`` with ``ess_scope="batch"``.
+
+    ``trust_region``: what bounds the policy-gradient term on *lagging* tokens, the policy's own tokens sampled by
+    weights the learner has moved from since (stale async rows, every optimizer step after a batch's first, offline
+    data): ``"none"`` (the paper's: only the cap), ``"ess_clip"`` (no gradient on a lagging token whose ratio is
+    outside ``1 ± sqrt(1/ESS - 1)`` on the side its advantage pushes toward: one coefficient of variation of its ESS
+    group's ratios) or ``"ess_band"`` (the same with the band ``[ESS, 1/ESS]``); see `p3o_loss`."""
 
     kl_estimator: str = DEFAULT_KL_ESTIMATOR
     kl_anchor: str = DEFAULT_KL_ANCHOR
+    trust_region: str = DEFAULT_TRUST_REGION
 
     def __post_init__(self) -> None:
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, got {self.kl_estimator!r}")
         if self.kl_anchor not in KL_ANCHORS:
             raise ValueError(f"kl_anchor must be one of {', '.join(KL_ANCHORS)}, got {self.kl_anchor!r}")
+        if self.trust_region not in TRUST_REGIONS:
+            raise ValueError(f"trust_region must be one of {', '.join(TRUST_REGIONS)}, got {self.trust_region!r}")
 
 
 def _uses_proximal_anchor(settings: P3OSettings) -> bool:
@@ -81,6 +94,8 @@ def _p3o(inputs: LossInputs, settings: P3OSettings, cap: bool = True, behavior_k
         behavior_kl=behavior_kl,
         kl_estimator=settings.kl_estimator,
         anchor_logprobs=kl_anchor_logprobs(inputs, settings) if behavior_kl else None,
+        trust_region=settings.trust_region,
+        lagging=inputs.lagging,
     )
     return output(loss, metrics)
 

@@ -38,7 +38,8 @@ class LossInputs:
     kl_ref_coeff: float = 0.0
     entropy: Optional[torch.Tensor] = None  # per-token entropy (with entropy_coeff > 0)
     entropy_coeff: float = 0.0
-    ess_groups: Optional[torch.Tensor] = None  # [B] group index per row, for ess_scope="source" (ESS-scoped losses)
+    # [B] (per row) or [B, T] (per token) group index, for ess_scope="source" or "version" (ESS-scoped losses)
+    ess_groups: Optional[torch.Tensor] = None
     num_ess_groups: int = 0
     # log π_old: the learner's policy before this update, recomputed once per update (losses registered with
     # needs_old_logprobs=True; None otherwise).
@@ -46,6 +47,9 @@ class LossInputs:
     # [B] bool: rows another model wrote (a behavior model's, live or recorded), not this policy at any version;
     # None when the batch has none (`rllib_p3o.core.sources.other_model_source_ids`).
     other_model_rows: Optional[torch.Tensor] = None
+    # [B] or [B, T] bool: the policy's own tokens sampled by weights the learner has moved from since (stale async
+    # rows, a second optimizer step on a batch, offline data); None when there are none. Trust regions act on these.
+    lagging: Optional[torch.Tensor] = None
 
     def common(self) -> Dict[str, Any]:
         """The regularizer and ESS-scope arguments the objectives' functions share, as keyword arguments."""
