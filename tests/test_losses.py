@@ -51,7 +51,8 @@ def test_grpo_settings_come_from_loss_config_and_are_validated_by_the_loss():
     with pytest.raises(ValueError, match=r"loss 'grpo': clip_low must be in \[0, 1\), got 1.5"):
         P3OConfig().training(model="/m", loss="grpo", loss_config={"clip_low": 1.5}).validate()
     with pytest.raises(
-        ValueError, match=r"loss 'p3o' has no setting 'clip_low' \(its settings: kl_anchor, kl_estimator, trust_region\)"
+        ValueError,
+        match=r"loss 'p3o' has no setting 'clip_low' \(its settings: kl_anchor, kl_estimator, trust_region\)",
     ):
         P3OConfig().training(model="/m", loss="p3o", loss_config={"clip_low": 0.2}).validate()
 

@@ -145,9 +145,9 @@ class P3OSettings:
         "optimizer step's minibatch across all learners (the policy's own rollouts, each behavior model, each offline "
         "source), each token capped and pulled by its own source's ESS; with one source (on-policy or async data "
         "alone) it is the paper's ESS. \"batch\" (the paper's): all valid tokens of the minibatch, one ESS for "
-        "everything, so a mixture's most off-policy part lowers the cap of all of it. \"version\": one ESS per source "
+        'everything, so a mixture\'s most off-policy part lowers the cap of all of it. "version": one ESS per source '
         "and policy version (how many optimizer steps behind the sampling weights are), so a stale version's rows are "
-        "trusted by their own mismatch instead of being diluted by fresher rows; equal to \"source\" where every "
+        'trusted by their own mismatch instead of being diluted by fresher rows; equal to "source" where every '
         "row of a source is of one version (sync sampling).",
     )
     max_consecutive_nonfinite_steps: int = setting(

@@ -35,6 +35,7 @@ from rllib_p3o.core import metrics, objectives
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.losses import get_loss
 from rllib_p3o.core.sources import POLICY_SOURCE_ID, other_model_source_ids
+from rllib_p3o.learner import row_groups
 from rllib_p3o.learner.compute import (
     LONGEST_ROW_POSITIONS,
     REAL_TOKENS,
@@ -267,49 +268,25 @@ class P3OTorchLearner(TorchLearner):
         return loss * world
 
     def _row_lag(self, batch: Dict[str, Any]) -> Optional[torch.Tensor]:
-        """[B] optimizer steps between the weights that sampled each row and the current weights: the row's staleness
-        when the update began plus the steps this update has applied since; -1 where it is not known (offline rows,
-        another model's rows). None when the batch carries no staleness."""
+        """[B] each row's lag behind the current weights (`row_groups.row_lag`); None without a staleness column."""
         if Columns.STALENESS not in batch:
             return None
-        staleness = batch[Columns.STALENESS].long()
-        return torch.where(staleness >= 0, staleness + self._steps_in_update, staleness)
+        return row_groups.row_lag(batch[Columns.STALENESS], self._steps_in_update)
 
     def _lagging_rows(self, batch: Dict[str, Any], lag: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """[B] bool: the policy's own rows sampled by weights the learner has moved from since (lag ≥ 1, or offline
-        rows of the policy, whose lag is unknown but not 0); never another model's rows. None when there are none."""
-        if Columns.SOURCE_ID not in batch:
+        """[B] bool: the rows a trust region acts on (`row_groups.lagging_rows`); None when there are none."""
+        if lag is None or Columns.SOURCE_ID not in batch:
             return None
-        other = torch.isin(batch[Columns.SOURCE_ID].long(), self._other_model_ids.to(batch[Columns.SOURCE_ID].device))
-        if lag is None:
-            return None
-        known = lag >= 0
-        offline_own = ~known & ~other & (batch[Columns.SOURCE_ID].long() != POLICY_SOURCE_ID)
-        rows = (known & (lag >= 1)) | offline_own
-        return rows if bool(rows.any()) else None
+        return row_groups.lagging_rows(batch[Columns.SOURCE_ID], lag, self._other_model_ids.tolist())
 
     @staticmethod
     def _ess_groups(
         config: "AlgorithmConfig", batch: Dict[str, Any], lag: Optional[torch.Tensor] = None
     ) -> Tuple[Optional[torch.Tensor], int]:
-        """For ``ess_scope="source"``: each row's source as an index into the sorted union of the sources present on
-        all learners (so every rank numbers them alike and runs the same collectives); for ``"version"``: of its
-        (source, lag) pair (`_row_lag`: rows of unknown lag form one group per source). ``(None, 0)`` for "batch"."""
-        if config.ess_scope == "batch" or Columns.SOURCE_ID not in batch:
+        """Each row's ESS group for ``config.ess_scope`` (`row_groups.ess_groups`); ``(None, 0)`` for "batch"."""
+        if Columns.SOURCE_ID not in batch:
             return None, 0
-        source = batch[Columns.SOURCE_ID].long()
-        if config.ess_scope == "version" and lag is not None:
-            # One integer per (source, lag) pair: source ids are < 2^31 and lags small, so the pair packs into int64.
-            key = source * (1 << 20) + (lag.to(source.device) + 1)
-        else:
-            key = source
-        local = sorted(set(torch.unique(key).tolist()))
-        if dist.is_available() and dist.is_initialized():
-            gathered: List[List[int]] = [None] * dist.get_world_size()  # type: ignore[list-item]
-            dist.all_gather_object(gathered, local)
-            local = sorted(set().union(*gathered))
-        ids = torch.tensor(local, dtype=torch.long, device=key.device)
-        return torch.searchsorted(ids, key), len(local)
+        return row_groups.ess_groups(config.ess_scope, batch[Columns.SOURCE_ID], lag)
 
     def _log_groups(self, module_id, column, label, logp, batch, mask, ess, own_cap: bool = False) -> None:
         """Diagnostics per value of ``column``: per source (the policy, offline data, each behavior model) or
