@@ -15,7 +15,10 @@ from rllib_p3o.core.quiet import quiet_libraries
 quiet_libraries()  # first: before the imports below load Ray, RLlib, transformers (and, in a runner, vLLM)
 
 from rllib_p3o import _moved  # noqa: E402
-from rllib_p3o.core.objectives import effective_sample_size, group_advantages, grpo_loss, kl_k3, p3o_loss  # noqa: E402
+from rllib_p3o.core.batch_stats import effective_sample_size, group_advantages  # noqa: E402
+from rllib_p3o.core.losses.grpo import grpo_loss  # noqa: E402
+from rllib_p3o.core.losses.kl_estimators import kl_k3  # noqa: E402
+from rllib_p3o.core.losses.p3o import p3o_loss  # noqa: E402
 
 try:
     from rllib_p3o.p3o import P3O, P3OConfig  # noqa: E402

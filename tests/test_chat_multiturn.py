@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rllib_p3o.core.batch_stats import effective_sample_size_from_log_ratios
 from rllib_p3o.core.columns import Columns, Record
-from rllib_p3o.core.objectives import effective_sample_size_from_log_ratios
 from rllib_p3o.data import chat
 from rllib_p3o.data.batching import add_group_advantages, pad_records
 from rllib_p3o.data.datasets import DatasetError, load_prompt_dataset

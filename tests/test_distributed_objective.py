@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rllib_p3o.core.objectives import grpo_loss, p3o_loss
+from rllib_p3o.core.losses.grpo import grpo_loss
+from rllib_p3o.core.losses.p3o import p3o_loss
 
 # Rows 0-3 (rank 0) hold only source 0; rows 4-7 (rank 1) hold sources 0 and 1: the ranks see different sources but
 # must still agree on every per-source ESS.

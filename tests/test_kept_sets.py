@@ -199,7 +199,7 @@ def test_on_policy_rollouts_with_top_k_and_top_p_have_ratio_one(ray_session, tin
     from transformers import AutoModelForCausalLM
 
     from rllib_p3o import P3OConfig
-    from rllib_p3o.core import objectives
+    from rllib_p3o.core import batch_stats
     from rllib_p3o.core.sources import POLICY_SOURCE_ID
     from rllib_p3o.runner.env_runner import VLLMEnvRunner
     from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
@@ -252,7 +252,7 @@ def test_on_policy_rollouts_with_top_k_and_top_p_have_ratio_one(ray_session, tin
     )
     for part in (policy, nucleus):
         log_ratio = renormalized[TOKEN_LOGP] - behavior
-        ess = float(objectives.effective_sample_size_from_log_ratios(log_ratio, part, all_reduce=False))
+        ess = float(batch_stats.effective_sample_size_from_log_ratios(log_ratio, part, all_reduce=False))
         assert ess == pytest.approx(1.0, abs=1e-6)
     # The untruncated learner log-probs sit below the behavior ones by the kept mass (the old refusal's reason).
     assert float((full[TOKEN_LOGP] - behavior)[mask].max()) < 1e-4

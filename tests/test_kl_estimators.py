@@ -1,4 +1,4 @@
-"""The KL estimators of P3O's trust-region term (`rllib_p3o.core.kl_estimators`) and the options that choose them:
+"""The KL estimators of P3O's trust-region term (`rllib_p3o.core.losses.kl_estimators`) and the options that choose them:
 hand-computed values and gradients, the exact expectation of each under the behavior policy's samples on a small
 categorical example (by enumeration), first-order agreement on-policy, the proximal anchor, and the diagnostics.
 Pure torch."""
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rllib_p3o import P3OConfig
-from rllib_p3o.core.kl_estimators import KL_ESTIMATORS, get_kl_estimator, k3_clamped, k3_is, kl_k3
 from rllib_p3o.core.losses import LossInputs, get_loss
-from rllib_p3o.core.objectives import p3o_loss
+from rllib_p3o.core.losses.kl_estimators import KL_ESTIMATORS, get_kl_estimator, k3_clamped, k3_is, kl_k3
+from rllib_p3o.core.losses.p3o import p3o_loss
 
 E = math.e
 
@@ -180,7 +180,7 @@ def test_diagnostics_kl_grad_share_and_rejected_fraction():
     behavior = torch.zeros(1, 4)
     logp = torch.tensor([[0.0, 0.0, -12.0, -11.0]], requires_grad=True)  # two tokens the learner has rejected
     adv = torch.tensor([1.0])
-    _, m_k3 = p3o_loss(logp, behavior, adv, torch.ones(1, 4, dtype=torch.bool))
+    _, m_k3 = p3o_loss(logp, behavior, adv, torch.ones(1, 4, dtype=torch.bool), kl_estimator="k3")
     _, m_is = p3o_loss(logp, behavior, adv, torch.ones(1, 4, dtype=torch.bool), kl_estimator="k3_is")
     assert float(m_k3["rejected_fraction"]) == pytest.approx(0.5)
     # k3 on the rejected tokens: (1 - ESS)·(1 - e^10+) dwarfs the policy gradient; k3_is weighs them by ≤ 1/e.

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 import rllib_p3o.learner.compute as compute
-from rllib_p3o.core.objectives import p3o_loss
+from rllib_p3o.core.losses.p3o import p3o_loss
 from rllib_p3o.learner.compute import REAL_TOKENS, TOKEN_ENTROPY, TOKEN_LOGP, TOKEN_POSITIONS, TokenLogprobs
 from rllib_p3o.learner.length_buckets import (
     DEFAULT_CALL_COST_TOKENS,

@@ -9,7 +9,7 @@ import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from rllib_p3o import P3OConfig
-from rllib_p3o.core.objectives import p3o_loss
+from rllib_p3o.core.losses.p3o import p3o_loss
 from rllib_p3o.learner.length_buckets import (
     DEFAULT_CALL_COST_TOKENS,
     Bucket,

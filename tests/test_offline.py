@@ -136,7 +136,7 @@ def test_filled_advantages_are_the_group_advantages_in_file_order(tmp_path):
     import torch
 
     from rllib_p3o.core import storage
-    from rllib_p3o.core.objectives import group_advantages
+    from rllib_p3o.core.batch_stats import group_advantages
     from rllib_p3o.data.offline_data import _columns, fill_advantages, group_stats
 
     rng = np.random.default_rng(0)
@@ -405,7 +405,7 @@ def test_both_readers_give_the_same_rows_in_turn_when_advantages_are_filled(ray_
     # One pass in file order, without the unscored rows: the group z-scores over the whole dataset, row by row.
     import torch
 
-    from rllib_p3o.core.objectives import group_advantages
+    from rllib_p3o.core.batch_stats import group_advantages
 
     rewards = torch.tensor([math.nan if r["reward"] is None else r["reward"] for r in rows])
     expected = group_advantages(rewards, torch.tensor([int(r["group_id"][1:]) for r in rows])).numpy()

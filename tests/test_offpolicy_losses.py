@@ -10,8 +10,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
-from rllib_p3o.core.losses import LOSSES, LossInputs, get_loss
-from rllib_p3o.core.offpolicy_objectives import geometric_sequence_mask, truncated_is_weights
+from rllib_p3o.core.losses import LOSSES, LossInputs, OldLogprobs, get_loss
+from rllib_p3o.core.losses.decoupled_grpo import geometric_sequence_mask, truncated_is_weights
 
 E = math.e
 
@@ -26,10 +26,14 @@ def _run(name, logp, behavior, old, adv, mask=None, **settings):
 
 def test_the_four_losses_are_registered_with_their_settings():
     assert {"grpo_tis", "grpo_seq_mask", "cispo", "p3o_proximal"} <= set(LOSSES)
-    assert get_loss("grpo_tis").needs_old_logprobs and get_loss("p3o_proximal").needs_old_logprobs
-    assert not get_loss("cispo").needs_old_logprobs
+    for name in ("grpo_tis", "grpo_seq_mask", "p3o_proximal", "decoupled_ppo"):
+        assert get_loss(name).old_logprobs_needed(get_loss(name).make_settings()) is OldLogprobs.ALWAYS
+    assert get_loss("cispo").old_logprobs_needed(get_loss("cispo").make_settings()) is OldLogprobs.NEVER
     p3o = get_loss("p3o")
-    assert p3o.uses_old_logprobs(p3o.make_settings())  # the default anchor may need π_old (another model's rows)
+    # The loss says when it needs π_old, so the learner reads none of its settings: the default anchor only for
+    # batches with another model's rows, "proximal" always, "behavior" never.
+    assert p3o.old_logprobs_needed(p3o.make_settings()) is OldLogprobs.FOR_OTHER_MODEL_ROWS
+    assert p3o.old_logprobs_needed(p3o.make_settings({"kl_anchor": "proximal"})) is OldLogprobs.ALWAYS
     assert not p3o.uses_old_logprobs(p3o.make_settings({"kl_anchor": "behavior"}))
     assert get_loss("p3o_proximal").make_settings().kl_estimator == "k3_clamped"  # P4O's own
     assert P3OConfig().training(loss="grpo_tis").loss_settings().tis_cap == 2.0

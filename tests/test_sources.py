@@ -5,7 +5,8 @@ import torch
 
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.columns import Record
-from rllib_p3o.core.objectives import grpo_loss, p3o_loss
+from rllib_p3o.core.losses.grpo import grpo_loss
+from rllib_p3o.core.losses.p3o import p3o_loss
 from rllib_p3o.core.sources import (
     POLICY,
     SourceNames,

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from rllib_p3o.core.losses import LOSSES, LossInputs, get_loss
-from rllib_p3o.core.objectives import p3o_loss
+from rllib_p3o.core.losses import LOSSES, LossInputs, OldLogprobs, get_loss
+from rllib_p3o.core.losses.p3o import p3o_loss
+from rllib_p3o.core.losses.trust_region import ess_band, outward_mask, second_moment_mask
 from rllib_p3o.core.sources import POLICY_SOURCE_ID, other_model_source_ids, source_id
-from rllib_p3o.core.trust_region import ess_band, outward_mask, second_moment_mask
 from rllib_p3o.learner import row_groups
 from rllib_p3o.sweep import grid as sweep_grid
 
@@ -143,7 +143,7 @@ def test_decoupled_ppo_gradient_masks_large_behavior_weights_and_clips_against_t
     out = _grad("decoupled_ppo", logp, behavior, torch.tensor([1.0]), old=prox)
     torch.testing.assert_close(logp.grad[0], torch.tensor([0.0, 0.0, -math.exp(-1) / 3]))
     assert float(out.metrics["behavior_masked_fraction"]) == pytest.approx(1 / 3)
-    assert get_loss("decoupled_ppo").needs_old_logprobs
+    assert get_loss("decoupled_ppo").old_logprobs is OldLogprobs.ALWAYS
     off = _grad("decoupled_ppo", prox.clone().requires_grad_(True), behavior, torch.tensor([1.0]), old=prox,
                 behavior_weight_cap=0.0)  # fmt: skip
     assert float(off.metrics["behavior_masked_fraction"]) == 0.0

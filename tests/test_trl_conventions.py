@@ -16,8 +16,8 @@ from ray import cloudpickle
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
+from rllib_p3o.core.batch_stats import group_advantages, groups_without_signal
 from rllib_p3o.core.columns import Infos, Record
-from rllib_p3o.core.objectives import group_advantages, groups_without_signal
 from rllib_p3o.data.completion_samples import pick_samples, samples_table
 from rllib_p3o.data.datasets import DatasetError, materialize_dataset
 from rllib_p3o.data.rewards import RewardFunction, RewardFunctionError

@@ -9,7 +9,7 @@ Where the keys live in ``algo.train()``'s result (Tune flattens them with "/", s
                                             (TRL's rewards/<name>/mean)
     p3o/by_source/<source name>/<key>       per data source (`rllib_p3o.core.sources`): reward and length of the
                                             sampled completions, and the learners' ESS, cap fraction, KL...
-    learners/default_policy/<key>           the objective's figures (keys of `objectives.p3o_loss`/`grpo_loss`),
+    learners/default_policy/<key>           the objective's figures (keys of the registered losses, `rllib_p3o.core.losses`),
                                             per staleness under by_staleness/<versions behind>/
     env_runners/<key>                       the runners' generate_time_s, generated_tokens_per_s, idle_time_s
     env_runners/multi_turn/<key>            multi-turn episodes, per episode: turns, truncated (fraction), and
@@ -27,8 +27,8 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics import LEARNER_RESULTS
 
+from rllib_p3o.core.batch_stats import groups_without_signal
 from rllib_p3o.core.columns import Columns, Infos, Record
-from rllib_p3o.core.objectives import groups_without_signal
 from rllib_p3o.core.sources import SourceNames
 
 # Top-level key of the driver's figures.
@@ -118,7 +118,7 @@ BY_SOURCE = "by_source"
 BY_STALENESS = "by_staleness"
 NUM_TOKENS = "num_tokens"
 
-# -- learners/default_policy/<key>: the objective's own keys (`rllib_p3o.core.objectives`) -------------------------------
+# -- learners/default_policy/<key>: the objective's own keys (`rllib_p3o.core.losses`) -------------------------------
 ESS = "ess"
 CAP_FRACTION = "cap_fraction"
 KL_BEHAVIOR = "kl_behavior"
@@ -129,7 +129,7 @@ PG_LOSS = "pg_loss"
 LOSS = "loss"
 CLIP_FRACTION = "clip_fraction"  # GRPO only
 # P3O's losses: the KL term's share of the gradient w.r.t. the token log-probs, and the share of tokens with
-# log(πθ/π_b) < -10 (`rllib_p3o.core.objectives._gradient_shares`).
+# log(πθ/π_b) < -10 (`rllib_p3o.core.losses.parts.gradient_shares`).
 KL_GRAD_SHARE = "kl_grad_share"
 REJECTED_FRACTION = "rejected_fraction"
 KL_REF = "kl_ref"  # with kl_ref_coeff > 0

@@ -19,8 +19,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from rllib_p3o.core import columns
+from rllib_p3o.core.batch_stats import group_advantages
 from rllib_p3o.core.columns import ROW, TOKEN, Columns, Record
-from rllib_p3o.core.objectives import group_advantages
 
 Batch = Dict[str, np.ndarray]
 
@@ -29,7 +29,7 @@ MIN_WIDTH = 2
 
 
 def add_group_advantages(records: Sequence[Dict[str, Any]]) -> None:
-    """Set each record's advantage to its reward's z-score within its prompt group (`objectives.group_advantages`).
+    """Set each record's advantage to its reward's z-score within its prompt group (`rllib_p3o.core.batch_stats.group_advantages`).
 
     Computed on the whole set of records, before any sharding across learners: a group must be normalized whole.
     """

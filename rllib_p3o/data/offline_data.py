@@ -115,7 +115,7 @@ GroupStats = Dict[Any, Tuple[float, float, int]]
 
 def group_stats(locations: List[storage.Location]) -> GroupStats:
     """Each ``group_id``'s scored rewards over the whole dataset: ``{group_id: (mean, std, count)}``, as
-    `rllib_p3o.core.objectives.group_advantages` computes them (sample std; unscored and non-finite rewards left out).
+    `rllib_p3o.core.batch_stats.group_advantages` computes them (sample std; unscored and non-finite rewards left out).
     Read on the driver from two columns, so that `fill_advantages` keeps the rows in file order."""
     rewards: Dict[Any, List[float]] = {}
     for location in locations:

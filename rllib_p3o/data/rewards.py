@@ -58,7 +58,7 @@ class RewardFunction:
     ``reward_weights``: a function returns one value per completion, or None where it does not apply (e.g. a math
     verifier on a coding prompt), which counts as 0 in the sum (TRL's ``nansum``). A completion that no function
     scored is *unscorable*: its reward is NaN, it is left out of its group's mean and standard deviation, and its
-    advantage is 0 (`rllib_p3o.core.objectives.group_advantages`), as in TRL. A function that raises, returns NaN or
+    advantage is 0 (`rllib_p3o.core.batch_stats.group_advantages`), as in TRL. A function that raises, returns NaN or
     infinity, a non-number or the wrong number of values is an error naming it.
     """
 

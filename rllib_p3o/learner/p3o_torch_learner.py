@@ -31,9 +31,11 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
-from rllib_p3o.core import metrics, objectives
+from rllib_p3o.core import batch_stats, metrics
 from rllib_p3o.core.columns import Columns
-from rllib_p3o.core.losses import get_loss
+from rllib_p3o.core.losses import OldLogprobs, get_loss
+from rllib_p3o.core.losses.kl_estimators import kl_k3
+from rllib_p3o.core.losses.parts import CAP_RTOL
 from rllib_p3o.core.sources import POLICY_SOURCE_ID, other_model_source_ids
 from rllib_p3o.learner import row_groups
 from rllib_p3o.learner.compute import (
@@ -115,11 +117,12 @@ class P3OTorchLearner(TorchLearner):
         return super().update(*args, batch=batch, training_data=training_data, **kwargs)
 
     def _needs_old_logprobs(self, batch: Any) -> bool:
-        """π_old is needed for every batch, except with P3O's ``kl_anchor="auto"``: only where another model wrote
-        rows (the policy's own rows keep the anchor π_b), so on-policy and async training pay no extra pass."""
-        if getattr(self._loss_settings, "kl_anchor", None) != "auto":
-            return True
-        return any(bool(self._other_model_rows(rows) is not None) for rows in batch.policy_batches.values())
+        """Whether this batch needs π_old, as the loss declares it (`OldLogprobs`): always, or only where another
+        model wrote rows (P3O's ``kl_anchor="auto"``: on-policy and async training pay no extra pass)."""
+        need = self._loss.old_logprobs_needed(self._loss_settings)
+        if need is OldLogprobs.FOR_OTHER_MODEL_ROWS:
+            return any(bool(self._other_model_rows(rows) is not None) for rows in batch.policy_batches.values())
+        return need is OldLogprobs.ALWAYS
 
     def _other_model_rows(self, batch: Any) -> Optional[torch.Tensor]:
         """[B] bool: the rows of ``batch`` another model wrote (`other_model_source_ids`); None when there are none."""
@@ -127,13 +130,6 @@ class P3OTorchLearner(TorchLearner):
             return None
         rows = torch.isin(torch.as_tensor(batch[Columns.SOURCE_ID]).long().cpu(), self._other_model_ids)
         return rows if bool(rows.any()) else None
-
-    def _loss_rows_of_other_models(self, batch: Dict[str, Any], device: torch.device) -> Optional[torch.Tensor]:
-        """`_other_model_rows` of a minibatch, on the loss's device (only P3O's ``kl_anchor="auto"`` reads it)."""
-        if getattr(self._loss_settings, "kl_anchor", None) != "auto":
-            return None
-        rows = self._other_model_rows(batch)
-        return None if rows is None else rows.to(device)
 
     @torch.no_grad()
     def _add_old_logprobs(self, batch: Any) -> None:
@@ -236,7 +232,7 @@ class P3OTorchLearner(TorchLearner):
             ess_groups=groups,
             num_ess_groups=num_groups,
             old_logprobs=batch.get(Columns.OLD_LOGPROBS),
-            other_model_rows=self._loss_rows_of_other_models(batch, mask.device),
+            other_model_rows=_on(self._other_model_rows(batch), mask.device),
             lagging=self._lagging_rows(batch, lag),
         )
 
@@ -258,7 +254,7 @@ class P3OTorchLearner(TorchLearner):
         if self._measure_mismatch and Columns.STALENESS in batch:
             self._measure_mismatch = False
             fresh = mask & (batch[Columns.STALENESS] == 0).unsqueeze(-1)
-            mismatch = objectives.mismatch_metrics(logp, batch[Columns.BEHAVIOR_LOGPROBS], fresh)
+            mismatch = batch_stats.mismatch_metrics(logp, batch[Columns.BEHAVIOR_LOGPROBS], fresh)
             self.metrics.log_dict({(module_id, k): float(v) for k, v in mismatch.items()}, window=1)
         for column, label in _GROUPINGS:
             if column in batch:
@@ -308,14 +304,14 @@ class P3OTorchLearner(TorchLearner):
                     continue
                 r = torch.exp(log_ratio[m].double())
                 key = (module_id, label, str(int(sid)))
-                group_ess = float(objectives.effective_sample_size_from_log_ratios(log_ratio, m, all_reduce=False))
+                group_ess = float(batch_stats.effective_sample_size_from_log_ratios(log_ratio, m, all_reduce=False))
                 cap = group_ess if own_cap else float(ess)  # ess_scope="source": each source is capped by its own
-                kl = objectives.kl_k3(log_ratio[m], torch.zeros_like(log_ratio[m]))
+                kl = kl_k3(log_ratio[m], torch.zeros_like(log_ratio[m]))
                 self.metrics.log_dict(
                     {
                         key + (metrics.ESS,): group_ess,
                         key + (metrics.RATIO_MEAN,): float(r.mean()),
-                        key + (metrics.CAP_FRACTION,): float((r > cap * (1 + objectives.CAP_RTOL)).double().mean()),
+                        key + (metrics.CAP_FRACTION,): float((r > cap * (1 + CAP_RTOL)).double().mean()),
                         key + (metrics.KL_BEHAVIOR,): float(kl.mean()),
                         key + (metrics.NUM_TOKENS,): n,
                     },
@@ -346,6 +342,10 @@ class P3OTorchLearner(TorchLearner):
         ids = batch[Columns.INPUT_IDS].long()
         logits = ref(input_ids=ids, attention_mask=batch[Columns.ATTENTION_MASK]).logits[:, :-1]
         return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def _on(rows: Optional[torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
+    return None if rows is None else rows.to(device)
 
 
 def _nonfinite_inputs(batch: Dict[str, Any], mask: torch.Tensor) -> List[str]:

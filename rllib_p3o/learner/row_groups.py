@@ -6,7 +6,7 @@ on them, and their ESS group. Pure torch (the learner calls these on every minib
   second minibatch, or second epoch, is one step behind). -1 where it is not known: offline rows and another model's
   rows carry no version of this policy.
 - **lagging**: the policy's own rows with lag ≥ 1, and offline rows that are not another model's (their lag is
-  unknown, but not 0). Never another model's rows. Trust regions (`rllib_p3o.core.trust_region`) act on these.
+  unknown, but not 0). Never another model's rows. Trust regions (`rllib_p3o.core.losses.trust_region`) act on these.
 - **ESS groups** (``ess_scope``): "batch": none (one ESS); "source": one group per source; "version": one per
   (source, lag) pair. Numbered over the union of the groups on all learners, so every learner runs the same
   collectives.

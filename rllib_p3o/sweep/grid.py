@@ -37,7 +37,7 @@ METHODS: Dict[str, Dict[str, Any]] = {
     "cispo": {"loss": "cispo"},
     # FeynRL's P4O, as it is (its clamped k3 toward the adaptive mixture of π_b and π_old).
     "p3o_proximal": {"loss": "p3o_proximal"},
-    # P3O's KL term, three ways (`rllib_p3o.core.kl_estimators`): the plain k3 on π_b's samples (the estimator the
+    # P3O's KL term, three ways (`rllib_p3o.core.losses.kl_estimators`): the plain k3 on π_b's samples (the estimator the
     # earlier benches ran), the importance-sampled k3 (exactly KL(πθ ‖ π_b)), and that toward π_old.
     "p3o_k3": {"loss": "p3o", "loss_config": _K3_TO_BEHAVIOR},
     "p3o_k3_is": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "behavior"}},

@@ -10,28 +10,23 @@ With ``π_prox`` the learner's policy before this update (``old_logprobs``, reco
 
 C is AReaL's ``behav_imp_weight_cap`` (token mask mode); ``C = 0`` turns the mask off. With one optimizer step per
 batch ``ρ = 1`` and the clip is inert: the loss is then the importance-weighted policy gradient with ``w = π_old/π_b``.
-`rllib_p3o.core.losses.offpolicy`'s ``grpo_tis`` is the same with the weight truncated at C instead of masked.
+`rllib_p3o.core.losses.decoupled_grpo`'s ``grpo_tis`` is the same with the weight truncated at C instead of masked.
 Metrics as ``grpo_tis``'s, plus ``behavior_masked_fraction``.
 """
+
+from __future__ import annotations
 
 import dataclasses
 from typing import Tuple
 
 import torch
 
-from rllib_p3o.core.kl_estimators import kl_k3
+from rllib_p3o.core.batch_stats import Metrics, log_ratio_stats, token_mean
 from rllib_p3o.core.losses.grpo import GRPOSettings
-from rllib_p3o.core.losses.registry import LossInputs, LossOutput, output, register_loss
-from rllib_p3o.core.objectives import (
-    Metrics,
-    _diagnostics,
-    _log_ratio_stats,
-    _loss_metrics,
-    _prepare,
-    _regularizers,
-    _token_mean,
-)
-from rllib_p3o.core.trust_region import masked_share
+from rllib_p3o.core.losses.kl_estimators import kl_k3
+from rllib_p3o.core.losses.parts import diagnostics, loss_metrics, prepare, regularizers
+from rllib_p3o.core.losses.registry import LossInputs, LossOutput, OldLogprobs, output, register_loss
+from rllib_p3o.core.losses.trust_region import masked_share
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +58,9 @@ def decoupled_ppo_loss(
     entropy_coeff: float = 0.0,
 ) -> Tuple[torch.Tensor, Metrics]:
     """Decoupled PPO (module docstring): ``ℓ_t = -1[w ≤ C]·w·min(ρA, clip(ρ)A)``, token-mean over all valid tokens."""
-    mask, behavior, adv = _prepare(logprobs, behavior_logprobs, advantages, mask)
+    mask, behavior, adv = prepare(logprobs, behavior_logprobs, advantages, mask)
     proximal = torch.where(mask, proximal_logprobs.to(logprobs.dtype), logprobs.detach())
-    stats = _log_ratio_stats(logprobs - behavior, mask)
+    stats = log_ratio_stats(logprobs - behavior, mask)
     n_global = stats["n"].clamp(min=1.0)
     with torch.no_grad():
         weight = torch.exp(proximal - behavior)
@@ -73,19 +68,19 @@ def decoupled_ppo_loss(
     ratio = torch.exp(logprobs - proximal)
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
-    pg_loss = _token_mean(-weight * torch.minimum(unclipped, clipped), kept, n_global)
-    reg_loss, extra = _regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
+    pg_loss = token_mean(-weight * torch.minimum(unclipped, clipped), kept, n_global)
+    reg_loss, extra = regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
     loss = pg_loss + reg_loss
     extra = dict(extra, clip_fraction=(clipped < unclipped).to(torch.float64), is_weight_mean=weight)
-    metrics = _diagnostics(
+    metrics = diagnostics(
         logprobs - behavior, mask, kl_k3(logprobs.detach(), behavior), n_global, cap=None, extra=extra
     )
-    metrics.update(_loss_metrics(loss, pg_loss, n_global, stats))
+    metrics.update(loss_metrics(loss, pg_loss, n_global, stats))
     metrics.update(behavior_masked_fraction=masked_share(mask & ~kept, mask))
     return loss, metrics
 
 
-@register_loss("decoupled_ppo", settings=DecoupledPPOSettings, needs_old_logprobs=True)
+@register_loss("decoupled_ppo", settings=DecoupledPPOSettings, old_logprobs=OldLogprobs.ALWAYS)
 def decoupled_ppo(inputs: LossInputs, settings: DecoupledPPOSettings) -> LossOutput:
     """``ℓ_t = -1[w_t ≤ C]·w_t·min(ρ_t·A_t, clip(ρ_t, 1-ε_low, 1+ε_high)·A_t)``, ``ρ = πθ/π_prox``, ``w = π_prox/π_b``."""
     loss, metrics = decoupled_ppo_loss(

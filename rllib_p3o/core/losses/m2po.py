@@ -4,35 +4,29 @@ moment of the importance weights instead of a clip range.
 
 With ``r_t = exp(logπθ_t - logπ_b_t)`` and ``M2_t = (log r_t)²`` over the valid tokens of the global batch::
 
-    m_t = 1 for the tokens kept by `rllib_p3o.core.trust_region.second_moment_mask` (mean M2 of the kept < τ)
+    m_t = 1 for the tokens kept by `rllib_p3o.core.losses.trust_region.second_moment_mask` (mean M2 of the kept < τ)
     ℓ_t = -m_t · r_t · A_t                    L = (1/N) Σ_t ℓ_t,  N = all valid tokens (masked ones included)
 
 The gradient of a kept token is ``r_t·A_t·∇logπθ_t``: the importance-weighted policy gradient, unclipped. The mask
 is taken from the ratios as they stand at the step (with one optimizer step per batch, π_old = πθ, so this is the
 ``log(π_old/π_b)`` AReaL masks on); as AReaL does, the token count that normalizes the loss is that of all valid
 tokens, so masking a token removes its term without enlarging the others. τ = 0.04 is the paper's and AReaL's.
-Metrics as `rllib_p3o.core.objectives.grpo_loss`'s, plus ``m2`` (mean M2 before the mask) and
+Metrics as `rllib_p3o.core.losses.grpo.grpo_loss`'s, plus ``m2`` (mean M2 before the mask) and
 ``m2_masked_fraction``.
 """
+
+from __future__ import annotations
 
 import dataclasses
 from typing import Tuple
 
 import torch
 
-from rllib_p3o.core.kl_estimators import kl_k3
+from rllib_p3o.core.batch_stats import Metrics, log_ratio_stats, reduce_across_learners, token_mean
+from rllib_p3o.core.losses.kl_estimators import kl_k3
+from rllib_p3o.core.losses.parts import diagnostics, loss_metrics, prepare, regularizers
 from rllib_p3o.core.losses.registry import LossInputs, LossOutput, output, register_loss
-from rllib_p3o.core.objectives import (
-    Metrics,
-    _all_reduce,
-    _diagnostics,
-    _log_ratio_stats,
-    _loss_metrics,
-    _prepare,
-    _regularizers,
-    _token_mean,
-)
-from rllib_p3o.core.trust_region import masked_share, second_moment_mask
+from rllib_p3o.core.losses.trust_region import masked_share, second_moment_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,21 +53,21 @@ def m2po_loss(
     entropy_coeff: float = 0.0,
 ) -> Tuple[torch.Tensor, Metrics]:
     """M2PO's loss (module docstring): ``ℓ_t = -m_t · r_t · A_t``, token-mean over all valid tokens."""
-    mask, behavior, adv = _prepare(logprobs, behavior_logprobs, advantages, mask)
+    mask, behavior, adv = prepare(logprobs, behavior_logprobs, advantages, mask)
     log_ratios = logprobs - behavior
-    stats = _log_ratio_stats(log_ratios, mask)
+    stats = log_ratio_stats(log_ratios, mask)
     n_global = stats["n"].clamp(min=1.0)
     keep = second_moment_mask(log_ratios, mask, m2_threshold)
     ratio = torch.exp(log_ratios)
-    pg_loss = _token_mean(-ratio * adv, keep, n_global)
-    reg_loss, extra = _regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
+    pg_loss = token_mean(-ratio * adv, keep, n_global)
+    reg_loss, extra = regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
     loss = pg_loss + reg_loss
     with torch.no_grad():
-        m2 = _all_reduce(
+        m2 = reduce_across_learners(
             torch.where(mask, log_ratios.detach().double() ** 2, torch.zeros((), dtype=torch.float64)).sum().reshape(1)
         )[0]
-    metrics = _diagnostics(log_ratios, mask, kl_k3(logprobs.detach(), behavior), n_global, cap=None, extra=extra)
-    metrics.update(_loss_metrics(loss, pg_loss, n_global, stats))
+    metrics = diagnostics(log_ratios, mask, kl_k3(logprobs.detach(), behavior), n_global, cap=None, extra=extra)
+    metrics.update(loss_metrics(loss, pg_loss, n_global, stats))
     metrics.update(m2=(m2 / n_global).to(torch.float32), m2_masked_fraction=masked_share(mask & ~keep, mask))
     return loss, metrics
 

@@ -1,16 +1,34 @@
-"""P3O and its two ablations (the math: `rllib_p3o.core.objectives.p3o_loss`, the KL estimators:
-`rllib_p3o.core.kl_estimators`). P3O has no coefficients: the ESS of the batch takes the place of a clip range and a
-KL coefficient. Its settings say only *which* KL the trust-region term estimates, and toward which policy."""
+"""P3O, the batch-adaptive objective, and its two ablations: formula, settings and registration.
+
+P3O has no coefficients: the ESS of the batch takes the place of a clip range and a KL coefficient. Its settings say
+only *which* KL the trust-region term estimates and toward which policy (`rllib_p3o.core.losses.kl_estimators`),
+and what bounds the policy gradient on lagging tokens (`rllib_p3o.core.losses.trust_region`). What it needs from the
+learner: π_old for the KL anchor ``"proximal"`` always, for ``"auto"`` only where another model wrote rows.
+
+    p3o          -sg(min(r, ESS))·logπθ·A + (1 - ESS)·K(πθ, π_a)
+    p3o_no_cap   -sg(r)·logπθ·A           + (1 - ESS)·K(πθ, π_a)      (ablation: no ESS cap)
+    p3o_no_kl    -sg(min(r, ESS))·logπθ·A                              (ablation: no ESS-weighted KL)
+"""
+
+from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
-from rllib_p3o.core import objectives
-from rllib_p3o.core.kl_estimators import KL_ESTIMATORS
-from rllib_p3o.core.losses.registry import LossInputs, LossOutput, NoSettings, output, register_loss
-from rllib_p3o.core.objectives import p3o_loss
+from rllib_p3o.core.batch_stats import Metrics, log_ratio_stats, token_mean
+from rllib_p3o.core.losses.kl_estimators import KL_ESTIMATORS, get_kl_estimator
+from rllib_p3o.core.losses.parts import (
+    diagnostics,
+    gradient_shares,
+    grouped_ess,
+    loss_metrics,
+    prepare,
+    regularizers,
+)
+from rllib_p3o.core.losses.registry import LossInputs, LossOutput, NoSettings, OldLogprobs, output, register_loss
+from rllib_p3o.core.losses.trust_region import TRUST_REGIONS, trust_region_terms
 
 # The anchors of P3O's KL term: the policy that sampled the token (the paper's), the learner's weights at the start
 # of the iteration (π_old, recomputed by the learner with one forward pass per update), or per row: π_b where π_b is
@@ -25,19 +43,115 @@ REFERENCE_KL_ANCHOR = "behavior"
 # async rows back); toward another model it is imitation, so "auto" anchors those rows at π_old instead.
 DEFAULT_KL_ESTIMATOR = "k3_is"
 DEFAULT_KL_ANCHOR = "auto"
-# The trust region on lagging tokens (`rllib_p3o.core.objectives.TRUST_REGIONS`): "none" is the paper's.
-TRUST_REGIONS = objectives.TRUST_REGIONS
 DEFAULT_TRUST_REGION = "none"
 
 
+def p3o_loss(
+    logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logprobs: Optional[torch.Tensor] = None,
+    kl_ref_coeff: float = 0.0,
+    entropy: Optional[torch.Tensor] = None,
+    entropy_coeff: float = 0.0,
+    ess_groups: Optional[torch.Tensor] = None,
+    num_ess_groups: int = 0,
+    cap: bool = True,
+    behavior_kl: bool = True,
+    kl_estimator: str = DEFAULT_KL_ESTIMATOR,
+    anchor_logprobs: Optional[torch.Tensor] = None,
+    trust_region: str = DEFAULT_TRUST_REGION,
+    lagging: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, Metrics]:
+    """The batch-adaptive P3O loss (``cap=False`` / ``behavior_kl=False``: its ablations, `rllib_p3o.core.losses`).
+
+    With ``r_t = exp(logπθ_t - logπ_b_t)`` and ``ESS`` the normalized effective sample size of all valid ``r_t`` of
+    the global batch (`rllib_p3o.core.batch_stats.effective_sample_size`), per valid token::
+
+        ℓ_t = -sg(clamp(r_t, 0, ESS)) · logπθ_t · A_t  +  (1 - ESS) · K(πθ, π_a; π_b)_t
+              + β_ref · k3(logπθ_t - logπ_ref_t)  -  β_ent · H_t
+
+    and ``L = (1/N) Σ_t ℓ_t`` with ``N`` the global number of valid tokens (``sg`` stop-gradient). ``K`` is the
+    per-token KL estimator ``kl_estimator`` (`rllib_p3o.core.losses.kl_estimators`: ``"k3"``, ``"k3_clamped"``,
+    ``"k3_is"``) of ``KL(πθ ‖ π_a)`` from tokens sampled by π_b; the anchor ``π_a`` is π_b unless
+    ``anchor_logprobs`` is given (``kl_anchor="proximal"``: the learner's weights at the start of the iteration;
+    ``"auto"``: those on the rows another model wrote, π_b on the others).
+    On fresh data ``ESS ≈ 1`` and ``r ≈ 1``: plain REINFORCE with the given advantages. Off-policy data lowers ESS,
+    which both caps the importance weights lower and strengthens the pull toward the anchor; the policy gradient
+    never vanishes (the weight is ``min(r, ESS) > 0`` for ``r > 0``). ESS carries no gradient.
+
+    ESS scope: by default one ESS for the whole global batch, as above. With ``ess_groups`` (``[B]`` or ``[B, T]``
+    ints in ``[0, num_ess_groups)``, the same numbering on every rank) each group ``g`` gets its own ``ESS_g`` over
+    its valid tokens of the global batch, and its tokens use ``ESS_g`` for both the cap and the KL weight. The learner
+    uses this for ``ess_scope="source"`` (the policy's own rollouts, each behavior model and offline data are then
+    trusted by their own mismatch instead of the mixture's) and ``"version"`` (one ESS per source and policy version).
+
+    Trust region (``trust_region``, on the tokens ``lagging`` marks: ``[B]`` or ``[B, T]`` bool, the policy's own
+    tokens sampled by weights the policy has moved from since, `rllib_p3o.core.losses.trust_region`)::
+
+        "ess_clip":  m_t = 0 where (A_t > 0 ∧ r_t > 1 + ε_t) ∨ (A_t < 0 ∧ r_t < 1 - ε_t),  ε_t = sqrt(1/ESS_t - 1)
+        "ess_band":  the same with the band [ESS_t, 1/ESS_t]
+        ℓ_t = -m_t · sg(min(r_t, ESS_t)) · logπθ_t · A_t  +  (1 - ESS_t) · K_t
+
+    A lagging token outside the band on the side its advantage pushes toward gets no policy gradient (PPO's clip,
+    applied to P3O's detached weight); ``ε_t`` is the coefficient of variation of the ratios of the token's ESS
+    group, so the band is the spread the data show, with no coefficient. Fresh tokens (sampled by the current
+    weights: their ratios carry only the sampler's mismatch) and other models' tokens are never masked. The KL term
+    acts on every token. ``"none"`` (the default): ``m_t = 1``.
+
+    Returns ``(loss, metrics)`` where loss is this rank's share (see module docstring) and metrics are global
+    token-means: ``loss``, ``pg_loss``, ``ess`` (of the whole batch), ``ratio_mean``, ``ratio_max``,
+    ``cap_fraction`` (tokens with ``r`` above their cap), ``kl_behavior`` (the KL term's estimator, unweighted),
+    ``kl_weight`` (token-mean of ``1 - ESS``), ``kl_grad_share`` and ``rejected_fraction`` (`rllib_p3o.core.losses.parts.gradient_shares`),
+    ``num_tokens`` and, when given, ``kl_ref``/``entropy``; with a trust region also ``trust_masked_fraction`` (tokens
+    whose policy gradient it removed), ``lagging_fraction`` and ``trust_eps_max`` (the widest band's ε).
+    """
+    if trust_region not in TRUST_REGIONS:
+        raise ValueError(f"trust_region must be one of {', '.join(TRUST_REGIONS)}, got {trust_region!r}")
+    mask, behavior, adv = prepare(logprobs, behavior_logprobs, advantages, mask)
+    anchor = behavior if anchor_logprobs is None else torch.where(mask, anchor_logprobs.to(logprobs.dtype), behavior)
+    log_ratios = logprobs - behavior
+    stats = log_ratio_stats(log_ratios, mask)
+    ess = stats["ess"]
+    n_global = stats["n"].clamp(min=1.0)
+    if ess_groups is None:
+        ess_tok = ess.to(logprobs.dtype).expand_as(logprobs)
+    else:
+        ess_tok = grouped_ess(log_ratios, mask, ess_groups, num_ess_groups).to(logprobs.dtype)
+
+    ratio = torch.exp(log_ratios.detach())
+    weight = torch.minimum(ratio, ess_tok) if cap else ratio
+    trust = trust_region_terms(trust_region, ratio, adv, ess_tok, lagging, mask)
+    if trust:
+        weight = torch.where(trust["masked"], torch.zeros_like(weight), weight)
+    pg_tok = -weight * logprobs * adv
+    estimator = get_kl_estimator(kl_estimator)
+    kl_tok = estimator(logprobs, anchor, behavior)
+    kl_weight = (1.0 - ess_tok) if behavior_kl else torch.zeros_like(ess_tok)
+    pg_loss = token_mean(pg_tok, mask, n_global)
+    kl_loss = token_mean(kl_weight * kl_tok, mask, n_global) if behavior_kl else 0.0
+    reg_loss, extra = regularizers(logprobs, mask, n_global, ref_logprobs, kl_ref_coeff, entropy, entropy_coeff)
+    loss = pg_loss + kl_loss + reg_loss
+
+    extra = dict(extra, kl_weight=kl_weight)
+    metrics = diagnostics(log_ratios, mask, kl_tok, n_global, cap=ess_tok, extra=extra)
+    metrics.update(gradient_shares(logprobs, -weight * adv, kl_weight, estimator, anchor, behavior, mask))
+    metrics.update(loss_metrics(loss, pg_loss, n_global, stats))
+    if trust:
+        metrics.update(trust["metrics"])
+    return loss, metrics
+
+
 @dataclasses.dataclass(frozen=True)
-class P3OSettings:
+class P3OLossSettings:
     """Which KL the term ``(1 - ESS)·KL(πθ ‖ π_a)`` estimates from the batch's tokens (sampled by π_b).
 
     ``kl_estimator``: ``"k3_is"`` (the default: ``w_a·(1 - s + s·log s)``, an unbiased estimate of
     ``KL(πθ ‖ π_a)`` under π_b's samples), ``"k3"`` (``l + exp(-l) - 1`` of ``l = logπθ - logπ_a``, tails past
     |l| = 10 continued linearly) or ``"k3_clamped"`` (the paper's reference implementation, exactly: the exponent
-    clamped to ±10); see `rllib_p3o.core.kl_estimators`. ``kl_anchor``: ``"auto"`` (the default: π_a = π_b on the
+    clamped to ±10); see `rllib_p3o.core.losses.kl_estimators`. ``kl_anchor``: ``"auto"`` (the default: π_a = π_b on the
     policy's own rows, fresh, stale or replayed, and π_old on rows another model wrote; π_old is computed only for
     batches that hold such rows), ``"behavior"`` (π_a = π_b everywhere, the paper's) or ``"proximal"`` (π_a = π_old,
     the learner's weights at the start of the iteration, everywhere; one forward pass per update). The paper's
@@ -62,11 +176,14 @@ class P3OSettings:
             raise ValueError(f"trust_region must be one of {', '.join(TRUST_REGIONS)}, got {self.trust_region!r}")
 
 
-def _uses_proximal_anchor(settings: P3OSettings) -> bool:
-    return settings.kl_anchor in ("proximal", "auto")
+def old_logprobs_needed(settings: P3OLossSettings) -> OldLogprobs:
+    """π_old for the KL anchor: ``"proximal"`` always, ``"auto"`` for batches with another model's rows, else never."""
+    return {"proximal": OldLogprobs.ALWAYS, "auto": OldLogprobs.FOR_OTHER_MODEL_ROWS}.get(
+        settings.kl_anchor, OldLogprobs.NEVER
+    )
 
 
-def kl_anchor_logprobs(inputs: LossInputs, settings: P3OSettings) -> Optional[torch.Tensor]:
+def kl_anchor_logprobs(inputs: LossInputs, settings: P3OLossSettings) -> Optional[torch.Tensor]:
     """log π_a of the KL term where it is not π_b (None: π_b everywhere). ``"proximal"``: π_old. ``"auto"``: π_old
     on the rows another model wrote (``inputs.other_model_rows``), π_b on the policy's own."""
     if settings.kl_anchor == "behavior":
@@ -81,7 +198,7 @@ def kl_anchor_logprobs(inputs: LossInputs, settings: P3OSettings) -> Optional[to
     )
 
 
-def _p3o(inputs: LossInputs, settings: P3OSettings, cap: bool = True, behavior_kl: bool = True) -> LossOutput:
+def _p3o(inputs: LossInputs, settings: P3OLossSettings, cap: bool = True, behavior_kl: bool = True) -> LossOutput:
     loss, metrics = p3o_loss(
         inputs.logprobs,
         inputs.behavior_logprobs,
@@ -100,21 +217,21 @@ def _p3o(inputs: LossInputs, settings: P3OSettings, cap: bool = True, behavior_k
     return output(loss, metrics)
 
 
-# How the P3O losses with a KL term register: their settings, ESS per source, π_old only for the proximal anchor.
+# How the P3O losses with a KL term register: their settings, ESS per group, π_old as the KL anchor needs it.
 _WITH_KL = dict(
-    settings=P3OSettings, ess_scoped=True, needs_old_logprobs=_uses_proximal_anchor, needs_untruncated_sampling=True
+    settings=P3OLossSettings, ess_scoped=True, old_logprobs=old_logprobs_needed, needs_untruncated_sampling=True
 )
 
 
 @register_loss("p3o", **_WITH_KL)
-def p3o(inputs: LossInputs, settings: P3OSettings) -> LossOutput:
+def p3o(inputs: LossInputs, settings: P3OLossSettings) -> LossOutput:
     """``ℓ_t = -sg(min(r_t, ESS))·logπθ_t·A_t + (1 - ESS)·K(πθ, π_a; π_b)_t``: the paper's objective, with the
-    KL estimator ``K`` and anchor ``π_a`` of `P3OSettings`."""
+    KL estimator ``K`` and anchor ``π_a`` of `P3OLossSettings`."""
     return _p3o(inputs, settings)
 
 
 @register_loss("p3o_no_cap", **_WITH_KL)
-def p3o_no_cap(inputs: LossInputs, settings: P3OSettings) -> LossOutput:
+def p3o_no_cap(inputs: LossInputs, settings: P3OLossSettings) -> LossOutput:
     """Ablation of P3O without the cap: ``ℓ_t = -sg(r_t)·logπθ_t·A_t + (1 - ESS)·K(πθ, π_a; π_b)_t``.
 
     Plain importance-weighted REINFORCE plus P3O's ESS-weighted KL: separates what the cap does from the KL."""
@@ -126,4 +243,4 @@ def p3o_no_kl(inputs: LossInputs, settings: NoSettings) -> LossOutput:
     """Ablation of P3O without the KL term: ``ℓ_t = -sg(min(r_t, ESS))·logπθ_t·A_t``.
 
     Only the ESS cap adapts to the batch; nothing pulls the policy toward the behavior policy."""
-    return _p3o(inputs, P3OSettings(), behavior_kl=False)
+    return _p3o(inputs, P3OLossSettings(), behavior_kl=False)

@@ -8,17 +8,26 @@ message (validate values in the dataclass's ``__post_init__``). The learner buil
 function on every minibatch.
 
 Every loss returns the same `LossOutput`: the loss (this learner's share of the global token-mean, see
-`rllib_p3o.core.objectives`), the ESS of the minibatch's importance ratios (P3O's statistic; a diagnostic for the
-losses that do not use it) and its metrics. The math itself stays in small pure-torch functions
-(`rllib_p3o.core.objectives`) that a loss adapts.
+`rllib_p3o.core.losses.parts`), the ESS of the minibatch's importance ratios (P3O's statistic; a diagnostic for the
+losses that do not use it) and its metrics. A loss is one module of this package: its formula as a small pure-torch
+function, its settings, its registration, and what it needs from the learner (`OldLogprobs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Type, Union
 
 import torch
+
+
+class OldLogprobs(str, enum.Enum):
+    """When a loss needs π_old, the learner's log-probs before the update (one extra forward pass per update)."""
+
+    NEVER = "never"
+    ALWAYS = "always"
+    FOR_OTHER_MODEL_ROWS = "for_other_model_rows"  # only for batches that hold rows another model wrote
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +51,7 @@ class LossInputs:
     ess_groups: Optional[torch.Tensor] = None
     num_ess_groups: int = 0
     # log π_old: the learner's policy before this update, recomputed once per update (losses registered with
-    # needs_old_logprobs=True; None otherwise).
+    # old_logprobs=OldLogprobs.ALWAYS, or for the batches that need it; None otherwise).
     old_logprobs: Optional[torch.Tensor] = None
     # [B] bool: rows another model wrote (a behavior model's, live or recorded), not this policy at any version;
     # None when the batch has none (`rllib_p3o.core.sources.other_model_source_ids`).
@@ -52,7 +61,7 @@ class LossInputs:
     lagging: Optional[torch.Tensor] = None
 
     def common(self) -> Dict[str, Any]:
-        """The regularizer and ESS-scope arguments the objectives' functions share, as keyword arguments."""
+        """The regularizer arguments the losses' functions share, as keyword arguments."""
         return dict(
             ref_logprobs=self.ref_logprobs,
             kl_ref_coeff=self.kl_ref_coeff,
@@ -73,25 +82,29 @@ LossFn = Callable[[LossInputs, Any], LossOutput]
 
 
 class LossSpec(NamedTuple):
-    """A registered loss: its function, its settings dataclass, whether it takes ``ess_groups`` and whether it needs
-    ``old_logprobs`` (the learner then recomputes them with one forward pass per update): a bool, or a function of
-    the loss's settings (P3O needs them only with ``kl_anchor="proximal"``); ask `uses_old_logprobs`."""
+    """A registered loss: its function, its settings dataclass, whether it takes ``ess_groups``, and when it needs
+    ``old_logprobs`` (`OldLogprobs`, or a function of the loss's settings returning one: P3O's depends on its KL
+    anchor); the learner asks `old_logprobs_needed` and reads none of a loss's settings itself."""
 
     name: str
     fn: LossFn
     settings: Type[Any]
     ess_scoped: bool
-    needs_old_logprobs: Union[bool, Callable[[Any], bool]] = False
+    old_logprobs: Union[OldLogprobs, Callable[[Any], OldLogprobs]] = OldLogprobs.NEVER
     # The loss's statistics (P3O's ESS, cap and KL) read the behavior log-probs as those of the distribution the
     # learner's log-probs are of: under top-p/top-k truncation the learner renormalizes over the sampler's recorded
     # kept sets, and the config refuses truncation without them (``kept_set_cap=0``: the truncated distribution's
     # log-probs are higher than any untruncated policy's, so even fresh samples would look off-policy).
     needs_untruncated_sampling: bool = False
 
+    def old_logprobs_needed(self, settings: Any) -> OldLogprobs:
+        """When the learner must compute ``old_logprobs`` for this loss with these settings."""
+        needs = self.old_logprobs
+        return OldLogprobs(needs(settings) if callable(needs) else needs)
+
     def uses_old_logprobs(self, settings: Any) -> bool:
-        """Whether the learner must compute ``old_logprobs`` for this loss with these settings."""
-        needs = self.needs_old_logprobs
-        return bool(needs(settings) if callable(needs) else needs)
+        """Whether the learner may have to compute ``old_logprobs`` for this loss with these settings."""
+        return self.old_logprobs_needed(settings) is not OldLogprobs.NEVER
 
     def make_settings(self, loss_config: Optional[Mapping[str, Any]] = None) -> Any:
         """The settings dataclass from a ``loss_config`` dict; ValueError naming the loss on an unknown key or a
@@ -117,15 +130,15 @@ def register_loss(
     name: str,
     settings: Type[Any] = NoSettings,
     ess_scoped: bool = False,
-    needs_old_logprobs: Union[bool, Callable[[Any], bool]] = False,
+    old_logprobs: Union[OldLogprobs, Callable[[Any], OldLogprobs]] = OldLogprobs.NEVER,
     needs_untruncated_sampling: bool = False,
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn(inputs, settings) -> LossOutput`` under ``name``.
 
     ``settings``: the loss's frozen settings dataclass (defaults = the loss's defaults). ``ess_scoped``: the loss
-    uses ``inputs.ess_groups`` (``ess_scope="source"``), so the learner computes them. ``needs_old_logprobs``: the
-    loss reads ``inputs.old_logprobs``, which the learner then computes before each update (one forward pass); a
-    function ``settings -> bool`` when that depends on the loss's settings.
+    uses ``inputs.ess_groups`` (``ess_scope`` "source" or "version"), so the learner computes them. ``old_logprobs``:
+    when the loss reads ``inputs.old_logprobs``, which the learner then computes before the update (one forward pass):
+    an `OldLogprobs`, or a function ``settings -> OldLogprobs`` when that depends on the loss's settings.
     ``needs_untruncated_sampling``: the config refuses top-p/top-k sampling with this loss unless the kept sets are
     recorded (``kept_set_cap > 0``; `LossSpec`).
     """
@@ -133,7 +146,14 @@ def register_loss(
         raise TypeError(f"settings of loss {name!r} must be a dataclass, got {settings!r}")
 
     def register(fn: LossFn) -> LossFn:
-        LOSSES[name] = LossSpec(name, fn, settings, ess_scoped, needs_old_logprobs, needs_untruncated_sampling)
+        LOSSES[name] = LossSpec(
+            name,
+            fn,
+            settings,
+            ess_scoped,
+            OldLogprobs(old_logprobs) if not callable(old_logprobs) else old_logprobs,
+            needs_untruncated_sampling,
+        )
         return fn
 
     return register

@@ -14,17 +14,17 @@ The functions here bound that, from the batch's own statistics:
 - `second_moment_mask`: M2PO's mask (Zheng et al. 2025, arXiv 2510.01161): the tokens with the largest squared
   log-ratio are left out until the mean of the rest is below a threshold.
 
-This module imports only torch (and `rllib_p3o.core.objectives` for the all-reduce helper).
+Pure torch. `trust_region_terms` is what P3O's ``trust_region`` setting applies (`rllib_p3o.core.losses.p3o`).
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from rllib_p3o.core.objectives import _all_reduce, _distributed
+from rllib_p3o.core.batch_stats import distributed, reduce_across_learners
 
 
 def ess_band(ess: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +83,7 @@ def second_moment_mask(log_ratios: torch.Tensor, mask: torch.Tensor, threshold: 
 
 def _gather_valid(values: torch.Tensor) -> torch.Tensor:
     """The 1-d ``values`` of every learner, concatenated (this learner's alone when not distributed)."""
-    if not _distributed():
+    if not distributed():
         return values
     size = torch.tensor([values.numel()], dtype=torch.long, device=values.device)
     sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
@@ -100,5 +100,44 @@ def masked_share(selected: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``|selected ∧ mask| / |mask|`` over the global batch (all-reduced), in float32; 0 without valid tokens."""
     with torch.no_grad():
         sums = torch.stack([(selected.bool() & mask.bool()).sum(), mask.bool().sum()]).to(torch.float64)
-        sums = _all_reduce(sums)
+        sums = reduce_across_learners(sums)
         return (sums[0] / sums[1].clamp(min=1.0)).to(torch.float32)
+
+
+# P3O's trust regions on lagging tokens (`rllib_p3o.core.losses.p3o.p3o_loss`): "none" is the paper's.
+TRUST_REGIONS = ("none", "ess_clip", "ess_band")
+
+
+def trust_region_terms(
+    trust_region: str,
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    ess_tok: torch.Tensor,
+    lagging: Optional[torch.Tensor],
+    mask: torch.Tensor,
+) -> Dict[str, Any]:
+    """The tokens a trust region masks (``"masked"``) and its metrics; ``{}`` for ``"none"``."""
+    if trust_region == "none":
+        return {}
+    ess = ess_tok.detach().to(torch.float64)
+    if trust_region == "ess_clip":
+        low, high = ess_band(ess)
+    else:  # "ess_band": the cap's own band
+        low, high = ess, 1.0 / ess.clamp(min=torch.finfo(torch.float64).tiny)
+    applies = torch.zeros_like(mask) if lagging is None else lagging.bool().to(mask.device)
+    if applies.dim() == 1:
+        applies = applies.unsqueeze(-1)
+    applies = applies.expand_as(mask) & mask
+    masked = outward_mask(ratio.to(torch.float64), adv, low, high, applies)
+    with torch.no_grad():
+        eps = torch.where(applies, high - 1.0, torch.zeros_like(high))
+        eps_max = eps.max().reshape(1).clone() if eps.numel() else torch.zeros(1, dtype=eps.dtype, device=eps.device)
+        eps_max = reduce_across_learners(eps_max, dist.ReduceOp.MAX)[0]
+    return {
+        "masked": masked,
+        "metrics": {
+            "trust_masked_fraction": masked_share(masked, mask),
+            "lagging_fraction": masked_share(applies, mask),
+            "trust_eps_max": eps_max.to(torch.float32),
+        },
+    }
