@@ -3,7 +3,7 @@
 ``import rllib_p3o`` registers the algorithm with Tune under the name ``"P3O"``, and keeps the libraries' chatter
 off the screen in every process of a run (`rllib_p3o.core.quiet`; ``RLLIB_P3O_VERBOSE=1`` shows it).
 
-Without Ray installed the package still imports: the objectives (`rllib_p3o.core`) and the learner's compute core
+Without Ray installed the package still imports: the losses and batch statistics (`rllib_p3o.core`) and the learner's compute core
 (`rllib_p3o.learner.compute`) need only torch and transformers. ``P3O`` and ``P3OConfig`` then raise the
 ImportError that importing Ray raised.
 """
@@ -14,7 +14,6 @@ from rllib_p3o.core.quiet import quiet_libraries
 
 quiet_libraries()  # first: before the imports below load Ray, RLlib, transformers (and, in a runner, vLLM)
 
-from rllib_p3o import _moved  # noqa: E402
 from rllib_p3o.core.batch_stats import effective_sample_size, group_advantages  # noqa: E402
 from rllib_p3o.core.losses.grpo import grpo_loss  # noqa: E402
 from rllib_p3o.core.losses.kl_estimators import kl_k3  # noqa: E402
@@ -40,8 +39,6 @@ __all__ = [
 ]
 __version__ = "0.2.0.dev0"
 
-
-_moved.install()
 quiet_libraries()  # again: importing RLlib above set its logger's level to WARNING
 
 

@@ -33,7 +33,6 @@ current, verified weights in `restore_env_runners` before they sample (docs: "Fa
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -59,44 +58,37 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ray.util.debug import log_once
 from typing_extensions import Self
 
-from rllib_p3o.core import lora as lora_specs
 from rllib_p3o.core import metrics, quiet, storage
-from rllib_p3o.core.columns import Columns, Record
-from rllib_p3o.core.deprecation import warn_once
-from rllib_p3o.core.env_config import unknown_key_problem
-from rllib_p3o.core.losses import LOSSES, get_loss
-from rllib_p3o.core.precision import MODEL_DTYPE_PRECISION, RolloutWeights, compute_dtype, param_dtype
-from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, RENAMED, SETTINGS, in_group
-from rllib_p3o.core.sources import SourceNames, behavior_sample_counts, behavior_source_name, check_same_tokenizer
-from rllib_p3o.data import batching, prompt_fit
-from rllib_p3o.data.chat import ChatTemplateError
-from rllib_p3o.data.completion_samples import write_samples
-from rllib_p3o.data.datasets import DatasetError, check_chat_dataset, materialize_dataset
+from rllib_p3o.core.columns import Columns
+from rllib_p3o.core.losses import get_loss
+from rllib_p3o.core.precision import RolloutWeights, compute_dtype, param_dtype
+from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, SETTINGS
+from rllib_p3o.core.sources import SourceNames, behavior_source_name
+from rllib_p3o.data import batching
+from rllib_p3o.data.datasets import materialize_dataset
 from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import SEED_STRIDE, PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.data.reward_models import ACTORS_KEY as REWARD_MODEL_ACTORS
-from rllib_p3o.data.reward_models import reward_model_specs
-from rllib_p3o.data.rewards import make_reward_function
-from rllib_p3o.driver import checkpoints, learner_health
+from rllib_p3o.driver import checkpoints, learner_health, validation
 from rllib_p3o.driver.batch_sources import BatchSource, OfflineSource, OnlineSource
+from rllib_p3o.driver.export import export_from_learners
 from rllib_p3o.driver.preflight import (
-    ModelPathError,
     absolute_data_path,
     absolute_if_local,
     absolute_paths,
     check_cluster_fits,
-    check_model_path,
-    missing_path_problem,
+    resolved_path,
+    world_problems,
 )
-from rllib_p3o.driver.progress import unscored_warning
 from rllib_p3o.driver.reward_models import RewardModelActors
 from rllib_p3o.driver.runner_calls import EngineRunners
 from rllib_p3o.driver.sampler import Sampler
+from rllib_p3o.driver.step_log import StepLog
+from rllib_p3o.driver.training_signature import TrainingSignature
 from rllib_p3o.driver.trial_reuse import RESETTABLE_KEYS, config_differences
 from rllib_p3o.driver.weight_sync import WeightSync
-from rllib_p3o.learner.compute import validate_options as validate_module_options
 from rllib_p3o.learner.p3o_torch_learner import NonFiniteStepError, P3OTorchLearner
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
 from rllib_p3o.runner.env import TextEnv
@@ -110,15 +102,13 @@ logger = logging.getLogger(__name__)
 
 # env_config keys that may name files (`rllib_p3o.data.datasets`).
 DATASET_KEYS = ("dataset", "eval_dataset")
-# Loss settings that were top-level config keys before `loss_config`.
-LEGACY_LOSS_KEYS = ("clip_low", "clip_high")
 
 # P3O exists only on RLlib's new API stack: RLlib's notice that the new stack is now the default (a warning in every
 # process that validates a config, keyed by the algorithm class's name) is spent here, once, so that it never prints.
 log_once("P3O_on_new_api_stack")
 
 
-class P3OConfig(AlgorithmConfig):
+class P3OConfig(TrainingSignature, AlgorithmConfig):
     """Configuration of the P3O algorithm (and of its GRPO/PPO-clip baseline, ``loss="grpo"``)."""
 
     def __init__(self, algo_class: Optional[Type[Algorithm]] = None):
@@ -157,38 +147,18 @@ class P3OConfig(AlgorithmConfig):
         # RLLIB_P3O_VERBOSE (`rllib_p3o.core.quiet`). ``.debugging(log_level="WARN")`` brings them back.
         self.log_level = "WARN" if quiet.verbose() else "ERROR"
 
-    def training(self, **kwargs: Any) -> Self:
-        """Sets the training options: P3O's own (each declared once in `rllib_p3o.core.settings.P3OSettings`, listed
-        with their types, defaults and meaning in the configuration reference) and RLlib's (``lr``, ``grad_clip``,
-        ``num_epochs``, ``minibatch_size``, ...). An unknown key raises TypeError, as RLlib's ``training`` does.
-
-        Renamed keys (``clip_low``/``clip_high``, ``model_dtype``) still work and warn once with the new name.
-        """
-        ours = {key: kwargs.pop(key) for key in list(kwargs) if key in BY_KEYWORD}
-        ours = {key: value for key, value in ours.items() if value is not NotProvided}
-        model = ours.pop("model", NotProvided)
-        # Relative paths are resolved here, where the script runs: Tune runs each trial in a directory of its own.
-        if isinstance(model, (str, os.PathLike)):
-            self.policy_model = absolute_if_local(os.fspath(model))
-        elif model is not NotProvided:
-            kwargs["model"] = model  # RLlib's own (old-stack) model dict
-        if isinstance(ours.get("behavior_models"), list):
-            ours["behavior_models"] = [
-                {**spec, "model": absolute_if_local(spec["model"])}
-                if isinstance(spec, dict) and "model" in spec
-                else spec
-                for spec in ours["behavior_models"]
-            ]
-        if isinstance(ours.get("offline_rescore_model"), (str, os.PathLike)):
-            ours["offline_rescore_model"] = absolute_if_local(os.fspath(ours["offline_rescore_model"]))
-        record = ours.get("record_rollouts")
-        if isinstance(record, (str, os.PathLike)) and not storage.is_uri(record):
-            ours["record_rollouts"] = os.path.abspath(record)  # an output directory: never inside a trial's directory
-        super().training(**kwargs)
-        for key, value in ours.items():
-            if key in RENAMED:
-                warn_once(f"P3OConfig.training({key}=...)", RENAMED[key])
-            setattr(self, BY_KEYWORD[key].name, value)
+    def _set_training(self, settings: Dict[str, Any], kwargs: Dict[str, Any]) -> Self:
+        """``training``'s work (its signature: `TrainingSignature`): P3O's settings given, their paths resolved as
+        each is declared (`rllib_p3o.driver.preflight.resolved_path`); the rest to RLlib's ``training``."""
+        model = settings.get("model", NotProvided)
+        if model is not NotProvided and not isinstance(model, (str, os.PathLike)) and model is not None:
+            kwargs["model"] = settings.pop("model")  # RLlib's own (old-stack) model dict
+        AlgorithmConfig.training(self, **kwargs)  # RLlib's own (TrainingSignature is first in the MRO)
+        for key, value in settings.items():
+            if value is NotProvided:
+                continue
+            setting = BY_KEYWORD[key]
+            setattr(self, setting.name, resolved_path(setting.path, value) if setting.path else value)
         return self
 
     def environment(
@@ -249,8 +219,8 @@ class P3OConfig(AlgorithmConfig):
 
     @property
     def resolved_precision(self) -> str:
-        """The learner's precision: ``precision``, else the one ``model_dtype`` names."""
-        return self.precision or MODEL_DTYPE_PRECISION.get(self.model_dtype, "fp32")
+        """The learner's precision: ``precision``, "fp32" when None."""
+        return self.precision or "fp32"
 
     @property
     def rollout_weights(self) -> RolloutWeights:
@@ -302,140 +272,14 @@ class P3OConfig(AlgorithmConfig):
 
     def validate(self) -> None:
         """RLlib's validation, then P3O's settings group by group (`rllib_p3o.core.settings.GROUPS`): each setting
-        against its declaration (choices, minimum), then the group's own rules (`_validate_<group>`); the world last
-        (files, models, tokenizers, datasets), after the settings themselves."""
+        against its declaration and the group's rules (`rllib_p3o.driver.validation`); the world last (files, models,
+        tokenizers, datasets: `rllib_p3o.driver.preflight.world_problems`), after the settings themselves."""
         super().validate()
         for group in GROUPS:
-            for setting in in_group(group):
-                problem = setting.problem(getattr(self, setting.name))
-                if problem:
-                    self._value_error(problem)
-            getattr(self, f"_validate_{group}")()
-        self._validate_world()
-
-    def _validate_model(self) -> None:
-        if not self.policy_model:
-            self._value_error("P3OConfig needs a policy model: .training(model='/path/to/hf-causal-lm').")
-        try:
-            # The user's own keys: the merged model_config would build P3O's part from settings not yet validated.
-            validate_module_options(self._model_config if isinstance(self._model_config, dict) else {})
-        except ValueError as e:
-            self._value_error(f"rl_module model_config: {e}")
-
-    def _validate_losses(self) -> None:
-        if self.loss not in LOSSES:
-            self._value_error(f"Unknown loss {self.loss!r}; registered losses: {', '.join(sorted(LOSSES))}.")
-        try:
-            self.loss_settings()
-        except ValueError as e:
-            self._value_error(f"loss_config: {e}")
-        self._check_untruncated_sampling()
-        if self.minibatch_size is not None and self.minibatch_size <= 0:
-            self._value_error("minibatch_size must be positive or None.")
-
-    def _validate_sampling(self) -> None:
-        for spec in self.behavior_models:
-            if "model" not in spec:
-                self._value_error(f"each behavior model needs a 'model' path, got {spec}.")
-        behavior_samples = sum(behavior_sample_counts(self.behavior_models, self.group_size))
-        if self.behavior_models and behavior_samples > self.group_size:
-            self._value_error(
-                f"behavior models take {behavior_samples} samples per group, more than group_size={self.group_size}."
-            )
-        if self.async_sampling and self.num_env_runners < 1 and not self.in_evaluation:
-            self._value_error("async_sampling needs remote EnvRunners (num_env_runners >= 1).")
-
-    def _validate_sync(self) -> None:
-        pass  # the declarations say it all; the tolerances' defaults depend on the precision (`rollout_weights`)
-
-    def _validate_evaluation(self) -> None:
-        if self.eval_temperature is None:
-            self._value_error("eval_temperature must be >= 0 (0: greedy), got None.")
-
-    def _validate_offline(self) -> None:
-        if not 0.0 <= self.resolved_offline_fraction <= 1.0:
-            self._value_error(f"offline_fraction must be in [0, 1], got {self.offline_fraction}.")
-        if self.resolved_offline_fraction > 0 and not self.is_offline:
-            self._value_error("offline_fraction > 0 needs an offline dataset: .offline_data(input_=PATH).")
-
-    def _validate_precision(self) -> None:
-        implied = MODEL_DTYPE_PRECISION.get(self.model_dtype)
-        if self.precision is not None and self.model_dtype != "float32" and implied != self.precision:
-            self._value_error(
-                f"model_dtype={self.model_dtype!r} means precision={implied!r}, but precision={self.precision!r} "
-                "is set too; set precision alone."
-            )
-        if self.rollout_quantization and self.lora is not None:
-            self._value_error(
-                "rollout_quantization with LoRA is not supported: the engine's frozen base is loaded from the model "
-                "directory and never synced, so its FP8 rounding could not be checked."
-            )
-
-    def _validate_resources(self) -> None:
-        pass  # the thread counts' declarations say it all; the cluster's fit is `preflight.check_cluster_fits`
-
-    def _validate_world(self) -> None:
-        """What the settings name: storage URIs, datasets and reward functions, model paths, tokenizers, LoRA."""
-        self._check_storage()
-        problem = unknown_key_problem(self.env_config or {}, own_environment=self._has_own_environment())
-        if problem:
+            for problem in validation.problems(self, group):
+                self._value_error(problem)
+        for problem in world_problems(self, default_env=TextEnv):
             self._value_error(problem)
-        try:
-            self._materialize_datasets()
-            make_reward_function(self.env_config or {})
-        except (ValueError, ImportError, AttributeError) as e:
-            self._value_error(f"env_config: {e}")
-        try:
-            check_model_path("model", self.policy_model)
-            for i, spec in enumerate(self.behavior_models):
-                check_model_path(f"behavior_models[{i}]['model']", spec.get("model"))
-            for i, spec in enumerate(reward_model_specs(self.env_config or {})):  # (checked above)
-                check_model_path(f"env_config['reward_models'][{i}]['model']", spec["model"])
-            check_model_path("offline_rescore_model", self.offline_rescore_model)
-        except ModelPathError as e:
-            self._value_error(str(e))
-        if self.behavior_models and not self.in_evaluation:
-            check_same_tokenizer(self.policy_model, [s["model"] for s in self.behavior_models], self.trust_remote_code)
-        if self.policy_model and not self.in_evaluation:
-            try:
-                check_chat_dataset(self.env_config or {}, self.policy_model, self.trust_remote_code)
-            except ChatTemplateError as e:
-                self._value_error(str(e))
-            self._check_prompt_lengths()
-        if self.lora is not None:
-            try:
-                spec = lora_specs.resolve(self.lora)
-                self.lora = lora_specs.validate(spec, self.policy_model, self.trust_remote_code)
-            except ValueError as e:
-                self._value_error(f"lora: {e}")
-
-    def _check_prompt_lengths(self) -> None:
-        """Under ``overlong_prompts="error"``: the first prompt longer than the model's context minus ``max_tokens``
-        named (dataset, row, length, limit) before any engine starts (`rllib_p3o.data.prompt_fit`). Datasets a
-        runner's environment produces (``multi_turn_env``, a custom env) and models off this machine are left to the
-        runners."""
-        env_config = self.env_config or {}
-        if env_config.get("multi_turn_env") or not os.path.isdir(str(self.policy_model)):
-            return
-        try:
-            context = prompt_fit.model_context(self.policy_model, self.trust_remote_code, self.vllm_kwargs)
-        except (OSError, ValueError, AttributeError):
-            return  # a config without a context length: vLLM's own check stands
-        if self.max_tokens >= context:
-            self._value_error(
-                f"max_tokens={self.max_tokens} leaves no room for a prompt in the model's context of {context} tokens "
-                f"({self.policy_model}): lower max_tokens."
-            )
-        if self.overlong_prompts != "error":
-            return
-        try:
-            for key in ("dataset", "eval_dataset"):
-                if env_config.get(key) is not None:
-                    prompt_fit.check_dataset_fits(
-                        env_config[key], key, self.policy_model, self.trust_remote_code, context, self.max_tokens
-                    )
-        except DatasetError as e:
-            self._value_error(str(e))
 
     def _value_error(self, errmsg: str) -> None:
         """RLlib's, without the line it appends (how to switch all validation off): a P3O error says what to fix
@@ -443,41 +287,6 @@ class P3OConfig(AlgorithmConfig):
         if self._validate_config:
             raise ValueError(errmsg)
         logger.warning(errmsg)
-
-    def _has_own_environment(self) -> bool:
-        """Whether a user's environment class (RLlib's ``env``, ``multi_turn_env``) may read ``env_config`` keys of its
-        own, beside P3O's."""
-        multi_turn = (self.env_config or {}).get("multi_turn_env")
-        module = multi_turn.split(":")[0] if isinstance(multi_turn, str) else getattr(multi_turn, "__module__", "")
-        return self.env is not TextEnv or (multi_turn is not None and not module.startswith("rllib_p3o."))
-
-    def _check_storage(self) -> None:
-        """Models load from a local directory or a hub id, never from a URI; data files go through pyarrow's
-        filesystems (`rllib_p3o.core.storage`), whose URI schemes are checked here. The paths themselves are opened
-        when the run starts (the recording directory is created then)."""
-        models = [("model", self.policy_model), ("offline_rescore_model", self.offline_rescore_model)]
-        models += [("behavior model", spec.get("model")) for spec in self.behavior_models]
-        for what, path in models:
-            if isinstance(path, (str, os.PathLike)) and storage.uri_scheme(path) not in ("", "file"):
-                self._value_error(
-                    f"{what}={os.fspath(path)!r} is a URI: vLLM and transformers load a model from a local directory "
-                    "(at the same path on every node) or a Hugging Face hub id. Copy the model to each node first."
-                )
-        env_config = self.env_config or {}
-        paths = [("record_rollouts", self.record_rollouts)]
-        paths += [(f"env_config['{key}']", env_config.get(key)) for key in ("dataset", "eval_dataset")]
-        if self.is_offline:
-            paths += [("input_", item) for item in (self.input_ if isinstance(self.input_, list) else [self.input_])]
-        for what, path in paths:
-            if isinstance(path, (str, os.PathLike)):
-                try:
-                    storage.check_uri(path, what)
-                except storage.StorageError as e:
-                    self._value_error(str(e))
-                # Files read later, in a trial or a runner: a missing one is named here, before Ray starts.
-                problem = missing_path_problem(what, path) if what != "record_rollouts" else None
-                if problem:
-                    self._value_error(problem)
 
     def offline_data(self, **kwargs: Any) -> Self:
         """RLlib's `offline_data`; a single URI as ``input_`` is kept as a one-item list, which RLlib hands to Ray Data
@@ -492,54 +301,10 @@ class P3OConfig(AlgorithmConfig):
             self.input_ = [absolute_data_path(item) for item in self.input_]
         return self
 
-    def _check_untruncated_sampling(self) -> None:
-        """P3O's losses read the behavior log-probs as those of the distribution the learner's log-probs are of. With
-        processed log-probs and top-p/top-k truncation the behavior log-probs are the truncated distribution's,
-        renormalized; so each token records its kept set (`kept_set_cap`) and the learner renormalizes its log-prob
-        over the same set (`rllib_p3o.learner.compute.kept_set_logprobs`): the ratio compares like with like. Refused:
-        truncated sampling with ``kept_set_cap=0`` (fresh samples would look off-policy, ratio < 1, and pull the
-        policy toward the truncated distribution), and top-k alone with a ``kept_set_cap`` below ``top_k`` (every
-        kept set would overflow the record). For the policy's sampling and each behavior model's."""
-        if self.logprobs_mode != "processed":
-            return
-        needs_exact = self.loss in LOSSES and get_loss(self.loss).needs_untruncated_sampling
-        samplers = [("the policy", self.top_p, self.top_k)] + [
-            (
-                f"behavior model {s.get('name') or s.get('model')}",
-                s.get("top_p", self.top_p),
-                s.get("top_k", self.top_k),
-            )
-            for s in self.behavior_models
-        ]
-        for who, top_p, top_k in samplers:
-            truncated = (top_p is not None and top_p < 1.0) or (top_k is not None and top_k > 0)
-            if not truncated:
-                continue
-            if self.kept_set_cap == 0 and needs_exact:
-                self._value_error(
-                    f"loss={self.loss!r} needs the learner's log-probs renormalized over the sampler's kept set, but "
-                    f"{who} samples with top_p={top_p}, top_k={top_k} and kept_set_cap=0 records no kept set: the "
-                    "behavior log-probs would be those of the truncated distribution, so even fresh samples would look "
-                    "off-policy. Set kept_set_cap > 0, sample with top_p=1.0 and top_k=-1, or use a loss without this "
-                    "requirement (e.g. 'grpo')."
-                )
-            full_top_k = top_k is not None and top_k > 0 and (top_p is None or top_p >= 1.0)
-            if self.kept_set_cap > 0 and full_top_k and top_k > self.kept_set_cap:
-                self._value_error(
-                    f"{who} samples with top_k={top_k} but kept_set_cap={self.kept_set_cap}: every token's kept set "
-                    f"({top_k} tokens) would be larger than recorded and left out of the loss. Set kept_set_cap >= "
-                    f"{top_k} (or 0 to record none)."
-                )
-
     def loss_settings(self) -> Any:
-        """The settings dataclass of ``loss``: ``loss_config`` over the loss's defaults, with the top-level
-        ``clip_low``/``clip_high`` applied first where the loss has such settings. ValueError on a bad setting."""
-        spec = get_loss(self.loss)
-        fields = {f.name for f in dataclasses.fields(spec.settings)}
-        legacy = {
-            key: getattr(self, key) for key in LEGACY_LOSS_KEYS if key in fields and getattr(self, key) is not None
-        }
-        return spec.make_settings({**legacy, **(self.loss_config or {})})
+        """The settings dataclass of ``loss``: ``loss_config`` over the loss's defaults. ValueError on a bad
+        setting."""
+        return get_loss(self.loss).make_settings(self.loss_config or {})
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         return RLModuleSpec(module_class=HFCausalLMRLModule, model_config=self.lm_model_config())
@@ -681,9 +446,11 @@ class P3O(Algorithm):
                 *(name for source in self._sources for name in source.source_names),
             ]
         )
+        under_tune = getattr(getattr(self, "_storage", None), "trial_dir_name", None) is not None
+        self._step_log = StepLog(self.metrics, self._source_names, under_tune=under_tune)
         self._weight_sync.push_verified()
         # Reported with the first result: what this trial's start cost, and whether Tune reused the actor for it.
-        self._log({metrics.SETUP_S: time.perf_counter() - t0, metrics.ACTOR_REUSED: float(actor_reused)})
+        self._step_log.log({metrics.SETUP_S: time.perf_counter() - t0, metrics.ACTOR_REUSED: float(actor_reused)})
 
     def batch_sources(self) -> List[BatchSource]:
         """Where each training step's rows come from (`rllib_p3o.driver.batch_sources`): online rollouts from the vLLM
@@ -807,7 +574,7 @@ class P3O(Algorithm):
             ),
             default=0,
         )
-        self._log_by_source(metrics.learners_by_source(learner_results, self._source_names))
+        self._step_log.log_by_source(metrics.learners_by_source(learner_results, self._source_names))
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         return per_learner_ess
 
@@ -816,19 +583,17 @@ class P3O(Algorithm):
     def _log_step(self, records, batch, timings, sync_stats, per_learner_ess) -> None:
         cfg = self.config
         skipped = getattr(self.offline_data, "rows_skipped", 0) if self.offline_data is not None else None
-        self._log(
-            metrics.step_metrics(
-                records,
-                batch,
-                timings,
-                sync_stats,
-                per_learner_ess,
-                num_offline_rows=cfg.offline_rows_per_step,
-                weights_seq_no=self._weight_sync.weights_seq_no,
-                offline_rows_skipped=skipped,
-            )
+        step = metrics.step_metrics(
+            records,
+            batch,
+            timings,
+            sync_stats,
+            per_learner_ess,
+            num_offline_rows=cfg.offline_rows_per_step,
+            weights_seq_no=self._weight_sync.weights_seq_no,
+            offline_rows_skipped=skipped,
         )
-        self._log(
+        step.update(
             {
                 metrics.SKIPPED_NONFINITE_STEPS: self._skipped_nonfinite,
                 metrics.ROLLOUT_FP8_SIMULATED: float(cfg.rollout_weights.fp8_simulated),
@@ -839,42 +604,22 @@ class P3O(Algorithm):
             }
         )
         self._restore_metrics = {}
+        runners = None
         if self._runners.remote:
-            self._log(
-                {
-                    metrics.HEALTHY_ENV_RUNNERS: len(self._runners.healthy_ids()),
-                    metrics.ENV_RUNNER_RESTARTS_LIFETIME: self._runner_restarts,
-                }
-            )
-        if records:
-            self._warn_unscored(records)
-            self._log_by_source(metrics.records_by_source(records, self._source_names))
-            for name, mean in metrics.rewards_by_function(records).items():
-                self.metrics.log_value((metrics.P3O, metrics.REWARDS, name), mean, window=1)
-            if cfg.log_completions:
-                # Under Tune: the trial's directory in the experiment's storage (the working directory's files
-                # reach it only with SyncConfig(sync_artifacts=True)); else this algorithm's logdir.
-                storage = getattr(self, "_storage", None)
-                directory, fs = (storage.trial_fs_path, storage.storage_filesystem) if storage else (self.logdir, None)
-                write_samples(records, directory, int(self.iteration or 0) + 1, int(cfg.log_completions), fs)
+            runners = {
+                metrics.HEALTHY_ENV_RUNNERS: len(self._runners.healthy_ids()),
+                metrics.ENV_RUNNER_RESTARTS_LIFETIME: self._runner_restarts,
+            }
+        completions = (int(cfg.log_completions), self._completions_dir) if cfg.log_completions else None
+        self._step_log.log_iteration(int(self.iteration or 0) + 1, records, step, runners, completions)
 
-    def _warn_unscored(self, records: List[Dict[str, Any]]) -> None:
-        """The first iteration with completions no reward function scored, as a warning on the driver. Under Tune the
-        status table's printer says it on the user's screen (`IterationPrinter`; a trial's log may not reach it)."""
-        if getattr(self, "_warned_unscored", False) or getattr(getattr(self, "_storage", None), "trial_dir_name", None):
-            return
-        unscored = sum(1 for record in records if record[Record.REWARD] != record[Record.REWARD])  # NaN
-        if unscored:
-            logger.warning(unscored_warning(int(self.iteration or 0) + 1, unscored, len(records)))
-            self._warned_unscored = True
-
-    def _log(self, step: Dict[str, float]) -> None:
-        for key, value in step.items():
-            self.metrics.log_value((metrics.P3O, key), value, window=1)
-
-    def _log_by_source(self, by_source: Dict[Tuple[str, str], float]) -> None:
-        for (name, key), value in by_source.items():
-            self.metrics.log_value((metrics.P3O, metrics.BY_SOURCE, name, key), value, window=1)
+    def _completions_dir(self) -> Tuple[str, Any]:
+        """Under Tune: the trial's directory in the experiment's storage (the working directory's files reach it only
+        with SyncConfig(sync_artifacts=True)); else this algorithm's logdir."""
+        trial_storage = getattr(self, "_storage", None)
+        if trial_storage is not None:
+            return trial_storage.trial_fs_path, trial_storage.storage_filesystem
+        return self.logdir, None
 
     def evaluate_heldout(self) -> Optional[Dict[str, float]]:
         """The current policy's completions on ``env_config["eval_dataset"]`` (greedy unless ``eval_temperature`` > 0),
@@ -894,7 +639,7 @@ class P3O(Algorithm):
     def _log_heldout(self) -> None:
         res = self.evaluate_heldout()
         if res is not None:
-            self._log({metrics.HELDOUT_PREFIX + k: v for k, v in res.items()})
+            self._step_log.log({metrics.HELDOUT_PREFIX + k: v for k, v in res.items()})
             self._heldout_reward = float(res.get(metrics.REWARD_MEAN, float("nan")))
 
     # -- results: the summary first, the same columns in every result -----------------------------------------------
@@ -941,7 +686,7 @@ class P3O(Algorithm):
         trial_storage = getattr(self, "_storage", None)
         if trial_storage is None or getattr(trial_storage, "trial_dir_name", None) is None:
             return  # not a Tune trial
-        reported, where = _reported_iterations(trial_storage)
+        reported, where = checkpoints.reported_iterations(trial_storage)
         if reported:
             raise NothingToResumeError(
                 f"Nothing to resume from: trial {trial_storage.trial_dir_name} has reported {reported} iteration(s) before "
@@ -1015,7 +760,7 @@ class P3O(Algorithm):
         """RLlib's checkpoint, then its manifest, written last (`rllib_p3o.driver.checkpoints`): a checkpoint cut
         short by a crash or a full disk is recognised as such when it is restored."""
         path = super().save_to_path(path, *args, **kwargs)
-        if _local_dir(path, kwargs.get("filesystem")):
+        if checkpoints.is_local_dir(path, kwargs.get("filesystem")):
             checkpoints.write_manifest(path)
         return path
 
@@ -1025,45 +770,15 @@ class P3O(Algorithm):
         Tune trial's, the newest intact checkpoint before it is restored instead, with a warning."""
         path = str(path) if isinstance(path, os.PathLike) else path
         self._checkpoint_iteration = None
-        restored = self._restore_intact(path, *args, **kwargs)
+        restored = checkpoints.restore_intact(
+            path, lambda p: super(P3O, self).restore_from_path(p, *args, **kwargs), kwargs.get("filesystem")
+        )
         if restored != path and self._checkpoint_iteration is not None:
             self._iteration = self._checkpoint_iteration  # Tune set the damaged checkpoint's iteration before loading
         self._first_result_after_restore = True
         self._weight_sync.push_restored(int(self.iteration or 0))
         if self._recorder is not None:  # iterations after the checkpoint are recorded again, not twice
             self._recorder.forget_after(int(self.iteration or 0))
-
-    def _restore_intact(self, path: Any, *args, **kwargs) -> Any:
-        """Restore ``path`` or, if it is damaged, the newest intact Tune sibling before it; returns what was restored."""
-        local = _local_dir(path, kwargs.get("filesystem"))
-        try:
-            if local and checkpoints.has_manifest(path):
-                checkpoints.verify(path)
-            try:
-                super().restore_from_path(path, *args, **kwargs)
-                return path
-            except Exception as e:
-                if not local or checkpoints.has_manifest(path):
-                    raise
-                # No manifest (a checkpoint of an older version, or one cut short): a failed load names it.
-                raise checkpoints.DamagedCheckpointError(path, f"it has no manifest and fails to load ({e!r})") from e
-        except checkpoints.DamagedCheckpointError as damaged:
-            fallback = checkpoints.newest_intact(path) if local else None
-            if fallback is None:
-                raise checkpoints.DamagedCheckpointError(
-                    damaged.checkpoint,
-                    f"{damaged.problem}; no intact checkpoint before it. Restore an earlier checkpoint explicitly "
-                    "(P3O.from_checkpoint(path)) or start over.",
-                ) from None
-            logger.warning(
-                "Checkpoint %s is damaged (%s): restoring %s, the newest intact checkpoint before it; the iterations "
-                "after it are trained again.",
-                damaged.checkpoint,
-                damaged.problem,
-                fallback,
-            )
-            super().restore_from_path(fallback, *args, **kwargs)
-            return fallback
 
     def export_hf(self, path: str, merged: bool = False) -> str:
         """Write the current policy as a Hugging Face model directory (weights + config + tokenizer). Under LoRA: the
@@ -1073,62 +788,11 @@ class P3O(Algorithm):
         ``path`` is a directory on the driver's node or a URI (``s3://...``, `rllib_p3o.core.storage`). As RLlib
         saves a checkpoint, the first learner writes the model into a temporary directory on its own node, which is
         brought to the driver's node through Ray when that is another node, and copied to ``path`` from there."""
-        import shutil
-        import tempfile
-
-        import ray
-        from ray.tune.utils.file_transfer import sync_dir_between_nodes
-
-        target = storage.locate(path)
-        target.makedirs()  # a bad bucket or a read-only directory fails before the model is written anywhere
         self._weight_sync.settle()
-
-        def save(learner: Learner) -> Tuple[str, str]:
-            tmp = tempfile.mkdtemp(prefix="p3o-export-")
-            learner.module[DEFAULT_MODULE_ID].unwrapped().save_pretrained(tmp, merged=merged)
-            return ray.util.get_node_ip_address(), tmp
-
-        first = None if self.learner_group.is_local else self.learner_group._worker_manager.healthy_actor_ids()[:1]
-        learner_ip, learner_tmp = next(iter(self.learner_group.foreach_learner(save, remote_actor_ids=first))).get()
-        here = learner_tmp
-        if learner_ip != ray.util.get_node_ip_address():
-            here = tempfile.mkdtemp(prefix="p3o-export-")
-            sync_dir_between_nodes(learner_ip, learner_tmp, ray.util.get_node_ip_address(), here, max_size_bytes=None)
-            self.learner_group.foreach_learner(lambda _: shutil.rmtree(learner_tmp), remote_actor_ids=first)
-        try:
-            storage.upload_dir(here, target)
-        finally:
-            shutil.rmtree(here, ignore_errors=True)
-        return os.fspath(path)
+        return export_from_learners(self.learner_group, path, merged=merged)
 
 
 def _own_message(error: Exception) -> str:
     """An error's own message: a remote learner's arrives as a Ray task error (with the remote traceback in its text)
     whose ``cause`` is the original."""
     return str(getattr(error, "cause", None) or error).strip()
-
-
-def _local_dir(path: Any, filesystem: Any) -> bool:
-    """Whether a checkpoint ``path`` (with RLlib's pyarrow ``filesystem``, or None) is a directory on this node."""
-    local_fs = filesystem is None or getattr(filesystem, "type_name", None) == "local"
-    return local_fs and isinstance(path, str) and os.path.isdir(path)
-
-
-def _reported_iterations(trial_storage: Any) -> Tuple[int, str]:
-    """How many results a Tune trial has reported so far (the lines of its result.json), and where: on the storage
-    filesystem, or in the driver's staging copy when it is on this node (Tune syncs it to storage now and then)."""
-    from ray.tune.result import EXPR_RESULT_FILE
-
-    counts = []
-    try:
-        with trial_storage.storage_filesystem.open_input_stream(
-            f"{trial_storage.trial_fs_path}/{EXPR_RESULT_FILE}"
-        ) as f:
-            counts.append((f.read().count(b"\n"), f"{trial_storage.trial_fs_path}/{EXPR_RESULT_FILE}"))
-    except (FileNotFoundError, OSError):
-        pass
-    staged = os.path.join(trial_storage.trial_driver_staging_path, EXPR_RESULT_FILE)
-    if os.path.isfile(staged):
-        with open(staged, "rb") as f:
-            counts.append((f.read().count(b"\n"), staged))
-    return max(counts, default=(0, ""))

@@ -60,18 +60,19 @@ def test_dataset_rows_may_be_chat_messages_and_bad_messages_name_the_row():
         load_prompt_dataset([{"prompt": "x"}, {"prompt": [{"role": "robot", "content": "hi"}]}])
 
 
-def test_reward_function_gets_completion_messages_for_conversational_rows():
+def test_reward_function_gets_conversational_completions_as_messages():
     seen = {}
 
-    def reward(prompts, completions, completion_messages=None, **_):
-        seen.update(prompts=prompts, completion_messages=completion_messages)
+    def reward(prompts, completions, **kwargs):
+        seen.update(prompts=prompts, completions=completions, keys=set(kwargs))
         return [1.0] * len(completions)
 
     RewardFunction(reward)([MESSAGES], ["6"], [{"prompt": MESSAGES}])
     assert seen["prompts"] == [MESSAGES]
-    assert seen["completion_messages"] == [[{"role": "assistant", "content": "6"}]]
+    assert seen["completions"] == [[{"role": "assistant", "content": "6"}]]  # TRL's convention
+    assert "completion_messages" not in seen["keys"]  # the old name of the same messages is gone
     RewardFunction(reward)(["1+1="], ["2"], [{"prompt": "1+1="}])
-    assert seen["completion_messages"] is None  # string rows: as before
+    assert seen["completions"] == ["2"]  # string rows: the text
 
 
 def _episode(reward=1.0, group=0):

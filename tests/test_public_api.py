@@ -44,82 +44,29 @@ def test_the_readme_is_a_product_page():
     assert not re.search(r"\b[0-9a-f]{7,40}\b", readme), "a commit hash in the README"
 
 
-def test_old_import_paths_still_work():
+def test_the_public_names_import_and_old_paths_are_gone():
     for module, names in {
         "rllib_p3o": ["P3O", "P3OConfig", "p3o_loss", "grpo_loss", "effective_sample_size"],
         "rllib_p3o.p3o": ["P3O", "P3OConfig"],
-        "rllib_p3o.p3o_config": ["P3OConfig"],
-        "rllib_p3o.offline": ["validate_trajectories", "TrajectoryRecorder", "OfflineDataError"],
-        "rllib_p3o.env_runner": ["VLLMEnvRunner", "WeightSyncError"],
-        "rllib_p3o.multiturn": ["MultiTurnEnv", "ToolEnv", "TurnResult"],
-        "rllib_p3o.losses": ["LOSSES", "get_loss", "register_loss"],
-        "rllib_p3o.metrics": ["ESS", "HELDOUT_PREFIX"],
-        "rllib_p3o.objectives": ["p3o_loss", "kl_k3"],
-        "rllib_p3o.trajectories": ["validate_trajectories"],
-        "rllib_p3o.rl_module": ["HFCausalLMRLModule"],
-        "rllib_p3o.torch.p3o_torch_learner": ["P3OTorchLearner"],
+        "rllib_p3o.data": ["validate_trajectories", "TrajectoryRecorder", "OfflineDataError"],
+        "rllib_p3o.core.losses": ["LOSSES", "get_loss", "register_loss", "OldLogprobs"],
+        "rllib_p3o.core.metrics": ["ESS", "HELDOUT_PREFIX"],
         "rllib_p3o.tasks": ["ArithmeticTask", "arithmetic_reward", "build_demo_model"],
-        "rllib_p3o.sampler": ["Sampler", "OnlineSource"],
-        "rllib_p3o.engine_runners": ["EngineRunners", "EnvRunnerFailedError"],
-        "rllib_p3o.trial_reuse": ["RESETTABLE_KEYS", "config_differences"],
-        "rllib_p3o.preflight": ["check_cluster_fits", "ClusterTooSmallError"],
-        "rllib_p3o.progress": ["IterationPrinter", "quiet_library_output", "plot_training_curves"],
-        "rllib_p3o.driver.progress": ["silence_driver_and_workers", "quiet_library_output"],
-        "rllib_p3o.sync.push": ["WeightSync", "LearnerProbes"],
-        "rllib_p3o.runner.episodes": ["completion_episode", "episodes_to_records"],
-        "rllib_p3o.data.batch_source": ["BatchSource", "SourceBatch", "OfflineSource"],
-        "rllib_p3o.driver.sampler": ["OnlineSource"],
+        "rllib_p3o.driver.batch_sources": ["BatchSource", "SourceBatch", "OfflineSource", "OnlineSource"],
+        "rllib_p3o.driver.progress": ["IterationPrinter", "silence_driver_and_workers", "plot_training_curves"],
     }.items():
         mod = importlib.import_module(module)
         for name in names:
             assert hasattr(mod, name), f"{module}.{name}"
-    from rllib_p3o import metrics
-    from rllib_p3o.core import metrics as moved
-
-    assert metrics is moved  # the same module object, not a copy
-
-
-def test_old_module_paths_and_names_warn_once_with_the_new_path_and_the_removal_version():
-    """In a fresh interpreter (a module imported once warns once): each old path names its new one and 0.4."""
-    import subprocess
-    import sys
-
-    code = (
-        "import warnings; warnings.simplefilter('always')\n"
-        "import rllib_p3o\n"
-        "from rllib_p3o.sampler import Sampler\n"
-        "from rllib_p3o.progress import IterationPrinter\n"
-        "from rllib_p3o.sync.push import WeightSync\n"
-        "from rllib_p3o.runner.episodes import episodes_to_records\n"
-        "from rllib_p3o.runner.env import DatasetError, TextEnv\n"
-        "from rllib_p3o.data.batch_source import BatchSource\n"
-        "from rllib_p3o.driver.sampler import OnlineSource\n"
-        "from rllib_p3o.driver.progress import quiet_library_output, silence_driver_and_workers\n"
-        "assert quiet_library_output is silence_driver_and_workers\n"
-        "from rllib_p3o.sampler import Sampler\n"  # the second time: silent
-        "import rllib_p3o.driver.sampler, rllib_p3o.data.episodes, rllib_p3o.data.datasets\n"
-        "assert Sampler is rllib_p3o.driver.sampler.Sampler\n"
-        "assert episodes_to_records is rllib_p3o.data.episodes.episodes_to_records\n"
-        "assert DatasetError is rllib_p3o.data.datasets.DatasetError\n"
-        "import rllib_p3o.driver.batch_sources as sources\n"
-        "assert BatchSource is sources.BatchSource and OnlineSource is sources.OnlineSource\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr
-    warned = [line for line in out.stderr.splitlines() if "DeprecationWarning" in line]
-    for old, new in [
-        ("rllib_p3o.sampler", "rllib_p3o.driver.sampler"),
-        ("rllib_p3o.progress", "rllib_p3o.driver.progress"),
-        ("rllib_p3o.sync.push", "rllib_p3o.driver.weight_sync"),
-        ("rllib_p3o.runner.episodes", "rllib_p3o.data.episodes"),
-        ("rllib_p3o.runner.env.DatasetError", "rllib_p3o.data.datasets.DatasetError"),
-        ("rllib_p3o.data.batch_source", "rllib_p3o.driver.batch_sources"),
-        ("rllib_p3o.driver.sampler.OnlineSource", "rllib_p3o.driver.batch_sources.OnlineSource"),
-        ("rllib_p3o.driver.progress.quiet_library_output", "rllib_p3o.driver.progress.silence_driver_and_workers"),
-    ]:
-        assert [w for w in warned if f" {old} is deprecated" in w and f"use {new} instead" in w and "0.4" in w], old
-    assert sum(" rllib_p3o.sampler is deprecated" in w for w in warned) == 1
-    assert all("<string>" in w for w in warned), warned  # pointed at the importing line, not at the package
+    # No compatibility layer at 0.x: the paths of earlier layouts (CHANGELOG, "Moved in 0.2") import nothing.
+    for old in ("rllib_p3o.objectives", "rllib_p3o.sampler", "rllib_p3o.core.objectives", "rllib_p3o._moved"):
+        try:
+            importlib.import_module(old)
+        except ModuleNotFoundError:
+            continue
+        raise AssertionError(f"{old} still imports")
+    assert not hasattr(importlib.import_module("rllib_p3o.driver.progress"), "quiet_library_output")
+    assert not hasattr(importlib.import_module("rllib_p3o.runner.env"), "DatasetError")
 
 
 def test_every_public_name_the_readme_imports_still_imports():

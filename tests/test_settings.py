@@ -1,15 +1,17 @@
 """P3O's settings are declared once (`rllib_p3o.core.settings`): the config's defaults, the keys ``.training()``
-accepts, the configuration reference and Tune's reset list all come from those declarations."""
+accepts and its signature, the configuration reference and Tune's reset list all come from those declarations."""
 
 import dataclasses
-import warnings
+import inspect
+import os
+import pydoc
 
 import pytest
 
+from devtools.reference import REFERENCE, SIGNATURE, reference_markdown, render_page, signature_module
 from rllib_p3o import P3OConfig
-from rllib_p3o.core import deprecation
 from rllib_p3o.core.losses import LOSSES
-from rllib_p3o.core.settings import GROUPS, REFERENCE, SETTINGS, P3OSettings, reference_markdown, render_page
+from rllib_p3o.core.settings import GROUPS, SETTINGS, P3OSettings
 from rllib_p3o.driver.trial_reuse import RESETTABLE_KEYS
 
 
@@ -64,14 +66,41 @@ def test_the_reset_list_is_derived_from_the_declarations():
     assert "group_size" not in RESETTABLE_KEYS  # the runners' prompt groups: new runners
 
 
-def test_renamed_keys_warn_once_with_the_new_name_and_the_removal_version(monkeypatch):
-    monkeypatch.setattr(deprecation, "_warned", set())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        config = P3OConfig().training(loss="grpo", clip_low=0.3, model_dtype="bfloat16")
-        P3OConfig().training(clip_low=0.1)  # the second time: silent
-    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert any("clip_low" in m and "loss_config['clip_low']" in m and "0.4" in m for m in messages), messages
-    assert any("model_dtype" in m and "use precision" in m for m in messages), messages
-    assert sum("clip_low" in m for m in messages) == 1
-    assert config.loss_settings().clip_low == 0.3 and config.resolved_precision == "bf16"  # and still work
+def test_help_and_the_signature_of_training_list_every_setting_with_its_type_and_default():
+    assert SIGNATURE.read_text() == signature_module(), "training_signature.py is stale: run `make reference`"
+    parameters = inspect.signature(P3OConfig.training).parameters
+    text = pydoc.render_doc(P3OConfig.training)
+    for s in SETTINGS:
+        assert parameters[s.keyword].kind is inspect.Parameter.KEYWORD_ONLY, s.keyword
+        assert parameters[s.keyword].annotation == s.type, s.keyword
+        default = repr(s.default()) if not isinstance(s.default(), str) else f'"{s.default()}"'
+        assert f"{s.keyword} ({s.type}, default {default})" in text, s.keyword
+    assert "**kwargs" in text  # RLlib's own keys (lr, ...) pass through
+
+
+def test_path_settings_are_resolved_where_the_script_runs(tmp_path, monkeypatch):
+    (tmp_path / "base").mkdir()
+    monkeypatch.chdir(tmp_path)
+    config = P3OConfig().training(
+        model="base",
+        behavior_models=[{"model": "base", "samples": 2}, {"model": "org/hub-id"}],
+        record_rollouts="out/traj",
+        offline_rescore_model="org/scorer",
+    )
+    base = os.path.join(str(tmp_path), "base")
+    assert config.policy_model == base and config.behavior_models[0]["model"] == base
+    assert config.behavior_models[1]["model"] == "org/hub-id" and config.offline_rescore_model == "org/scorer"
+    assert config.record_rollouts == os.path.join(str(tmp_path), "out", "traj")
+    assert P3OConfig().training(record_rollouts="s3://bucket/traj").record_rollouts == "s3://bucket/traj"
+    assert {s.keyword for s in SETTINGS if s.path} == {
+        "model",
+        "behavior_models",
+        "offline_rescore_model",
+        "record_rollouts",
+    }
+
+
+def test_removed_keys_are_refused():
+    for key, value in (("clip_low", 0.3), ("model_dtype", "bfloat16")):
+        with pytest.raises(TypeError, match=key):
+            P3OConfig().training(**{key: value})

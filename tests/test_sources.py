@@ -26,9 +26,8 @@ def test_policy_is_source_zero_and_other_names_get_stable_distinct_ids():
     assert ids == [source_id(n) for n in names]  # a hash of the name: the same in every process
 
 
-def test_offline_names_keep_replayed_policy_data_apart_and_read_old_recordings():
+def test_offline_names_keep_replayed_policy_data_apart():
     assert offline_source_name(POLICY) == "offline/policy"
-    assert offline_source_name("online") == "offline/policy"  # files recorded before the rename
     assert offline_source_name("behavior/x") == "offline/behavior/x"
     assert offline_source_name(None) == offline_source_name("") == "offline"
 
@@ -40,7 +39,7 @@ def test_behavior_names_and_their_share_of_a_group():
 
 
 def test_source_names_map_ids_back():
-    names = SourceNames(["behavior/teacher", offline_source_name("online")])
+    names = SourceNames(["behavior/teacher", offline_source_name(POLICY)])
     assert names.name(0) == POLICY
     assert names.name(source_id("offline/policy")) == "offline/policy"
     assert names.name(np.int64(source_id("behavior/teacher"))) == "behavior/teacher"

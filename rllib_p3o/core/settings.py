@@ -3,8 +3,9 @@ trials that share an actor.
 
 `P3OSettings` is the one list. `rllib_p3o.p3o.P3OConfig` takes its defaults from it, ``.training()`` accepts its
 keys, validation runs its groups in order (`GROUPS`), `rllib_p3o.driver.trial_reuse.RESETTABLE_KEYS` is derived
-from it and the configuration reference (docs/reference/configuration.md) is generated from it
-(``make reference``; ``tests/test_settings.py`` fails when the page is stale).
+from it, and the configuration reference (docs/reference/configuration.md) and the signature of
+``P3OConfig.training`` are generated from it (``make reference``, `devtools.reference`; ``tests/test_settings.py``
+fails when either is stale).
 
 It lives in ``core/`` because every process holds the config (the EnvRunners and the learners get a copy); it is
 pure declarations, no Ray.
@@ -12,16 +13,11 @@ pure declarations, no Ray.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
-import pathlib
-import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from rllib_p3o.core.deprecation import REMOVAL_VERSION
-from rllib_p3o.core.losses import LOSSES
-from rllib_p3o.core.precision import DTYPES, MODEL_DTYPE_PRECISION, PRECISIONS, ROLLOUT_QUANTIZATIONS
+from rllib_p3o.core.precision import DTYPES, PRECISIONS, ROLLOUT_QUANTIZATIONS
 
 # Groups in the order validation runs them and the reference lists them.
 MODEL = "model"
@@ -35,6 +31,8 @@ RESOURCES = "resources"
 GROUPS: Tuple[str, ...] = (MODEL, LOSSES_GROUP, SAMPLING, SYNC, EVALUATION, OFFLINE, PRECISION, RESOURCES)
 
 ESS_SCOPES = ("batch", "source", "version")
+# How a setting that names files is resolved (`setting(path=...)`).
+MODEL_PATH, MODEL_PATHS, OUTPUT_PATH = "model", "models", "output"
 LOGPROBS_MODES = ("processed", "raw")
 
 
@@ -48,15 +46,17 @@ def setting(
     choices: Optional[Sequence[Any]] = None,
     minimum: Optional[float] = None,
     keyword: Optional[str] = None,
-    replaced_by: Optional[str] = None,
+    path: Optional[str] = None,
 ) -> Any:
     """One declared setting (a dataclass field whose metadata carries the rest).
 
     ``resettable``: it reaches only the driver and the learner, so Tune may change it in a reused actor.
     ``choices``/``minimum``: checked by validation with a message naming the setting (None always passes).
     ``keyword``: the ``.training()`` keyword when it differs from the attribute (``model`` sets ``policy_model``:
-    ``model`` is RLlib's legacy model dict). ``replaced_by``: a renamed key, kept until `REMOVAL_VERSION`; setting it
-    warns once with the new name.
+    ``model`` is RLlib's legacy model dict). ``path``: the value names files, and how ``.training()`` resolves a
+    relative one where the script runs (Tune runs each trial in a directory of its own): `MODEL_PATH` (a model
+    directory or a hub id: made absolute when it exists here), `MODEL_PATHS` (a list of dicts whose ``"model"`` is
+    one), `OUTPUT_PATH` (a directory to write: made absolute unless it is a URI).
     """
     meta = dict(
         group=group,
@@ -65,7 +65,7 @@ def setting(
         choices=tuple(choices) if choices is not None else None,
         minimum=minimum,
         keyword=keyword,
-        replaced_by=replaced_by,
+        path=path,
     )
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
@@ -80,6 +80,7 @@ class P3OSettings:
     policy_model: Optional[str] = setting(
         group=MODEL,
         keyword="model",
+        path=MODEL_PATH,
         help="Hugging Face causal-LM directory (or hub id) of the policy; the tokenizer is loaded from it. A relative "
         "directory is made absolute by `.training()` (Tune runs each trial in a directory of its own); a path that "
         "is neither a directory nor a hub id fails validation, naming it.",
@@ -110,18 +111,6 @@ class P3OSettings:
         help='The loss\'s own settings, e.g. `{"clip_low": 0.2, "clip_high": 0.28}` for `grpo` or '
         '`{"kl_estimator": "k3_is"}` for `p3o`; validation builds the loss\'s settings dataclass from it, so an '
         "unknown key or a value the loss refuses fails before anything starts.",
-    )
-    clip_low: Optional[float] = setting(
-        group=LOSSES_GROUP,
-        resettable=True,
-        replaced_by="loss_config['clip_low']",
-        help="GRPO's ε_low as a top-level key (before `loss_config`), read by losses that have this setting.",
-    )
-    clip_high: Optional[float] = setting(
-        group=LOSSES_GROUP,
-        resettable=True,
-        replaced_by="loss_config['clip_high']",
-        help="GRPO's ε_high as a top-level key (before `loss_config`), read by losses that have this setting.",
     )
     kl_ref_coeff: float = setting(
         0.0,
@@ -217,6 +206,7 @@ class P3OSettings:
     )
     behavior_models: List[Dict[str, Any]] = setting(
         group=SAMPLING,
+        path=MODEL_PATHS,
         factory=list,
         help="Frozen models whose engines generate a share of every prompt group, each a dict with `model` (HF path), "
         "`samples` (completions per group) or `share` (of `group_size`), and optionally `name` and its own "
@@ -335,7 +325,7 @@ class P3OSettings:
         False, group=OFFLINE, help="Drop (and count) invalid offline rows instead of refusing to start."
     )
     offline_rescore_model: Optional[str] = setting(
-        group=OFFLINE, help="HF model that scores, once, offline rows without `behavior_logprobs`."
+        group=OFFLINE, path=MODEL_PATH, help="HF model that scores, once, offline rows without `behavior_logprobs`."
     )
     offline_max_seq_len: int = setting(
         512, group=OFFLINE, minimum=1, help="Longest prompt + completion of an offline row, in tokens."
@@ -352,6 +342,7 @@ class P3OSettings:
     )
     record_rollouts: Optional[str] = setting(
         group=OFFLINE,
+        path=OUTPUT_PATH,
         resettable=True,
         help="Directory to which every sampled batch is written as trajectory Parquet: a local path (a relative one "
         "is made absolute by `.training()`, not inside a Tune trial's directory) or a URI pyarrow's filesystems "
@@ -362,17 +353,9 @@ class P3OSettings:
     precision: Optional[str] = setting(
         group=PRECISION,
         choices=PRECISIONS,
-        help='The learner\'s precision: "fp32" (None: from `model_dtype`, "fp32" by default), "bf16-mixed" (float32 '
+        help='The learner\'s precision: "fp32" (also when None), "bf16-mixed" (float32 '
         "master weights and optimizer state, forward and backward under bfloat16 autocast; checkpoints hold the "
         'float32 weights), "bf16" (pure bfloat16: weights and Adam\'s state in bfloat16) or "fp16" (pure float16).',
-    )
-    model_dtype: str = setting(
-        "float32",
-        group=PRECISION,
-        choices=sorted(MODEL_DTYPE_PRECISION),
-        replaced_by="precision",
-        help='The learner\'s weights and compute in one dtype, as before `precision` existed: "float32", "bfloat16" '
-        'or "float16" mean `precision` "fp32", "bf16" and "fp16".',
     )
     rollout_dtype: Optional[str] = setting(
         group=PRECISION,
@@ -416,7 +399,7 @@ class Setting:
     choices: Optional[Tuple[Any, ...]]
     minimum: Optional[float]
     keyword: str
-    replaced_by: Optional[str]
+    path: Optional[str]
     _field: dataclasses.Field = dataclasses.field(repr=False, compare=False)
 
     def default(self) -> Any:
@@ -456,7 +439,7 @@ def _settings() -> Tuple[Setting, ...]:
                 choices=meta["choices"],
                 minimum=meta["minimum"],
                 keyword=meta["keyword"] or f.name,
-                replaced_by=meta["replaced_by"],
+                path=meta["path"],
                 _field=f,
             )
         )
@@ -465,84 +448,8 @@ def _settings() -> Tuple[Setting, ...]:
 
 SETTINGS: Tuple[Setting, ...] = _settings()
 BY_KEYWORD: Dict[str, Setting] = {s.keyword: s for s in SETTINGS}
-# Renamed keys: the old name -> the new one (each warns once when set; removed in `REMOVAL_VERSION`).
-RENAMED: Dict[str, str] = {s.keyword: s.replaced_by for s in SETTINGS if s.replaced_by}
 
 
 def in_group(group: str) -> Tuple[Setting, ...]:
     """The settings of ``group``, in declaration order."""
     return tuple(s for s in SETTINGS if s.group == group)
-
-
-# -- the configuration reference -------------------------------------------------------------------------------------
-
-BEGIN = "<!-- settings: generated from rllib_p3o/core/settings.py by `make reference`; do not edit by hand -->"
-END = "<!-- settings: end -->"
-REFERENCE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _default_text(s: Setting) -> str:
-    value = s.default()
-    return "None" if value is None else f"`{value!r}`"
-
-
-def reference_markdown() -> str:
-    """The generated part of the configuration reference: one table per group, then the registered losses and the
-    keys each takes in ``loss_config``."""
-    lines: List[str] = []
-    for group in GROUPS:
-        lines += [f"### {group.capitalize()}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        for s in in_group(group):
-            meaning = s.help
-            if s.replaced_by:
-                meaning = f"**Deprecated** (removed in {REMOVAL_VERSION}): use `{s.replaced_by}`. {meaning}"
-            if s.resettable:
-                meaning += " *May change between trials that reuse a Tune actor.*"
-            lines.append(f"| `{s.keyword}` | `{_cell(s.type)}` | {_default_text(s)} | {_cell(meaning)} |")
-        lines.append("")
-    lines += [
-        "### Registered losses and their `loss_config`",
-        "",
-        "| `loss` | `loss_config` keys (defaults) | formula |",
-        "|---|---|---|",
-    ]
-    for name in sorted(LOSSES):
-        spec = LOSSES[name]
-        keys = ", ".join(
-            f"`{f.name}={f.default!r}`"
-            for f in dataclasses.fields(spec.settings)
-            if f.default is not dataclasses.MISSING
-        )
-        doc = " ".join((spec.fn.__doc__ or "").strip().split("\n\n")[0].split())
-        lines.append(f"| `{name}` | {keys or '(none)'} | {_cell(doc)} |")
-    return "\n".join(lines) + "\n"
-
-
-def render_page(page: str) -> str:
-    """``page`` with the part between `BEGIN` and `END` replaced by `reference_markdown`."""
-    head, found, rest = page.partition(BEGIN)
-    if not found:
-        raise ValueError(f"{REFERENCE} has no {BEGIN!r} marker")
-    _, found, tail = rest.partition(END)
-    if not found:
-        raise ValueError(f"{REFERENCE} has no {END!r} marker")
-    return f"{head}{BEGIN}\n\n{reference_markdown()}\n{END}{tail}"
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="Generate (or check) the configuration reference's settings tables.")
-    parser.add_argument("--write", action="store_true", help="rewrite the page (default: exit 1 if it is stale)")
-    args = parser.parse_args(argv)
-    page = REFERENCE.read_text()
-    fresh = render_page(page)
-    if args.write:
-        REFERENCE.write_text(fresh)
-        return 0
-    if fresh != page:
-        print(f"{REFERENCE} is stale: run make reference", file=sys.stderr)
-        return 1
-    return 0

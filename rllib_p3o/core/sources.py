@@ -22,8 +22,6 @@ OFFLINE = "offline"
 BEHAVIOR_PREFIX = "behavior/"
 POLICY_SOURCE_ID = 0
 
-# The name the policy source had before it was called "policy"; recorded trajectory files may carry it.
-_LEGACY_POLICY_NAMES = frozenset({"online"})
 
 
 def source_id(name: str) -> int:
@@ -53,7 +51,7 @@ def offline_source_name(recorded: Optional[str]) -> str:
     """The source name of an offline row: ``offline/<recorded source>``, or ``offline`` when the row names none."""
     if not recorded:
         return OFFLINE
-    return f"{OFFLINE}/{POLICY if recorded in _LEGACY_POLICY_NAMES else recorded}"
+    return f"{OFFLINE}/{recorded}"
 
 
 def behavior_sample_counts(behavior_models: Iterable[Mapping[str, Any]], group_size: int) -> List[int]:

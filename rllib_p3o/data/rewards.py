@@ -17,7 +17,6 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from rllib_p3o.core.callables import function_name, resolve_callable
-from rllib_p3o.core.deprecation import warn_once
 from rllib_p3o.data import reward_models
 from rllib_p3o.data.chat import is_conversational
 from rllib_p3o.data.datasets import Row
@@ -27,8 +26,6 @@ logger = logging.getLogger(__name__)
 RewardFnSpec = Union[str, Callable]
 # The env_config keys that name the reward function(s): ours, and TRL's.
 REWARD_FN_KEYS = ("reward_fn", "reward_funcs")
-# The keyword earlier versions passed conversational completions under; TRL's (and ours) is ``completions``.
-DEPRECATED_COMPLETION_MESSAGES = "completion_messages"
 
 
 class RewardFunctionError(RuntimeError):
@@ -80,9 +77,6 @@ class RewardFunction:
         self.weights = np.asarray(weights, dtype=np.float64)
         self.names = _unique([function_name(f) for f in self.fns])
         self._by_keyword = [_call_style(f) for f in self.fns]
-        for f in self.fns:
-            if _names_parameter(f, DEPRECATED_COMPLETION_MESSAGES):
-                warn_once(f"a reward function's {DEPRECATED_COMPLETION_MESSAGES!r} parameter", "'completions'")
         self.name = ", ".join(getattr(f, "__qualname__", None) or repr(f) for f in self.fns)
         self._warned_unscorable = False
 
@@ -101,16 +95,13 @@ class RewardFunction:
 
         Each function gets ``prompts`` as they are and the completions as TRL passes them: for a conversational
         prompt (a message list) the completion as messages, ``[{"role": "assistant", "content": text}]``; for a
-        string prompt, its text. The row's other columns come as keyword lists; for conversational prompts also
-        ``completion_messages`` (the same messages; the name of earlier versions: deprecated, it warns once); and ``completion_ids`` (the
+        string prompt, its text. The row's other columns come as keyword lists, and ``completion_ids`` (the
         generated token ids) where known, to functions that take it or ``**kwargs``. A function whose parameters name
         ``completions`` is called with keywords, as TRL calls it (``def f(completions, **kwargs)`` works); others
         get ``prompts`` and ``completions`` by position.
         """
         columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
         as_given = [_as_trl_completion(p, c) for p, c in zip(prompts, completions)]
-        if any(is_conversational(p) for p in prompts):
-            columns[DEPRECATED_COMPLETION_MESSAGES] = [c if not isinstance(c, str) else _messages(c) for c in as_given]
         values = np.stack(
             [
                 self._call(k, prompts, as_given, {**columns, **self._ids_for(k, completion_ids)})
@@ -171,14 +162,6 @@ class RewardFunction:
                     "(return None where a function does not apply)"
                 )
         return np.asarray(values, dtype=np.float64)
-
-
-def _names_parameter(fn: Callable, name: str) -> bool:
-    """Whether ``fn``'s signature names a parameter ``name`` (False when it has no signature)."""
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _call_style(fn: Callable) -> Optional[tuple]:

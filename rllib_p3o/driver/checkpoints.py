@@ -5,8 +5,9 @@ file; restoring it fails deep inside unpickling, naming neither the checkpoint n
 ``p3o_manifest.json`` into every checkpoint *after* everything else (as torch DCP writes its metadata and Orbax its
 commit marker last): each file's relative path, size and BLAKE2b digest. `verify` checks a checkpoint against it
 and raises `DamagedCheckpointError` naming the checkpoint and the first damaged file; `newest_intact` finds, among
-a Tune trial's ``checkpoint_*`` siblings, the newest older one that verifies, which `P3O.restore_from_path` restores
-instead, with a warning.
+a Tune trial's ``checkpoint_*`` siblings, the newest older one that verifies, which `restore_intact` restores
+instead, with a warning (`P3O.restore_from_path` restores through it). `reported_iterations` tells whether a Tune
+trial that starts without a checkpoint has reported results before (`P3O.train` refuses to start it over silently).
 
 Large files are hashed at their head and tail only (`FULL_HASH_MAX_BYTES`): their size still catches truncation,
 the usual damage, at a cost that does not grow with the model.
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MANIFEST = "p3o_manifest.json"
 MANIFEST_VERSION = 1
@@ -28,6 +30,8 @@ SAMPLE_BYTES = 16 * 2**20
 _CHUNK = 4 * 2**20
 # Tune's checkpoint directories inside a trial directory: checkpoint_000012.
 TUNE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)$")
+
+logger = logging.getLogger(__name__)
 
 
 class DamagedCheckpointError(RuntimeError):
@@ -131,3 +135,65 @@ def newest_intact(checkpoint: str) -> Optional[str]:
             continue
         return sibling
     return None
+
+
+def is_local_dir(path: Any, filesystem: Any = None) -> bool:
+    """Whether a checkpoint ``path`` (with RLlib's pyarrow ``filesystem``, or None) is a directory on this node."""
+    local_fs = filesystem is None or getattr(filesystem, "type_name", None) == "local"
+    return local_fs and isinstance(path, str) and os.path.isdir(path)
+
+
+def restore_intact(path: Any, restore: Callable[[Any], None], filesystem: Any = None) -> Any:
+    """``restore(path)`` of a checkpoint verified against its manifest or, if it is damaged (a file missing,
+    truncated or changed; or, without a manifest, one that fails to load), ``restore`` of the newest intact Tune
+    sibling before it, with a warning; returns what was restored. `DamagedCheckpointError` names the file when there
+    is no intact one."""
+    local = is_local_dir(path, filesystem)
+    try:
+        if local and has_manifest(path):
+            verify(path)
+        try:
+            restore(path)
+            return path
+        except Exception as e:
+            if not local or has_manifest(path):
+                raise
+            # No manifest (a checkpoint of an older version, or one cut short): a failed load names it.
+            raise DamagedCheckpointError(path, f"it has no manifest and fails to load ({e!r})") from e
+    except DamagedCheckpointError as damaged:
+        fallback = newest_intact(path) if local else None
+        if fallback is None:
+            raise DamagedCheckpointError(
+                damaged.checkpoint,
+                f"{damaged.problem}; no intact checkpoint before it. Restore an earlier checkpoint explicitly "
+                "(P3O.from_checkpoint(path)) or start over.",
+            ) from None
+        logger.warning(
+            "Checkpoint %s is damaged (%s): restoring %s, the newest intact checkpoint before it; the iterations "
+            "after it are trained again.",
+            damaged.checkpoint,
+            damaged.problem,
+            fallback,
+        )
+        restore(fallback)
+        return fallback
+
+
+def reported_iterations(trial_storage: Any) -> Tuple[int, str]:
+    """How many results a Tune trial has reported so far (the lines of its result.json), and where: on the storage
+    filesystem, or in the driver's staging copy when it is on this node (Tune syncs it to storage now and then)."""
+    from ray.tune.result import EXPR_RESULT_FILE
+
+    counts = []
+    try:
+        with trial_storage.storage_filesystem.open_input_stream(
+            f"{trial_storage.trial_fs_path}/{EXPR_RESULT_FILE}"
+        ) as f:
+            counts.append((f.read().count(b"\n"), f"{trial_storage.trial_fs_path}/{EXPR_RESULT_FILE}"))
+    except (FileNotFoundError, OSError):
+        pass
+    staged = os.path.join(trial_storage.trial_driver_staging_path, EXPR_RESULT_FILE)
+    if os.path.isfile(staged):
+        with open(staged, "rb") as f:
+            counts.append((f.read().count(b"\n"), staged))
+    return max(counts, default=(0, ""))

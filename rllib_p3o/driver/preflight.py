@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import ray
 
@@ -184,3 +184,144 @@ def _breakdown(roles: List[Tuple[Role, Dict[str, float]]], resource: str) -> str
 
 def _num(x: float) -> str:
     return f"{x:g}"
+
+
+# -- what a config's settings name: storage, datasets and reward functions, models, tokenizers, LoRA ------------------
+
+
+def world_problems(config: Any, default_env: Any) -> Iterator[str]:
+    """What the settings of ``config`` (a `P3OConfig`) name, checked before anything starts, in order: storage URIs
+    and paths, the ``env_config`` keys, the datasets and reward functions, the model paths, the behavior models'
+    tokenizers, chat datasets against the policy's template, prompt lengths, the LoRA spec. Yields a message per
+    problem; the caller raises the first. Datasets given as objects are read into rows on the way
+    (``config._materialize_datasets``) and the LoRA spec is resolved (``config.lora``). ``default_env``: P3O's
+    own environment class (a user's may read ``env_config`` keys of its own)."""
+    from rllib_p3o.core import lora as lora_specs
+    from rllib_p3o.core.env_config import unknown_key_problem
+    from rllib_p3o.core.sources import check_same_tokenizer
+    from rllib_p3o.data.chat import ChatTemplateError
+    from rllib_p3o.data.datasets import check_chat_dataset
+    from rllib_p3o.data.reward_models import reward_model_specs
+    from rllib_p3o.data.rewards import make_reward_function
+
+    yield from storage_problems(config)
+    problem = unknown_key_problem(config.env_config or {}, own_environment=has_own_environment(config, default_env))
+    if problem:
+        yield problem
+    try:
+        config._materialize_datasets()
+        make_reward_function(config.env_config or {})
+    except (ValueError, ImportError, AttributeError) as e:
+        yield f"env_config: {e}"
+    try:
+        check_model_path("model", config.policy_model)
+        for i, spec in enumerate(config.behavior_models):
+            check_model_path(f"behavior_models[{i}]['model']", spec.get("model"))
+        for i, spec in enumerate(reward_model_specs(config.env_config or {})):  # (checked above)
+            check_model_path(f"env_config['reward_models'][{i}]['model']", spec["model"])
+        check_model_path("offline_rescore_model", config.offline_rescore_model)
+    except ModelPathError as e:
+        yield str(e)
+    if config.behavior_models and not config.in_evaluation:
+        check_same_tokenizer(
+            config.policy_model, [s["model"] for s in config.behavior_models], config.trust_remote_code
+        )
+    if config.policy_model and not config.in_evaluation:
+        try:
+            check_chat_dataset(config.env_config or {}, config.policy_model, config.trust_remote_code)
+        except ChatTemplateError as e:
+            yield str(e)
+        yield from prompt_length_problems(config)
+    if config.lora is not None:
+        try:
+            spec = lora_specs.resolve(config.lora)
+            config.lora = lora_specs.validate(spec, config.policy_model, config.trust_remote_code)
+        except ValueError as e:
+            yield f"lora: {e}"
+
+
+def prompt_length_problems(config: Any) -> Iterator[str]:
+    """Under ``overlong_prompts="error"``: the first prompt longer than the model's context minus ``max_tokens``
+    named (dataset, row, length, limit) before any engine starts (`rllib_p3o.data.prompt_fit`). Datasets a
+    runner's environment produces (``multi_turn_env``, a custom env) and models off this machine are left to the
+    runners."""
+    from rllib_p3o.data import prompt_fit
+    from rllib_p3o.data.datasets import DatasetError
+
+    env_config = config.env_config or {}
+    if env_config.get("multi_turn_env") or not os.path.isdir(str(config.policy_model)):
+        return
+    try:
+        context = prompt_fit.model_context(config.policy_model, config.trust_remote_code, config.vllm_kwargs)
+    except (OSError, ValueError, AttributeError):
+        return  # a config without a context length: vLLM's own check stands
+    if config.max_tokens >= context:
+        yield (
+            f"max_tokens={config.max_tokens} leaves no room for a prompt in the model's context of {context} tokens "
+            f"({config.policy_model}): lower max_tokens."
+        )
+    if config.overlong_prompts != "error":
+        return
+    try:
+        for key in ("dataset", "eval_dataset"):
+            if env_config.get(key) is not None:
+                prompt_fit.check_dataset_fits(
+                    env_config[key], key, config.policy_model, config.trust_remote_code, context, config.max_tokens
+                )
+    except DatasetError as e:
+        yield str(e)
+
+
+def has_own_environment(config: Any, default_env: Any) -> bool:
+    """Whether a user's environment class (RLlib's ``env`` other than ``default_env``, ``multi_turn_env``) may read
+    ``env_config`` keys of its own, beside P3O's."""
+    multi_turn = (config.env_config or {}).get("multi_turn_env")
+    module = multi_turn.split(":")[0] if isinstance(multi_turn, str) else getattr(multi_turn, "__module__", "")
+    return config.env is not default_env or (multi_turn is not None and not module.startswith("rllib_p3o."))
+
+
+def storage_problems(config: Any) -> Iterator[str]:
+    """Models load from a local directory or a hub id, never from a URI; data files go through pyarrow's
+    filesystems (`rllib_p3o.core.storage`), whose URI schemes are checked here. The paths themselves are opened
+    when the run starts (the recording directory is created then)."""
+    models = [("model", config.policy_model), ("offline_rescore_model", config.offline_rescore_model)]
+    models += [("behavior model", spec.get("model")) for spec in config.behavior_models]
+    for what, path in models:
+        if isinstance(path, (str, os.PathLike)) and storage.uri_scheme(path) not in ("", "file"):
+            yield (
+                f"{what}={os.fspath(path)!r} is a URI: vLLM and transformers load a model from a local directory "
+                "(at the same path on every node) or a Hugging Face hub id. Copy the model to each node first."
+            )
+    env_config = config.env_config or {}
+    paths = [("record_rollouts", config.record_rollouts)]
+    paths += [(f"env_config['{key}']", env_config.get(key)) for key in ("dataset", "eval_dataset")]
+    if config.is_offline:
+        paths += [("input_", item) for item in (config.input_ if isinstance(config.input_, list) else [config.input_])]
+    for what, path in paths:
+        if isinstance(path, (str, os.PathLike)):
+            try:
+                storage.check_uri(path, what)
+            except storage.StorageError as e:
+                yield str(e)
+            # Files read later, in a trial or a runner: a missing one is named here, before Ray starts.
+            problem = missing_path_problem(what, path) if what != "record_rollouts" else None
+            if problem:
+                yield problem
+
+
+def resolved_path(kind: str, value: Any) -> Any:
+    """A setting's value with its relative paths resolved where the script runs, by the setting's declared ``path``
+    kind (`rllib_p3o.core.settings`): a model directory made absolute when it exists here (a hub id is left as it is),
+    a list of model specs each so, an output directory made absolute unless it is a URI."""
+    from rllib_p3o.core.settings import MODEL_PATH, MODEL_PATHS, OUTPUT_PATH
+
+    if kind == MODEL_PATH and isinstance(value, (str, os.PathLike)):
+        return absolute_if_local(os.fspath(value))
+    if kind == MODEL_PATHS and isinstance(value, list):
+        return [
+            {**spec, "model": absolute_if_local(spec["model"])} if isinstance(spec, dict) and "model" in spec else spec
+            for spec in value
+        ]
+    if kind == OUTPUT_PATH and isinstance(value, (str, os.PathLike)) and not storage.is_uri(value):
+        return os.path.abspath(value)  # an output directory: never inside a trial's directory
+    return value

@@ -13,12 +13,11 @@ import logging
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 from ray import tune
 
 from rllib_p3o.core import metrics, quiet
-from rllib_p3o.core.deprecation import warn_once
 
 if TYPE_CHECKING:
     import pandas
@@ -203,11 +202,3 @@ def plot_training_curves(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def __getattr__(name: str) -> Any:
-    """``quiet_library_output``, the old name of `silence_driver_and_workers`, with a warning (PEP 562)."""
-    if name == "quiet_library_output":
-        warn_once(f"{__name__}.quiet_library_output", f"{__name__}.silence_driver_and_workers")
-        return silence_driver_and_workers
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,7 +35,6 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_p3o.core import metrics
 from rllib_p3o.core.columns import Record
-from rllib_p3o.core.deprecation import moved_attribute
 from rllib_p3o.core.settings import P3OSettings
 from rllib_p3o.core.sources import is_policy
 from rllib_p3o.data import sampling_recipes
@@ -346,9 +345,3 @@ def _sample_call(groups: List[Group]):
     weight-sync probe its engine scored on the way, if any)."""
     groups = [tuple(g) for g in groups]
     return lambda runner: (runner.sample(groups=groups), runner.get_metrics(), runner.take_probe_result())
-
-
-def __getattr__(name: str) -> Any:
-    """``OnlineSource`` moved to `rllib_p3o.driver.batch_sources`, beside the interface and the offline source: the
-    old name warns once (PEP 562)."""
-    return moved_attribute(__name__, name, {"OnlineSource": "rllib_p3o.driver.batch_sources"})

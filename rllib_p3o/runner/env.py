@@ -35,48 +35,7 @@ from typing import Any, List, Mapping, Optional
 import gymnasium as gym
 import numpy as np
 
-from rllib_p3o.core.deprecation import moved_attribute
 from rllib_p3o.data import datasets, rewards
-
-# Names this module held before it was split by job (datasets, rewards, callables): importing them from here still
-# works, with a DeprecationWarning naming the new module.
-MOVED = {
-    **dict.fromkeys(
-        (
-            "DatasetError",
-            "DatasetSpec",
-            "Row",
-            "materialize_dataset",
-            "read_prompt_rows",
-            "prompt_row_problem",
-            "load_prompt_dataset",
-            "has_conversational_prompts",
-            "dataset_is_conversational",
-            "check_chat_dataset",
-        ),
-        "rllib_p3o.data.datasets",
-    ),
-    **dict.fromkeys(
-        (
-            "RewardFunctionError",
-            "RewardFnSpec",
-            "REWARD_FN_KEYS",
-            "reward_spec",
-            "Rewards",
-            "RewardFunction",
-            "make_reward_function",
-        ),
-        "rllib_p3o.data.rewards",
-    ),
-    **dict.fromkeys(
-        ("CallableImportError", "make_importable_hint", "resolve_callable", "function_name"),
-        "rllib_p3o.core.callables",
-    ),
-}
-
-
-def __getattr__(name: str) -> Any:
-    return moved_attribute(__name__, name, MOVED)
 
 
 class TextEnv(gym.Env):
