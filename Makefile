@@ -49,7 +49,7 @@ docs-serve: install
 
 # The configuration reference's settings tables, from their declarations (rllib_p3o/core/settings.py).
 reference: install
-	$(BIN)/python -c "from rllib_p3o.core.settings import main; raise SystemExit(main(['--write']))"
+	$(BIN)/python -m devtools.reference --write
 
 demo: install
 	$(BIN)/python examples/demo.py

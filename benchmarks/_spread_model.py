@@ -1,5 +1,5 @@
-"""A model whose completions end at spread lengths, for benchmarks at realistic lengths (shared by `iteration.py` and
-`peer_trl.py`).
+"""A model whose completions end at spread lengths, for benchmarks at realistic lengths (shared by `iteration.py`,
+`peer_trl.py` and `bucket_call_cost.py`).
 
 A randomly initialized model emits EOS with probability about 1/V at every step, so with a small vocabulary nearly
 every completion runs to the limit, and with ``ignore_eos`` all do: every row of a batch has the same length, which
@@ -7,7 +7,7 @@ is not what users' batches look like. This model's completions have geometric le
 ends with probability ``p = 1 / mean_tokens``, so a batch capped at ``max_tokens`` holds many short completions, some
 long ones and a share ``(1 - p) ** max_tokens`` at the limit (mean 81 and 37% at the limit for mean 128 and cap 128).
 
-How: a Qwen2 of the given size (`SIZES` of `peer_trl.py`) whose layers' output projections (``o_proj``,
+How: a Qwen2 of the given size (`SIZES` of `_bench_settings.py`) whose layers' output projections (``o_proj``,
 ``down_proj``) are zero, so every position's hidden state is its own token's embedding, and whose untied LM head
 reads one fixed coordinate of the normalized embedding: 0 for every digit, ``log(10 p / (1 - p))`` for EOS, -30 for
 every other token. Every next-token distribution is then "a uniform digit, or EOS with probability p", whatever the
@@ -20,20 +20,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Dict, List
 
-# name -> build_tiny_model arguments (head_dim 64 for vLLM's CPU attention).
-SIZES: Dict[str, dict] = {
-    "0.33M": dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256),
-    "2.44M": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=1, intermediate_size=576),
-    "10M": dict(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=1152),
-}
+from _bench_settings import SIZES, task_rows
+
 OTHER_TOKEN_LOGIT = -30.0
-
-
-def task_rows() -> List[Dict[str, str]]:
-    """Prompts "A+B=" with single digits, and their answers (the peer benchmark's task)."""
-    return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
 
 
 def build_spread_model(path: str, size: str, mean_tokens: float, max_position_embeddings: int = 1024) -> str:
@@ -83,3 +73,8 @@ def build_spread_model(path: str, size: str, mean_tokens: float, max_position_em
     with open(stamp, "w") as f:
         json.dump(settings, f)
     return path
+
+
+def build_length_model(size: str, max_tokens: int, models_dir: str) -> str:
+    """The spread-length Qwen2 of this size (mean length ``max_tokens``) under ``models_dir``."""
+    return build_spread_model(os.path.join(models_dir, f"{size}_mean{max_tokens}"), size, mean_tokens=max_tokens)

@@ -1,7 +1,7 @@
 """Sync vs async P3O on the demo task: time and samples to a held-out accuracy, over seeds, in one session.
 
     python benchmarks/async_vs_sync.py [--seeds 0 1 2] [--target 0.9] [--max-iterations 60]
-                                       [--out benchmarks/results/async_vs_sync.json]
+                                       [--out results/benchmarks/async_vs_sync.json]
 
 For each seed, each mode (alternating) trains the demo base model with the demo config until the greedy held-out
 accuracy, evaluated at the start of every iteration, reaches ``--target``. Reported per run: training seconds to
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--max-iterations", type=int, default=60)
-    parser.add_argument("--out", default="benchmarks/results/async_vs_sync.json")
+    parser.add_argument("--out", default="results/benchmarks/async_vs_sync.json")
     args = parser.parse_args()
 
     import ray

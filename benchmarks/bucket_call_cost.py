@@ -1,6 +1,6 @@
 """What one more forward/backward call costs the learner, in token positions (the length buckets' ``call_cost``).
 
-    python benchmarks/bucket_call_cost.py [--sizes 0.33M 2.44M 10M] [--out benchmarks/results/bucket_call_cost.json]
+    python benchmarks/bucket_call_cost.py [--sizes 0.33M 2.44M 10M] [--out results/benchmarks/bucket_call_cost.json]
 
 For each model size of `_spread_model`, times the learner's forward + backward (log-probs of every token, summed)
 on batches of ``rows x width`` token positions, from a few positions to a few thousand, one thread, and fits
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["0.33M", "2.44M", "10M"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--models-dir", default="runs/peer_trl")
-    parser.add_argument("--out", default="benchmarks/results/bucket_call_cost.json")
+    parser.add_argument("--out", default="results/benchmarks/bucket_call_cost.json")
     args = parser.parse_args()
     report = {"setting": "learner forward + backward, float32, 1 thread", "sizes": {}}
     for size in args.sizes:

@@ -5,7 +5,7 @@
 Each run is ``examples/demo.py`` itself, in a subprocess, with its own base model (built with that seed and that
 many torch threads: the thread count changes the pretraining's floats) under OUT/b<base>_s<rl>_t<threads>/.
 Prints one line per run (held-out before/after, time and iterations to the target) and the success count; writes
-benchmarks/results/demo_seeds.json and docs/demo_seeds.png (held-out accuracy against iterations, every run).
+results/benchmarks/demo_seeds.json and docs/demo_seeds.png (held-out accuracy against iterations, every run).
 A run that misses the target makes this command exit with status 1. The report is rewritten after every run, and
 a rerun skips the runs it already holds (``--fresh`` starts over), so an interrupted table can be completed.
 """
@@ -106,7 +106,7 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--time-limit", type=float, default=600.0)
     parser.add_argument("--out", default="runs/demo_seeds")
-    parser.add_argument("--report", default=os.path.join(HERE, "results", "demo_seeds.json"))
+    parser.add_argument("--report", default=os.path.join(ROOT, "results", "benchmarks", "demo_seeds.json"))
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "demo_seeds.png"))
     parser.add_argument("--fresh", action="store_true", help="ignore runs already in the report")
     parser.add_argument("--report-only", action="store_true", help="start no run: redraw the report from those held")

@@ -1,6 +1,6 @@
 """Exporting a checkpoint as a Hugging Face directory: `rllib-p3o export` vs restoring the algorithm.
 
-    python benchmarks/export.py [--repeats 2] [--out benchmarks/results/export.json]
+    python benchmarks/export.py [--repeats 2] [--out results/benchmarks/export.json]
 
 One algorithm checkpoint of the tiny demo-sized model (1 vLLM runner, a local learner; saved right after
 `build_algo`), then, alternating, each a fresh process timed from start to exit:
@@ -77,7 +77,7 @@ def _timed(args, env) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "export.json"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "results", "benchmarks", "export.json"))
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     py = sys.executable

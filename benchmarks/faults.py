@@ -1,6 +1,6 @@
 """Fault injection: a runner killed, the driver killed, a NaN in a learner batch; what each costs.
 
-    python benchmarks/faults.py [--out benchmarks/results/faults.json]
+    python benchmarks/faults.py [--out results/benchmarks/faults.json]
 
 Each scenario trains the tiny test model (arithmetic prompts, 4 prompts x 4 completions per iteration, every
 sampled batch recorded as trajectory Parquet) and reports:
@@ -124,7 +124,8 @@ def runner_kill(model: str, work: str) -> dict:
 
 def driver_kill(model: str, work: str, iterations: int = 10, kill_after: int = 5) -> dict:
     storage, rec = os.path.join(work, "tune"), os.path.join(work, "driver_kill")
-    args = [sys.executable, os.path.join(ROOT, "benchmarks", "_tune_job.py"), model, storage, rec, str(iterations)]
+    script = os.path.join(ROOT, "tests", "fixtures", "tune_job.py")  # the Tune job the fault tests kill too
+    args = [sys.executable, script, model, storage, rec, str(iterations)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
     job = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while len(glob.glob(os.path.join(rec, "part-*.parquet"))) < kill_after:
@@ -212,7 +213,7 @@ def nan_injection(model: str, work: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="benchmarks/results/faults.json")
+    parser.add_argument("--out", default="results/benchmarks/faults.json")
     args = parser.parse_args()
     from rllib_p3o.tasks import build_tiny_model
 

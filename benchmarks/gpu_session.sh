@@ -5,13 +5,13 @@
 #     OUT=/some/dir bash benchmarks/gpu_session.sh
 #
 # Needs torch and transformers (peft, pyarrow optional; no network, no pip). Writes into $OUT (default
-# benchmarks/results/gpu_session): check.json, learner_0.5b.json, learner_1.5b.json, session.log (everything the
+# results/benchmarks/gpu_session): check.json, learner_0.5b.json, learner_1.5b.json, session.log (everything the
 # runs printed, nvidia-smi and the versions first). Each run has its own time limit and a failed or killed run does
 # not stop the next; each JSON is rewritten after every path, so a killed run keeps the paths it finished.
 # At most 60 + 210 + 170 s (the runs' limits), typically less, on an H100/H200. On a CPU, LEARNER_GPU_SHAPES=tiny runs the same end to end at a tiny size.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results/gpu_session}
+OUT=${OUT:-results/benchmarks/gpu_session}
 SHAPES=${LEARNER_GPU_SHAPES:-"0.5b 1.5b"}
 CHECK_SHAPE=${LEARNER_GPU_CHECK_SHAPE:-${SHAPES%% *}}
 PY=${PYTHON:-$(command -v python || command -v python3)}

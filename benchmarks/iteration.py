@@ -1,8 +1,8 @@
 """Per-iteration time split of P3O, and vLLM vs transformers generation on the same batch.
 
-    python benchmarks/iteration.py [--iterations 30] [--out benchmarks/results/iteration.json]
+    python benchmarks/iteration.py [--iterations 30] [--out results/benchmarks/iteration.json]
     python benchmarks/iteration.py --max-tokens 16 128 512 [--size 2.44M] [--mode sync async] [--vllm-compiled]
-        [--out benchmarks/results/iteration_lengths.json]
+        [--out results/benchmarks/iteration_lengths.json]
 
 Without ``--max-tokens``: the demo setting (64 prompts x 8 completions of at most 3 tokens, the demo's base model).
 With ``--max-tokens``: at each completion limit, the spread-length model of `_spread_model` (completions of
@@ -205,8 +205,8 @@ def demo(args) -> dict:
 
 
 def lengths(args) -> dict:
-    from _spread_model import task_rows
-    from peer_trl import GROUP_SIZE, LR, PROMPTS_PER_STEP, build_length_model, sum_reward
+    from _bench_settings import GROUP_SIZE, LR, PROMPTS_PER_STEP, sum_reward, task_rows
+    from _spread_model import build_length_model
 
     from rllib_p3o import P3OConfig
 
@@ -265,7 +265,7 @@ def main() -> None:
         action="store_true",
         help="engine comparison: also vLLM's compiled model (enforce_eager=False)",
     )
-    parser.add_argument("--out", help="default: benchmarks/results/iteration.json (iteration_lengths.json)")
+    parser.add_argument("--out", help="default: results/benchmarks/iteration.json (iteration_lengths.json)")
     args = parser.parse_args()
 
     import ray
@@ -277,7 +277,7 @@ def main() -> None:
 
 def output_path(args: argparse.Namespace) -> str:
     """Where the report goes: ``--out``, else iteration.json (the demo) or iteration_lengths.json (``--max-tokens``)."""
-    return args.out or f"benchmarks/results/iteration{'_lengths' if args.max_tokens else ''}.json"
+    return args.out or f"results/benchmarks/iteration{'_lengths' if args.max_tokens else ''}.json"
 
 
 if __name__ == "__main__":

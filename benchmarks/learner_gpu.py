@@ -3,9 +3,10 @@ and transformers (no Ray, no vLLM, no network): the model is built from a config
 
     python benchmarks/learner_gpu.py --shape 0.5b [--rows 16] [--paths padded packed ...] [--out learner_0.5b.json]
     python benchmarks/learner_gpu.py --check --shape 0.5b [--out check.json]
+    python benchmarks/learner_gpu.py --head [--out results/benchmarks/fused_head.json]
 
 A step is what the P3O learner does per minibatch (`rllib_p3o.learner.compute`): token log-probs of the batch, the
-registered ``p3o`` loss (`rllib_p3o.core.objectives.p3o_loss`), backward, AdamW step (fused on CUDA). Precision as
+registered ``p3o`` loss (`rllib_p3o.core.losses.p3o.p3o_loss`), backward, AdamW step (fused on CUDA). Precision as
 ``precision="bf16-mixed"`` on CUDA (float32 weights and optimizer state, bfloat16 autocast; `rllib_p3o.core.precision`),
 float32 elsewhere. The batch: ``--rows`` rows (16; 8 at 1.5b) of a ``--prompt``-token prompt (256) plus a completion
 of geometric length (mean ``--mean-completion`` 512, at most ``--max-completion`` 1024), seeded.
@@ -38,16 +39,28 @@ Activation recomputation (the chunked LM head) is not counted. The peak: dense b
 
 ``--check``: correctness on the device: (1) packed against padded log-probs, P3O loss and gradients, in float32 and
 under bf16 autocast; (2) every registered loss on the device against the CPU, in float64.
+
+``--head``: the LM head alone, today's (`TokenLogprobs`: the head, log-softmax and gather per chunk of
+``chunk_size`` sequences under activation checkpointing) against the fused one (`rllib_p3o.learner.fused_head`: token
+chunks, no [tokens, V] logits or gradient), at Qwen's vocabulary (151,936) under a one-layer Qwen2 backbone of
+``--head-hidden`` (128) on ``--head-rows`` (16) rows of ``--head-width`` (33) tokens, float32: forward and backward
+of the token log-probs, the head trainable (tied to the embedding, as Qwen2.5) and frozen (as under a LoRA that leaves
+it out). The peak of each variant's steps: on CUDA ``max_memory_allocated`` above what was allocated before its first
+step, elsewhere the peak resident set size above the resident size before it (Linux: ``/proc/self/clear_refs`` resets
+the peak; freed heap memory is given back first). The fused head runs with today's chunk in tokens and a quarter of
+it; each variant reports its log-probs' sum and gradient norm (equal across variants of one head state).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -68,6 +81,7 @@ from rllib_p3o.learner.compute import (  # noqa: E402
     TokenLogprobs,
     compute_loss,
 )
+from rllib_p3o.learner.fused_head import fused_token_logprobs  # noqa: E402
 from rllib_p3o.learner.length_buckets import plan_buckets  # noqa: E402
 from rllib_p3o.learner.packing import pack_capacity, plan_packing  # noqa: E402
 
@@ -435,6 +449,181 @@ def check(args) -> Dict[str, Any]:
     return report
 
 
+# -- the LM head alone: today's against the fused one -------------------------------------------------------------
+
+HEAD_VOCAB = 151936  # Qwen2.5's
+HEAD_CHUNK_ROWS = 8  # today's default chunk (the RLModule's ``logprob_chunk_size``)
+
+
+def head_variants(args) -> Dict[str, Dict[str, Any]]:
+    """Today's head and the fused one (today's chunk in tokens, and a quarter of it), the head trainable and frozen."""
+    chunk = HEAD_CHUNK_ROWS * (args.head_width - 1)
+    out = {}
+    for trains in (True, False):
+        state = "head_trains" if trains else "head_frozen"
+        out[f"today_{state}"] = dict(fused=False, head_trains=trains, chunk_tokens=chunk)
+        out[f"fused_{state}"] = dict(fused=True, head_trains=trains, chunk_tokens=chunk)
+        out[f"fused_quarter_chunk_{state}"] = dict(fused=True, head_trains=trains, chunk_tokens=max(1, chunk // 4))
+    return out
+
+
+def build_head_model(hidden: int, vocab: int, device: torch.device) -> torch.nn.Module:
+    """A one-layer Qwen2 causal LM with a wide vocabulary, random float32 weights: its LM head dominates."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        **QWEN25,
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden,
+        vocab_size=vocab,
+    )
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    return model.float().train()
+
+
+def _proc_status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{key}:\s+(\d+)", f.read(), re.M).group(1))
+
+
+def _memory_mark(device: torch.device) -> float:
+    """Start a peak measurement; what is held now (bytes). Off CUDA: freed heap memory goes back to the system first
+    (glibc's ``malloc_trim``), so that what a variant allocates shows in the resident set."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return float(torch.cuda.memory_allocated(device))
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    with open("/proc/self/clear_refs", "w") as f:  # reset the peak resident set size to the current one
+        f.write("5")
+    return 1024.0 * _proc_status_kib("VmRSS")
+
+
+def _memory_peak(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return float(torch.cuda.max_memory_allocated(device))
+    return 1024.0 * _proc_status_kib("VmHWM")
+
+
+def head_variant(model: torch.nn.Module, spec: Dict[str, Any], device: torch.device, args) -> Dict[str, Any]:
+    """One variant's steps (forward and backward of the token log-probs): times, peak, checksums."""
+    head = model.get_output_embeddings().weight  # tied: the input embedding too
+    head.requires_grad_(spec["head_trains"])
+    rows, width, vocab = args.head_rows, args.head_width, model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (rows, width), generator=g).to(device)
+    upstream = torch.randn(rows, width - 1, generator=g).to(device)
+    core = None
+    if not spec["fused"]:
+        core = TokenLogprobs(model, chunk_size=HEAD_CHUNK_ROWS, length_buckets=False, pack_sequences=False)
+        core.prepare(device)
+        assert core.chunked_head_ok
+
+    def logprobs() -> torch.Tensor:
+        if core is not None:
+            return core.token_logprobs(ids, torch.ones_like(ids))[TOKEN_LOGP]
+        hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, :-1]
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return fused_token_logprobs(flat, head, ids[:, 1:].reshape(-1), chunk_tokens=spec["chunk_tokens"]).view(
+            rows, width - 1
+        )
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.zero_grad(set_to_none=True)
+    held = _memory_mark(device)
+    step_s: List[float] = []
+    for _ in range(args.warmup + args.steps):
+        model.zero_grad(set_to_none=True)
+        _sync(device)
+        t = time.perf_counter()
+        logp = logprobs()
+        (logp * upstream).sum().backward()
+        _sync(device)
+        step_s.append(time.perf_counter() - t)
+    peak = _memory_peak(device)
+    grad_norm = torch.cat([p.grad.flatten().double() for p in params if p.grad is not None]).norm()
+    model.zero_grad(set_to_none=True)
+    head.requires_grad_(True)
+    return {
+        **spec,
+        "head_chunk_logits_mib": 4.0 * spec["chunk_tokens"] * vocab / 2**20,
+        "step_s": step_s[args.warmup :],
+        "s_per_step": statistics.median(step_s[args.warmup :]),
+        "held_before_mib": held / 2**20,
+        "peak_extra_mib": (peak - held) / 2**20,
+        "logp_sum": float(logp.detach().double().sum()),
+        "grad_norm": float(grad_norm),
+    }
+
+
+def head_benchmark(args) -> Dict[str, Any]:
+    """Each variant of `head_variants` (`head_variant`) on one model; the report."""
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = build_head_model(args.head_hidden, args.head_vocab, device)
+    tokens = args.head_rows * (args.head_width - 1)
+    report: Dict[str, Any] = {
+        "benchmark": "learner_gpu --head",
+        "shape": {
+            "vocab": args.head_vocab,
+            "hidden": args.head_hidden,
+            "layers": 1,
+            "rows": args.head_rows,
+            "width": args.head_width,
+            "tokens": tokens,
+            "logits_mib": 4.0 * tokens * args.head_vocab / 2**20,
+        },
+        "precision": "fp32",
+        "step": "forward and backward of the token log-probs (one-layer backbone, head tied to the embedding)",
+        "peak": "max_memory_allocated above the allocated before" if device.type == "cuda" else "VmHWM above VmRSS",
+        "warmup_steps": args.warmup,
+        "timed_steps": args.steps,
+        "threads": torch.get_num_threads(),
+        **environment(device),
+        "variants": {},
+    }
+    for name, spec in head_variants(args).items():
+        try:
+            record = head_variant(model, spec, device, args)
+        except Exception as e:  # one variant's failure (out of memory) must not end the others
+            record = {**spec, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
+            model.zero_grad(set_to_none=True)
+        report["variants"][name] = record
+        print(f"[head] {name}: {_head_summary(record)}", flush=True)
+        _write(report, args.out)
+    v = report["variants"]
+    for state in ("head_trains", "head_frozen"):
+        today, fused = v.get(f"today_{state}", {}), v.get(f"fused_{state}", {})
+        if "s_per_step" in today and "s_per_step" in fused:
+            report[f"fused_vs_today_{state}"] = {
+                "time_ratio": fused["s_per_step"] / today["s_per_step"],
+                "peak_extra_ratio": fused["peak_extra_mib"] / max(today["peak_extra_mib"], 1e-9),
+                "logp_sum_diff": abs(fused["logp_sum"] - today["logp_sum"]),
+                "grad_norm_rel_diff": abs(fused["grad_norm"] - today["grad_norm"]) / max(today["grad_norm"], 1e-30),
+            }
+    _write(report, args.out)
+    return report
+
+
+def _head_summary(record: Dict[str, Any]) -> str:
+    if "error" in record:
+        return "ERROR " + record["error"][-300:]
+    return (
+        f"{record['s_per_step']:.3f} s/step, peak +{record['peak_extra_mib']:.0f} MiB "
+        f"(chunk {record['chunk_tokens']} tokens: {record['head_chunk_logits_mib']:.0f} MiB of logits)"
+    )
+
+
 def _write(report: Dict[str, Any], path: Optional[str]) -> None:
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -456,8 +645,17 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--path-budget-s", type=float, default=60.0, help="stop a path's timed steps past this")
     parser.add_argument("--check", action="store_true", help="correctness on the device instead of timings")
+    parser.add_argument("--head", action="store_true", help="the LM head alone: today's against the fused one")
+    parser.add_argument("--head-vocab", type=int, default=HEAD_VOCAB)
+    parser.add_argument("--head-hidden", type=int, default=128)
+    parser.add_argument("--head-rows", type=int, default=16)
+    parser.add_argument("--head-width", type=int, default=33)
     parser.add_argument("--out", default=None, help="JSON report path")
     args = parser.parse_args(argv)
+    if args.head:
+        report = head_benchmark(args)
+        print(json.dumps({k: v for k, v in report.items() if k != "variants"}, indent=2, default=str))
+        return report
     for key in BATCH_KEYS:
         if getattr(args, key) is None:
             setattr(args, key, SHAPES[args.shape][key])

@@ -2,10 +2,10 @@
 learning on the demo task.
 
     python benchmarks/lora.py [--sizes 10M 2.44M] [--iterations 8] [--rank 16] [--learning-seeds 0 1]
-                              [--out benchmarks/results/lora.json]
+                              [--out results/benchmarks/lora.json]
 
-Part 1, per model size (randomly initialized Qwen2s of `peer_trl.SIZES`, the "A+B=" task of `peer_trl`: 8 prompts x
-8 completions, 16 new tokens): each mode runs in its own process (1 vLLM runner, local learner, sync sampling) for
+Part 1, per model size (randomly initialized Qwen2s of `_bench_settings.SIZES`, the "A+B=" task of `peer_trl.py`'s
+setting, `_bench_settings`: 8 prompts x 8 completions, 16 new tokens): each mode runs in its own process (1 vLLM runner, local learner, sync sampling) for
 N iterations; reported are medians over the iterations after the first of the weight sync (seconds on the
 iteration's path, bytes, and its split: gather on the driver, transfer, engine load), the iteration and the learner
 update, plus the learner's tensor memory (parameters, gradients, optimizer state) and the driver process's peak RSS
@@ -27,7 +27,7 @@ import sys
 import tempfile
 from typing import Dict, List
 
-from peer_trl import GROUP_SIZE, MAX_TOKENS, PROMPTS_PER_STEP, SIZES, build_model, sum_reward, task_rows
+from _bench_settings import GROUP_SIZE, MAX_TOKENS, PROMPTS_PER_STEP, SIZES, build_model, sum_reward, task_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -158,7 +158,7 @@ def main() -> None:
     parser.add_argument("--learning-seeds", type=int, nargs="*", default=[0, 1])
     parser.add_argument("--models-dir", default=os.path.join(ROOT, "runs", "bench_models"))
     parser.add_argument("--runs-dir", default=os.path.join(ROOT, "runs", "lora"))
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "lora.json"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "results", "benchmarks", "lora.json"))
     parser.add_argument("--child", choices=["full", "lora"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)

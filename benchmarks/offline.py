@@ -4,7 +4,7 @@
 
 Runs an offline-only P3O (no EnvRunner engine) on a recorded trajectory directory, using the demo base model, and
 reports rows/s and trained tokens/s over the iterations after the first (the first includes Ray Data's start-up,
-reported separately). Writes benchmarks/results/offline.json.
+reported separately). Writes results/benchmarks/offline.json.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def main() -> None:
     parser.add_argument("--model-dir", default="runs/demo/base_model")
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--rows", type=int, default=512, help="rows per training batch")
-    parser.add_argument("--out", default="benchmarks/results/offline.json")
+    parser.add_argument("--out", default="results/benchmarks/offline.json")
     args = parser.parse_args()
 
     import ray

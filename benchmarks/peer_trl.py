@@ -33,34 +33,15 @@ import sys
 import time
 from typing import Dict, List
 
-from _spread_model import SIZES, build_spread_model, task_rows
+from _bench_settings import GROUP_SIZE, LR, PROMPTS_PER_STEP, SIZES, sum_reward, task_rows
+from _spread_model import build_length_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PEER_VENV = os.path.join(HERE, ".venv-trl")
 TRL_VERSION = "1.16.0"
-PROMPTS_PER_STEP, GROUP_SIZE, LR, WARMUP_STEPS = 8, 8, 1e-4, 3
-# The completion limit of the benchmarks that reuse this setting at one length (lora.py, probe_cost.py, startup.py).
-MAX_TOKENS = 16
+WARMUP_STEPS = 3
 PROJECT_MODES, PEER_MODES = ("sync", "async"), ("hf", "vllm")
-
-
-def sum_reward(prompts, completions, answer, **_) -> List[float]:
-    """1.0 when the completion starts with the sum (TRL's and this project's batched reward signature)."""
-    return [1.0 if c.strip().startswith(a) else 0.0 for c, a in zip(completions, answer)]
-
-
-def build_model(size: str, models_dir: str) -> str:
-    """The randomly initialized Qwen2 of this size (`SIZES`) with the task's tokenizer, under ``models_dir``."""
-    from rllib_p3o.tasks.tiny_model import build_tiny_model
-
-    corpus = [f"{r['prompt']}{r['answer']}" for r in task_rows()]
-    return build_tiny_model(os.path.join(models_dir, size), corpus, overwrite=True, **SIZES[size])
-
-
-def build_length_model(size: str, max_tokens: int, models_dir: str) -> str:
-    """The spread-length Qwen2 of this size (`_spread_model`, mean length ``max_tokens``) under ``models_dir``."""
-    return build_spread_model(os.path.join(models_dir, f"{size}_mean{max_tokens}"), size, mean_tokens=max_tokens)
 
 
 # -- one run of this project (a subprocess of the project's own Python) ---------------------------------------------
@@ -254,7 +235,7 @@ def main() -> None:
         "--peer-modes", nargs="*", default=list(PEER_MODES), choices=PEER_MODES, help="none: this project only"
     )
     parser.add_argument("--models-dir", default="runs/peer_trl")
-    parser.add_argument("--out", default="benchmarks/results/peer_trl.json")
+    parser.add_argument("--out", default="results/benchmarks/peer_trl.json")
     parser.add_argument("--worker", choices=("project", "peer"), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)

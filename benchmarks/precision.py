@@ -1,6 +1,6 @@
 """Rollout precision on the demo task: fp32, bf16 and simulated-FP8 rollouts, measured side by side.
 
-    python benchmarks/precision.py [--seeds 0 1 2] [--iterations 30] [--out benchmarks/results/precision.json]
+    python benchmarks/precision.py [--seeds 0 1 2] [--iterations 30] [--out results/benchmarks/precision.json]
                                    [--plot docs/precision_curves.png]
 
 Three settings, each trained on the demo setting (64 prompts x 8 completions per iteration, the demo's base model,
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--model-dir", default="runs/demo/base_model")
-    parser.add_argument("--out", default="benchmarks/results/precision.json")
+    parser.add_argument("--out", default="results/benchmarks/precision.json")
     parser.add_argument("--plot", default="docs/precision_curves.png")
     args = parser.parse_args()
 

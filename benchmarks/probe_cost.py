@@ -1,10 +1,10 @@
 """What the weight-sync probe check costs: riding along (the default) vs checked at load vs no check, in one process.
 
     python benchmarks/probe_cost.py [--sizes 2.44M 10M] [--modes full lora] [--blocks 6] [--per-block 3]
-                                    [--out benchmarks/results/probe_cost.json]
+                                    [--out results/benchmarks/probe_cost.json]
 
-Setting: the "A+B=" task of `peer_trl` (8 prompts x 8 completions, 16 new tokens), randomly initialized Qwen2s of
-`peer_trl.SIZES`, 1 vLLM runner, a local learner, sync sampling. One process per size and mode (full weights or LoRA
+Setting: the "A+B=" task of `peer_trl.py`'s setting (`_bench_settings`: 8 prompts x 8 completions, 16 new tokens),
+randomly initialized Qwen2s of `_bench_settings.SIZES`, 1 vLLM runner, a local learner, sync sampling. One process per size and mode (full weights or LoRA
 r=16); in it, after 2 warm-up iterations, blocks of ``--per-block`` iterations alternate between the variants (the
 order reversed every other block), so the machine's drift hits all of them alike:
 
@@ -29,7 +29,7 @@ import sys
 import tempfile
 from typing import Dict, List
 
-from peer_trl import GROUP_SIZE, MAX_TOKENS, PROMPTS_PER_STEP, SIZES, build_model, sum_reward, task_rows
+from _bench_settings import GROUP_SIZE, MAX_TOKENS, PROMPTS_PER_STEP, SIZES, build_model, sum_reward, task_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--per-block", type=int, default=3)
     parser.add_argument("--models-dir", default=os.path.join(ROOT, "runs", "bench_models"))
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "probe_cost.json"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "results", "benchmarks", "probe_cost.json"))
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()

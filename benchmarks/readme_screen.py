@@ -8,7 +8,7 @@ iterations. Every line the script writes (stdout and stderr) is counted, and the
 
     python benchmarks/readme_screen.py [--iterations 10] [--out runs/readme_screen]
 
-Writes OUT/screen.txt (the screen) and benchmarks/results/readme_screen.json (the line count and what was found).
+Writes OUT/screen.txt (the screen) and results/benchmarks/readme_screen.json (the line count and what was found).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from typing import Dict, List, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results", "readme_screen.json")
+RESULTS = os.path.join(ROOT, "results", "benchmarks", "readme_screen.json")
 # vLLM's per-sync warnings of the layerwise reload (`rllib_p3o/runner/vllm_ext.py`).
 SYNC_WARNING = "Failed to load weights"
 

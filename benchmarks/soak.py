@@ -1,7 +1,7 @@
 """Soak: memory of every process over a long run, sync and async, with recording and a behavior model on.
 
     python benchmarks/soak.py [--iterations 1000] [--every 25] [--warmup 200] [--modes sync async]
-                              [--out benchmarks/results/soak.json] [--plot docs/soak.png] [--plot-only]
+                              [--out results/benchmarks/soak.json] [--plot docs/soak.png] [--plot-only]
 
 Each mode trains the tiny test model (arithmetic prompts, 4 prompts x 4 completions per iteration plus 2 completions
 per prompt from a frozen behavior model, at most 3 new tokens, every iteration recorded as trajectory Parquet,
@@ -29,6 +29,7 @@ from typing import Any, Dict, List
 from _report import write_report
 
 MIB = 2**20
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def object_store_use() -> Dict[str, float]:
@@ -195,7 +196,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--max-growth", type=float, default=0.05)
     p.add_argument("--modes", nargs="+", default=["sync", "async"], choices=["sync", "async"])
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "soak.json"))
+    p.add_argument("--out", default=os.path.join(ROOT, "results", "benchmarks", "soak.json"))
     p.add_argument("--plot", default=os.path.join(os.path.dirname(__file__), "..", "docs", "soak.png"))
     p.add_argument("--plot-only", action="store_true", help="redraw the plot from --out's JSON, run nothing")
     args = p.parse_args()

@@ -1,9 +1,9 @@
 """Where a run's start-up goes: from `build_algo()` to the first `train()` result, part by part.
 
-    python benchmarks/startup.py [--repeats 3] [--out benchmarks/results/startup.json]
+    python benchmarks/startup.py [--repeats 3] [--out results/benchmarks/startup.json]
 
-The setting of `benchmarks/peer_trl.py` at 0.33M parameters (1 vLLM runner, a local learner). Each repeat is a
-fresh process (imports are part of a start). Reported, as the median over repeats:
+The setting of `benchmarks/peer_trl.py` (`_bench_settings.py`) at 0.33M parameters (1 vLLM runner, a local
+learner). Each repeat is a fresh process (imports are part of a start). Reported, as the median over repeats:
 - ``imports_s``: importing this package (torch, Ray, RLlib, transformers) in the driver;
 - ``ray_init_s``: `ray.init` (Ray's own processes, its prestarted workers);
 - ``build_algo_s``, split by cProfile's cumulative time of RLlib's setup phases: the global seed (RLlib's
@@ -41,7 +41,7 @@ def measure() -> Dict[str, float]:
     import cProfile
     import pstats
 
-    import peer_trl
+    import _bench_settings as bench
     import ray
 
     from rllib_p3o import P3OConfig
@@ -55,16 +55,16 @@ def measure() -> Dict[str, float]:
         runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(HERE)])}},
     )
     t2 = time.perf_counter()
-    model = peer_trl.build_model("0.33M", "runs/peer_trl")
+    model = bench.build_model("0.33M", "runs/peer_trl")
     config = (
         P3OConfig()
-        .environment(env_config={"dataset": peer_trl.task_rows(), "reward_fn": peer_trl.sum_reward})
+        .environment(env_config={"dataset": bench.task_rows(), "reward_fn": bench.sum_reward})
         .training(
             model=model,
-            group_size=peer_trl.GROUP_SIZE,
-            prompts_per_step=peer_trl.PROMPTS_PER_STEP,
-            max_tokens=peer_trl.MAX_TOKENS,
-            lr=peer_trl.LR,
+            group_size=bench.GROUP_SIZE,
+            prompts_per_step=bench.PROMPTS_PER_STEP,
+            max_tokens=bench.MAX_TOKENS,
+            lr=bench.LR,
             eval_interval=0,
         )
         .env_runners(num_env_runners=1)
@@ -100,7 +100,7 @@ def measure() -> Dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/results/startup.json")
+    parser.add_argument("--out", default="results/benchmarks/startup.json")
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker_out:

@@ -4,7 +4,7 @@
 
 Each base seed's model is built once (OUT/base_<seed>) and shared by its RL seeds; each run is the example itself,
 in a subprocess, under OUT/b<base>_s<rl>/. Prints one line per run and the success count; writes
-benchmarks/results/tool_use_seeds.json. A run that fails (the run with the calculator misses the target, or the
+results/benchmarks/tool_use_seeds.json. A run that fails (the run with the calculator misses the target, or the
 run without it reaches it) makes this command exit with status 1.
 """
 
@@ -19,7 +19,7 @@ import sys
 
 from _report import run_example
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_tool_use(out: str, base_model: str, base_seed: int, rl_seed: int, target: float, time_limit: float) -> dict:
@@ -50,7 +50,7 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--time-limit", type=float, default=600.0)
     parser.add_argument("--out", default="runs/tool_use_seeds")
-    parser.add_argument("--report", default=os.path.join(HERE, "results", "tool_use_seeds.json"))
+    parser.add_argument("--report", default=os.path.join(ROOT, "results", "benchmarks", "tool_use_seeds.json"))
     args = parser.parse_args()
     out = os.path.abspath(args.out)
 

@@ -19,8 +19,8 @@ import tempfile
 
 def reasoning_gym_config(out: str):
     from rllib_p3o import P3OConfig
-    from rllib_p3o.data.math_rewards import math_verify_reward
-    from rllib_p3o.data.reasoning_gym_tasks import reasoning_gym_dataset, reasoning_gym_reward
+    from rllib_p3o.envs.math_rewards import math_verify_reward
+    from rllib_p3o.envs.reasoning_gym_tasks import reasoning_gym_dataset, reasoning_gym_reward
     from rllib_p3o.tasks import build_tiny_model
 
     # String prompts (chat=False): the tiny model has no chat template. A chat model takes the default, chat=True.
@@ -41,8 +41,8 @@ def reasoning_gym_config(out: str):
 
 def openenv_config(out: str):
     from rllib_p3o import P3OConfig
-    from rllib_p3o.runner.openenv_env import OpenEnvEnv
-    from rllib_p3o.tasks.openenv_modsum import MAX_TRIES
+    from rllib_p3o.envs.openenv_env import OpenEnvEnv
+    from rllib_p3o.envs.openenv_modsum import MAX_TRIES
 
     model = _tiny_chat_model(out)
     rows = [{"prompt": [{"role": "system", "content": "add"}], "reset_kwargs": {"seed": s}} for s in range(100)]
@@ -53,7 +53,7 @@ def openenv_config(out: str):
                 "dataset": rows,
                 "multi_turn_env": OpenEnvEnv,
                 # Each runner serves the app on 127.0.0.1 (or "url": a server already running).
-                "openenv": {"app": "rllib_p3o.tasks.openenv_modsum:app", "reset_column": "reset_kwargs"},
+                "openenv": {"app": "rllib_p3o.envs.openenv_modsum:app", "reset_column": "reset_kwargs"},
                 "max_turns": MAX_TRIES,
                 "stop_tokens": ["<|im_end|>"],
             }
@@ -102,15 +102,15 @@ def _tiny_chat_model(out: str) -> str:
 
 def verifiers_config(out: str, multi_turn: bool = True):
     from rllib_p3o import P3OConfig
-    from rllib_p3o.data.verifiers_tasks import verifiers_dataset
-    from rllib_p3o.runner.verifiers_env import VerifiersEnv
-    from rllib_p3o.tasks.verifiers_modsum_game import MAX_TRIES
+    from rllib_p3o.envs.verifiers_env import VerifiersEnv
+    from rllib_p3o.envs.verifiers_modsum_game import MAX_TRIES
+    from rllib_p3o.envs.verifiers_tasks import verifiers_dataset
 
     # verifiers' EnvConfig: a taskset (an installed package's name, or a dotted module path) and, for the game, the
     # Env that plays it as an exchange of tries.
-    vf_env = {"taskset": {"id": "rllib_p3o.tasks.verifiers_modsum", "size": 200}}
+    vf_env = {"taskset": {"id": "rllib_p3o.envs.verifiers_modsum", "size": 200}}
     if multi_turn:
-        vf_env["id"] = "rllib_p3o.tasks.verifiers_modsum_game"
+        vf_env["id"] = "rllib_p3o.envs.verifiers_modsum_game"
     return (
         P3OConfig()
         .environment(

@@ -70,7 +70,6 @@ from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import SEED_STRIDE, PromptSchedule
 from rllib_p3o.data.recorder import TrajectoryRecorder
-from rllib_p3o.data.reward_models import ACTORS_KEY as REWARD_MODEL_ACTORS
 from rllib_p3o.driver import checkpoints, learner_health, validation
 from rllib_p3o.driver.batch_sources import BatchSource, OfflineSource, OnlineSource
 from rllib_p3o.driver.export import export_from_learners
@@ -82,7 +81,6 @@ from rllib_p3o.driver.preflight import (
     resolved_path,
     world_problems,
 )
-from rllib_p3o.driver.reward_models import RewardModelActors
 from rllib_p3o.driver.runner_calls import EngineRunners
 from rllib_p3o.driver.sampler import Sampler
 from rllib_p3o.driver.step_log import StepLog
@@ -91,6 +89,8 @@ from rllib_p3o.driver.trial_reuse import RESETTABLE_KEYS, config_differences
 from rllib_p3o.driver.weight_sync import WeightSync
 from rllib_p3o.learner.p3o_torch_learner import NonFiniteStepError, P3OTorchLearner
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
+from rllib_p3o.reward_models.actors import RewardModelActors
+from rllib_p3o.reward_models.server import ACTORS_KEY as REWARD_MODEL_ACTORS
 from rllib_p3o.runner.env import TextEnv
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
 from rllib_p3o.sync.payload import default_tolerance
@@ -400,7 +400,7 @@ class P3O(Algorithm):
         self._setup_training_state(actor_reused=False, t0=t0)
 
     def _start_reward_models(self) -> None:
-        """Start ``env_config["reward_models"]``'s actors (`rllib_p3o.driver.reward_models`) before the runners, and
+        """Start ``env_config["reward_models"]``'s actors (`rllib_p3o.reward_models.actors`) before the runners, and
         give the runners their names in ``env_config``."""
         config: P3OConfig = self.config
         self._reward_models = None

@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_config
 from ray import tune
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_p3o import P3O, P3OConfig
+from rllib_p3o import P3O
 from rllib_p3o.core import metrics as m
-from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
+from rllib_p3o.tasks import arithmetic_reward
 
 REPORTED = [
     m.REWARD_MEAN,
@@ -25,22 +26,7 @@ LEARNER_REPORTED = [m.ESS, m.CAP_FRACTION, m.KL_BEHAVIOR, m.RATIO_MEAN, m.RATIO_
 
 
 def _config(model, reward_fn=arithmetic_reward, **training):
-    task = ArithmeticTask()
-    return (
-        P3OConfig()
-        .environment(
-            env_config={
-                "dataset": task.train_rows()[:500],
-                "eval_dataset": task.heldout_rows()[:20],
-                "reward_fn": reward_fn,
-            }
-        )
-        .training(
-            model=model, group_size=4, prompts_per_step=8, max_tokens=2, lr=1e-3, **{"minibatch_size": 8, **training}
-        )
-        .env_runners(num_env_runners=1)
-        .debugging(seed=0)
-    )
+    return tiny_config(model, reward_fn, rows=500, eval_rows=20, **{"minibatch_size": 8, **training})
 
 
 def _learner_weights(algo):

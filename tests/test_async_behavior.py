@@ -5,24 +5,17 @@ from collections import Counter, defaultdict
 import pytest
 import ray
 import torch
+from helpers import tiny_config
 
-from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.sources import POLICY, source_id
 from rllib_p3o.data.episodes import episodes_to_records
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
-from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward, build_tiny_model
+from rllib_p3o.tasks import build_tiny_model
 
 
 def _config(model, **training):
-    task = ArithmeticTask()
-    return (
-        P3OConfig()
-        .environment(env_config={"dataset": task.train_rows()[:400], "reward_fn": arithmetic_reward})
-        .training(model=model, group_size=4, prompts_per_step=8, max_tokens=3, lr=1e-3, eval_interval=0, **training)
-        .env_runners(num_env_runners=1)
-        .debugging(seed=0)
-    )
+    return tiny_config(model, rows=400, max_tokens=3, **training)
 
 
 def test_behavior_model_takes_its_share_of_every_group(ray_session, tiny_model, tiny_untied_model):

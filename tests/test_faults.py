@@ -13,11 +13,11 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+from helpers import tiny_config
 
-from rllib_p3o import P3O, P3OConfig
+from rllib_p3o import P3O
 from rllib_p3o.core import metrics as m
 from rllib_p3o.driver.runner_calls import EnvRunnerFailedError
-from rllib_p3o.tasks import ArithmeticTask
 
 
 def _config(model, record_dir, num_env_runners, behavior=None, **training):
@@ -25,22 +25,14 @@ def _config(model, record_dir, num_env_runners, behavior=None, **training):
         # Varies within groups of the untrained tiny model. A local function: cloudpickle ships it by value.
         return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
 
-    task = ArithmeticTask()
-    config = (
-        P3OConfig()
-        .environment(env_config={"dataset": task.train_rows()[:24], "reward_fn": starts_with_digit})
-        .training(
-            model=model,
-            group_size=4,
-            prompts_per_step=4,
-            max_tokens=2,
-            lr=1e-3,
-            eval_interval=0,
-            record_rollouts=str(record_dir),
-            **training,
-        )
-        .env_runners(num_env_runners=num_env_runners)
-        .debugging(seed=0)
+    config = tiny_config(
+        model,
+        starts_with_digit,
+        rows=24,
+        num_env_runners=num_env_runners,
+        prompts_per_step=4,
+        record_rollouts=str(record_dir),
+        **training,
     )
     if behavior:
         config.training(behavior_models=[{"model": behavior, "name": "frozen", "samples": 2}])
@@ -159,7 +151,7 @@ def test_without_restarts_a_dead_runner_stops_the_run_naming_it(ray_session, tin
 @pytest.mark.slow
 def test_driver_killed_mid_run_is_continued_by_tuner_restore_without_replay(tiny_model, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = os.path.join(root, "benchmarks", "_tune_job.py")
+    script = os.path.join(root, "tests", "fixtures", "tune_job.py")
     args = [sys.executable, script, tiny_model, str(tmp_path / "tune"), str(tmp_path / "rec"), "8"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
     job = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

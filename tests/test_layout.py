@@ -1,8 +1,9 @@
 """The package's shape, read from the sources (nothing is imported; function-level and TYPE_CHECKING imports count).
 
-The rooms, bottom to top: ``core/`` (every process) < ``data/`` < ``sync/`` (both ends of a weight sync) <
-``runner/`` and ``learner/`` (their actors; neither imports the other) < ``driver/`` < the top level (``p3o.py``,
-the algorithm that assembles them, and ``cli/``, ``sweep/``, ``tasks/``). The rules:
+The rooms, bottom to top: ``core/`` (every process) < ``reward_models/`` (both sides of reward-model serving) <
+``data/`` < ``sync/`` (both ends of a weight sync) < ``runner/`` and ``learner/`` (their actors; neither imports the
+other) < ``envs/`` (adapters of other projects' environments, built on the runners' environment API) < ``driver/`` <
+the top level (``p3o.py``, the algorithm that assembles them, and ``cli/``, ``sweep/``, ``tasks/``). The rules:
 - imports only go downward, never up and never sideways between rooms of the same rank, and form no cycle;
 - code that runs in the EnvRunner and Learner actors never reaches a driver module, even indirectly;
 - a module that both the driver and the runners import lives in a shared room (``core/``, ``data/``, ``sync/``);
@@ -16,15 +17,25 @@ from typing import Dict, List, Set
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "rllib_p3o"
 # Room -> rank: a module may import its own room and the rooms of lower rank. Everything else is the top level.
-ROOM_RANKS = {"core": 0, "data": 1, "sync": 2, "runner": 3, "learner": 3, "driver": 4}
+ROOM_RANKS = {
+    "core": 0,
+    "reward_models": 1,
+    "data": 2,
+    "sync": 3,
+    "runner": 4,
+    "learner": 4,
+    "envs": 5,
+    "driver": 6,
+}
 TOP = "top"
-TOP_RANK = 5
+TOP_RANK = 7
 # Rooms whose modules both the driver and the runners may import.
-SHARED_ROOMS = ("core", "data", "sync")
+SHARED_ROOMS = ("core", "reward_models", "data", "sync", "envs")
 # Modules that only the driver (or a Tune trial actor) runs: actor code must not import them, even indirectly.
 DRIVER_ONLY_PREFIXES = (
     "rllib_p3o.p3o",
     "rllib_p3o.driver",
+    "rllib_p3o.reward_models.actors",
     "rllib_p3o.cli",
     "rllib_p3o.sweep",
 )
@@ -159,13 +170,14 @@ def test_upward_imports_are_found():
 
 def test_no_import_runs_upward():
     graph = import_graph()
-    assert {"core", "data", "sync", "runner", "learner", "driver"} <= {room(m) for m in graph}
+    assert {"core", "reward_models", "data", "sync", "runner", "learner", "envs", "driver"} <= {room(m) for m in graph}
     assert upward_imports(graph) == []
 
 
 def test_actor_code_never_imports_driver_only_modules():
     graph = import_graph()
-    actor_modules = [m for m in graph if room(m) in ("runner", "learner")]
+    # The runners' and learners' own code, the environments runners build, and the reward-model actors.
+    actor_modules = [m for m in graph if room(m) in ("runner", "learner", "envs")] + ["rllib_p3o.reward_models.server"]
     assert "rllib_p3o.runner.env_runner" in actor_modules and "rllib_p3o.learner.p3o_torch_learner" in actor_modules
     offending = {m: sorted(d for d in reachable(graph, m) if d.startswith(DRIVER_ONLY_PREFIXES)) for m in actor_modules}
     assert {m: d for m, d in offending.items() if d} == {}

@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_config
 from ray import tune
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_p3o import P3O, P3OConfig
+from rllib_p3o import P3O
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.lora import is_adapter_param
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
-from rllib_p3o.tasks import ArithmeticTask
 
 LORA = {"r": 8, "alpha": 16}
 
@@ -21,26 +21,13 @@ def _config(model, **training):
         # train). A local function: cloudpickle ships it to the runner by value.
         return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
 
-    task = ArithmeticTask()
-    return (
-        P3OConfig()
-        .environment(
-            env_config={
-                "dataset": task.train_rows()[:200],
-                "eval_dataset": task.heldout_rows()[:8],
-                "reward_fn": starts_with_digit,
-            }
-        )
-        .training(
-            model=model,
-            group_size=4,
-            prompts_per_step=8,
-            max_tokens=2,
-            lr=1e-2,
-            **{"minibatch_size": 16, "lora": dict(LORA), **training},
-        )
-        .env_runners(num_env_runners=1)
-        .debugging(seed=0)
+    return tiny_config(
+        model,
+        starts_with_digit,
+        rows=200,
+        eval_rows=8,
+        lr=1e-2,
+        **{"minibatch_size": 16, "lora": dict(LORA), **training},
     )
 
 

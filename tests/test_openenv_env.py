@@ -1,14 +1,14 @@
 """OpenEnv environments as multi-turn environments, for real: openenv-core's server (the built-in ``modsum`` game,
-`rllib_p3o.tasks.openenv_modsum`) on 127.0.0.1, started by the adapter, and P3O training on it (Ray, RLlib, vLLM)."""
+`rllib_p3o.envs.openenv_modsum`) on 127.0.0.1, started by the adapter, and P3O training on it (Ray, RLlib, vLLM)."""
 
 import pytest
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
-from rllib_p3o.runner.openenv_env import OpenEnvEnv, OpenEnvError, serve_app
-from rllib_p3o.tasks.openenv_modsum import MAX_TRIES
+from rllib_p3o.envs.openenv_env import OpenEnvEnv, OpenEnvError, serve_app
+from rllib_p3o.envs.openenv_modsum import MAX_TRIES
 
-APP = "rllib_p3o.tasks.openenv_modsum:app"
+APP = "rllib_p3o.envs.openenv_modsum:app"
 SYSTEM = [{"role": "system", "content": "add"}]
 
 

@@ -165,22 +165,9 @@ def test_bf16_mixed_two_learners_share_the_ess_and_match_one_learner(ray_session
 
 
 def _algo_config(model, **training):
-    from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
+    from helpers import tiny_config
 
-    task = ArithmeticTask()
-    return (
-        P3OConfig()
-        .environment(
-            env_config={
-                "dataset": task.train_rows()[:64],
-                "eval_dataset": task.heldout_rows()[:16],
-                "reward_fn": arithmetic_reward,
-            }
-        )
-        .training(model=model, group_size=4, prompts_per_step=8, max_tokens=6, lr=1e-3, eval_interval=0, **training)
-        .env_runners(num_env_runners=1)
-        .debugging(seed=3)
-    )
+    return tiny_config(model, rows=64, eval_rows=16, max_tokens=6, eval_interval=0, seed=3, **training)
 
 
 def _learner_metric(result, key):

@@ -1,5 +1,6 @@
-"""CONTRIBUTING's recipes, run as written: a new batch column is one declaration plus its producer, and a new batch
-source is a `BatchSource` plus an override of `P3O.batch_sources` (the loss recipe runs in tests/test_losses.py)."""
+"""CONTRIBUTING's recipes, run as written: a new batch column is one declaration plus its producer, a new batch
+source is a `BatchSource` plus an override of `P3O.batch_sources`, and a new environment is one module in
+`rllib_p3o/envs/` with its test and a config line (the loss recipe runs in tests/test_losses.py)."""
 
 from typing import Any, Dict, List, Optional
 
@@ -175,3 +176,41 @@ def test_a_new_batch_source_trains_and_resumes_where_it_was(ray_session, tiny_mo
         assert restored._sources[-1].sampled == [8]  # where the uninterrupted run would be
     finally:
         restored.stop()
+
+
+# -- adding an environment ---------------------------------------------------------------------------------------------
+
+
+def _environment_recipe() -> List[str]:
+    """The code blocks of CONTRIBUTING.md's "Adding an environment": the adapter, its test, the config line."""
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "CONTRIBUTING.md")).read()
+    section = text.split("## Adding an environment", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_the_environment_recipe_runs_as_written(tmp_path, monkeypatch, tiny_model):
+    adapter, adapter_test, config_line = _environment_recipe()
+    (tmp_path / "guess_digit.py").write_text(adapter)
+    (tmp_path / "test_guess_digit.py").write_text(adapter_test.replace("rllib_p3o.envs.guess_digit", "guess_digit"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import guess_digit
+    import test_guess_digit
+
+    tests = [getattr(test_guess_digit, t) for t in dir(test_guess_digit) if t.startswith("test_")]
+    assert tests
+    for test in tests:
+        test()
+    # The config line, with the module where this test put it: a real config, validated (the class is importable,
+    # its rows are prompt rows).
+    config = P3OConfig().training(model=tiny_model, group_size=2, prompts_per_step=2, max_tokens=2)
+    exec(
+        config_line.replace("rllib_p3o.envs.guess_digit", "guess_digit"),
+        {"config": config, "guess_digit_rows": guess_digit.guess_digit_rows},
+    )
+    config.validate()
+    assert config.env_config["multi_turn_env"] == "guess_digit:GuessDigitEnv"
+    assert {"prompt", "secret"} <= set(config.env_config["dataset"][0])

@@ -1,5 +1,5 @@
 """Every command a results page quotes reproduces the file the page cites: the script exists, its own argparse parser
-accepts every flag (`benchmarks/_argv_probe.py` runs the script up to its ``parse_args``, in one subprocess), and
+accepts every flag (`results_check/argv_probe.py` runs the script up to its ``parse_args``, in one subprocess), and
 the output it would write is the committed file the page names. Reads files and parses arguments only."""
 
 import glob
@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from results_check.commands import page_commands
 
-from results_check import page_commands  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PAGES = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "results", "*.md")))
 COMMANDS = [(page, command) for page in PAGES for command in page_commands(open(os.path.join(ROOT, page)).read())]
@@ -60,7 +59,7 @@ def parsed():
     """Each command's namespace and outputs from its script's own parser."""
     request = json.dumps([[command.script, command.argv] for _, command in COMMANDS])
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "_argv_probe.py")],
+        [sys.executable, "-m", "results_check.argv_probe"],
         input=request,
         capture_output=True,
         text=True,
@@ -107,7 +106,7 @@ def test_a_flag_the_script_lacks_or_a_wrong_output_is_caught(tmp_path):
         ["benchmarks/peer_trl.py", ["--sizes", "10M"]],
     ]
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "_argv_probe.py")],
+        [sys.executable, "-m", "results_check.argv_probe"],
         input=json.dumps(request),
         capture_output=True,
         text=True,
@@ -116,6 +115,6 @@ def test_a_flag_the_script_lacks_or_a_wrong_output_is_caught(tmp_path):
     )
     bad_flag, no_out = json.loads(out.stdout.splitlines()[-1])
     assert "unrecognized arguments: --no-such-flag" in bad_flag["error"]
-    assert no_out["outputs"] == ["benchmarks/results/peer_trl.json"]  # not peer_trl_10M.json
+    assert no_out["outputs"] == ["results/benchmarks/peer_trl.json"]  # not peer_trl_10M.json
     with pytest.raises(AssertionError, match="other sizes or lengths"):
-        _peer_trl_agrees(no_out["namespace"], _load("benchmarks/results/peer_trl_10M.json"))
+        _peer_trl_agrees(no_out["namespace"], _load("results/benchmarks/peer_trl_10M.json"))

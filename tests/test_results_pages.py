@@ -1,20 +1,18 @@
-"""The results check (`benchmarks/results_check.py`): every results page agrees with its committed result files, and
+"""The results check (`python -m results_check`): every results page agrees with its committed result files, and
 a page or a file changed by one number fails it. Reads files only (no Ray)."""
 
 import glob
 import json
 import os
 import shutil
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from results_check import cli
+from results_check.page import COMMIT_HASH, UNCHECKED_NOTE, Page, check_page
+from results_check.registry import PAGES
 
-import results_check  # noqa: E402
-from pages import PAGES  # noqa: E402
-from results_check import UNCHECKED_NOTE, Page, check_page  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.path for p in PAGES])
@@ -40,6 +38,20 @@ def _edit(root, path, old, new):
 
 
 SWEEP_PAGE = next(p for p in PAGES if p.path == "docs/results/claims-sweep.md")
+
+
+def test_the_check_has_no_import_cycle(monkeypatch):
+    """Pages import `Page` from `results_check.page`; the list of pages (`results_check.registry`) imports the pages;
+    nothing imports back up (read from the sources, as `tests/test_layout.py` reads the package)."""
+    import pathlib
+
+    import test_layout
+
+    monkeypatch.setattr(test_layout, "PACKAGE", pathlib.Path(ROOT) / "results_check")
+    graph = test_layout.import_graph()
+    assert "results_check.page" in graph["results_check.pages.claims"]  # the graph sees the check's modules
+    assert "results_check.pages.claims" in graph["results_check.registry"]
+    assert test_layout.find_cycle(graph) == []
 
 
 def test_one_number_changed_in_a_summary_file_fails_the_check(tmp_path):
@@ -101,13 +113,13 @@ def _set(path, keys, value):
 ONE_NUMBER_CHANGED = [
     (
         "docs/results/demo.md",
-        ["benchmarks/results/demo_seeds.json", "rllib_p3o/tasks/tiny_model.py"],
-        _set("benchmarks/results/demo_seeds.json", ["runs", 4, "iterations_to_target"], 250),  # base 2, RL 0: 245
+        ["results/benchmarks/demo_seeds.json", "rllib_p3o/tasks/tiny_model.py"],
+        _set("results/benchmarks/demo_seeds.json", ["runs", 4, "iterations_to_target"], 250),  # base 2, RL 0: 245
         "| 2 | 0.295 | 0.915, 136 s (250) | 0.925, 75 s (145) |",
     ),
     (
         "docs/results/demo.md",
-        ["benchmarks/results/demo_seeds.json", "rllib_p3o/tasks/tiny_model.py"],
+        ["results/benchmarks/demo_seeds.json", "rllib_p3o/tasks/tiny_model.py"],
         lambda root: _edit(
             root, "rllib_p3o/tasks/tiny_model.py", "correct_fraction: float = 0.4,", "correct_fraction: float = 0.5,"
         ),
@@ -115,14 +127,14 @@ ONE_NUMBER_CHANGED = [
     ),
     (
         "docs/results/tool-use.md",
-        ["benchmarks/results/tool_use_seeds.json", "rllib_p3o/tasks/products.py"],
-        _set("benchmarks/results/tool_use_seeds.json", ["runs", 3, "with_tool", "train_time_s"], 18.0),  # 19.4 s
+        ["results/benchmarks/tool_use_seeds.json", "rllib_p3o/tasks/products.py"],
+        _set("results/benchmarks/tool_use_seeds.json", ["runs", 3, "with_tool", "train_time_s"], 18.0),  # 19.4 s
         "| 1 | 0 | 0.140 → 0.950, 12, 18.0 s | 0.170 (36) |",
     ),
     (
         "docs/results/faults.md",
-        ["benchmarks/results/faults.json"],
-        _set("benchmarks/results/faults.json", ["runner_kill", "seconds_to_recover"], 16.2),  # 14 s
+        ["results/benchmarks/faults.json"],
+        _set("results/benchmarks/faults.json", ["runner_kill", "seconds_to_recover"], 16.2),  # 14 s
         "runner back, with verified weights, 16 s (7 iterations) after the kill",
     ),
 ]
@@ -161,9 +173,9 @@ def test_a_section_without_a_committed_file_must_say_so(tmp_path):
 
 def test_the_command_line_check_exits_non_zero_on_a_disagreeing_page(tmp_path, capsys):
     root = _copy(tmp_path, SWEEP_PAGE.path, "results/sweep")
-    assert results_check.main([SWEEP_PAGE.path, "--root", root]) == 0
+    assert cli.main([SWEEP_PAGE.path, "--root", root]) == 0
     _edit(root, SWEEP_PAGE.path, "63.7 min", "64.0 min")
-    assert results_check.main([SWEEP_PAGE.path, "--root", root]) == 1
+    assert cli.main([SWEEP_PAGE.path, "--root", root]) == 1
     assert "63.7 min" in capsys.readouterr().out  # what the page should say
 
 
@@ -171,7 +183,7 @@ def test_the_changelog_is_history_by_version():
     """CHANGELOG.md: one section per version, no commit hashes, no per-commit tables."""
     with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
         text = f.read()
-    assert results_check._COMMIT_HASH.findall(text) == []
+    assert COMMIT_HASH.findall(text) == []
     assert not [line for line in text.splitlines() if line.startswith("|")]
     versions = [line for line in text.splitlines() if line.startswith("## ")]
     assert versions and all(line.startswith("## [") for line in versions), versions

@@ -14,7 +14,9 @@ from ray import cloudpickle
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
-from rllib_p3o.data.reward_models import (
+from rllib_p3o.data.rewards import make_reward_function
+from rllib_p3o.reward_models.actors import RewardModelActors
+from rllib_p3o.reward_models.server import (
     RewardModelClient,
     RewardModelError,
     RewardModelServer,
@@ -23,8 +25,6 @@ from rllib_p3o.data.reward_models import (
     reward_model_specs,
     reward_model_text,
 )
-from rllib_p3o.data.rewards import make_reward_function
-from rllib_p3o.driver.reward_models import RewardModelActors
 
 # The runner actor cannot import this test module: ship its reward function by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

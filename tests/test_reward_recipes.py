@@ -11,14 +11,14 @@ import pytest
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
-from rllib_p3o.data.math_rewards import math_verify_reward
-from rllib_p3o.data.reasoning_gym_tasks import (
+from rllib_p3o.data.rewards import RewardFunction
+from rllib_p3o.envs.math_rewards import math_verify_reward
+from rllib_p3o.envs.reasoning_gym_tasks import (
     INDEX_COLUMN,
     TASK_COLUMN,
     reasoning_gym_dataset,
     reasoning_gym_reward,
 )
-from rllib_p3o.data.rewards import RewardFunction
 
 
 def test_math_verify_reward_checks_equal_answers_in_any_notation():
@@ -34,7 +34,7 @@ def test_math_verify_reward_through_the_reward_contract_and_off_the_main_thread(
     """Through `RewardFunction` as the runners call it; math-verify's SIGALRM timeouts only work on the main thread,
     so elsewhere the reward runs without them instead of raising."""
     rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
-    fn = RewardFunction("rllib_p3o.data.math_rewards:math_verify_reward")
+    fn = RewardFunction("rllib_p3o.envs.math_rewards:math_verify_reward")
     out = {}
     thread = threading.Thread(target=lambda: out.update(r=fn.score(["1+1=", "2+2="], ["2", "5"], rows)))
     thread.start()

@@ -11,13 +11,13 @@ import pyarrow.fs
 import pyarrow.parquet as pq
 import pytest
 import ray
+from helpers import tiny_config
 from ray import tune
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.cli import main as cli_main
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core import storage
-from rllib_p3o.tasks import ArithmeticTask
 
 BUCKET = "p3o-test"
 # Ray actors unpickle this module's functions by value (the tests directory is not importable there).
@@ -53,22 +53,7 @@ def _bucket_files(fs, prefix):
 
 
 def _config(model, **training):
-    task = ArithmeticTask()
-    return (
-        P3OConfig()
-        .environment(env_config={"dataset": task.train_rows()[:200], "reward_fn": length_reward})
-        .training(
-            model=model,
-            group_size=4,
-            prompts_per_step=8,
-            max_tokens=3,
-            lr=1e-3,
-            eval_interval=0,
-            **training,
-        )
-        .env_runners(num_env_runners=1)
-        .debugging(seed=0)
-    )
+    return tiny_config(model, length_reward, rows=200, max_tokens=3, **training)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import time
 
 import pandas as pd
 import pytest
+from helpers import tiny_config
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
@@ -19,24 +20,12 @@ from rllib_p3o.driver.trial_reuse import config_differences
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import METHODS, lr_schedule
 from rllib_p3o.sweep.run import stage_parallelism
-from rllib_p3o.tasks import ArithmeticTask
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(model: str, **training) -> P3OConfig:
-    return (
-        P3OConfig()
-        .environment(
-            env_config={
-                "dataset": ArithmeticTask().train_rows()[:40],
-                "reward_fn": "rllib_p3o.tasks.arithmetic:arithmetic_reward",
-            }
-        )
-        .training(model=model, group_size=4, prompts_per_step=8, max_tokens=2, lr=1e-3, eval_interval=0, **training)
-        .env_runners(num_env_runners=1)
-        .debugging(seed=0)
-    )
+    return tiny_config(model, "rllib_p3o.tasks.arithmetic:arithmetic_reward", rows=40, **training)
 
 
 def test_reuse_check_ignores_a_restored_experiments_lists_but_not_a_real_change(tiny_model):
@@ -378,8 +367,8 @@ def test_regime_matrix_puts_each_regime_on_a_row_bolds_its_best_and_counts_colla
     assert lines[3] == "| temperature_1.2 | **0.840 ± 0.010** | 0.660 ± 0.010 (1/3 collapsed) |"
 
 
-def test_compare_trials_ignores_the_machines_columns_fails_on_a_training_value_and_sets_two_runs_side_by_side(tmp_path):
-    # benchmarks/compare_trials.py on files the sweep's own writer wrote (no Ray: it reads files only).
+def test_sweep_compare_ignores_the_machines_columns_fails_on_a_training_value_and_sets_two_runs_side_by_side(tmp_path):
+    # `python -m rllib_p3o.sweep.compare` on files the sweep's own writer wrote (no Ray: it reads files only).
     reference, rerun = str(tmp_path / "reference"), str(tmp_path / "rerun")
     for method in ("p3o", "cispo"):
         _write_trial(reference, "on_policy", (method, 0, 5e-4), 0.7)
@@ -391,8 +380,8 @@ def test_compare_trials_ignores_the_machines_columns_fails_on_a_training_value_a
     frame.to_csv(report.trial_path(rerun, "on_policy", "p3o_seed0_lr0.0005"), index=False)
 
     def compare(*extra):
-        script = os.path.join(ROOT, "benchmarks", "compare_trials.py")
-        args = [sys.executable, script, os.path.join(reference, "trials"), os.path.join(rerun, "trials"), *extra]
+        trials = [os.path.join(reference, "trials"), os.path.join(rerun, "trials")]
+        args = [sys.executable, "-m", "rllib_p3o.sweep.compare", *trials, *extra]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
         return subprocess.run(args, env=env, capture_output=True, text=True)
 

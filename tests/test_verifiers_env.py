@@ -12,14 +12,14 @@ import verifiers.v1 as vf
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
-from rllib_p3o.data.verifiers_tasks import ENV_COLUMN, KEY_COLUMN, VerifiersError, verifiers_dataset
-from rllib_p3o.runner.verifiers_env import VerifiersEnv
-from rllib_p3o.tasks.verifiers_modsum import question
-from rllib_p3o.tasks.verifiers_modsum_game import MAX_TRIES
+from rllib_p3o.envs.verifiers_env import VerifiersEnv
+from rllib_p3o.envs.verifiers_modsum import question
+from rllib_p3o.envs.verifiers_modsum_game import MAX_TRIES
+from rllib_p3o.envs.verifiers_tasks import ENV_COLUMN, KEY_COLUMN, VerifiersError, verifiers_dataset
 
-TASKSET = {"id": "rllib_p3o.tasks.verifiers_modsum", "size": 6}
+TASKSET = {"id": "rllib_p3o.envs.verifiers_modsum", "size": 6}
 SINGLE = {"taskset": TASKSET}
-GAME = {"id": "rllib_p3o.tasks.verifiers_modsum_game", "taskset": TASKSET}
+GAME = {"id": "rllib_p3o.envs.verifiers_modsum_game", "taskset": TASKSET}
 
 
 def _say(env, text):

@@ -23,7 +23,6 @@ BEHAVIOR_PREFIX = "behavior/"
 POLICY_SOURCE_ID = 0
 
 
-
 def source_id(name: str) -> int:
     """The id of a source name: 0 for the policy, else a stable 30-bit hash + 1 (never 0)."""
     return POLICY_SOURCE_ID if name == POLICY else (zlib.crc32(name.encode()) & 0x3FFFFFFF) + 1

@@ -17,9 +17,9 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from rllib_p3o.core.callables import function_name, resolve_callable
-from rllib_p3o.data import reward_models
 from rllib_p3o.data.chat import is_conversational
 from rllib_p3o.data.datasets import Row
+from rllib_p3o.reward_models import server as reward_models
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ def _unique(names: List[str]) -> List[str]:
 
 def make_reward_function(env_config: Mapping[str, Any]) -> Optional[RewardFunction]:
     """The `RewardFunction` an ``env_config`` describes (``reward_fn``/``reward_funcs``, then one function per
-    ``reward_models`` entry, `rllib_p3o.data.reward_models`; ``reward_weights`` one per function in that order), or
+    ``reward_models`` entry, `rllib_p3o.reward_models.server`; ``reward_weights`` one per function in that order), or
     None."""
     spec = reward_spec(env_config)
     models = reward_models.clients(env_config)

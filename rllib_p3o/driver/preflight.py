@@ -201,8 +201,8 @@ def world_problems(config: Any, default_env: Any) -> Iterator[str]:
     from rllib_p3o.core.sources import check_same_tokenizer
     from rllib_p3o.data.chat import ChatTemplateError
     from rllib_p3o.data.datasets import check_chat_dataset
-    from rllib_p3o.data.reward_models import reward_model_specs
     from rllib_p3o.data.rewards import make_reward_function
+    from rllib_p3o.reward_models.server import reward_model_specs
 
     yield from storage_problems(config)
     problem = unknown_key_problem(config.env_config or {}, own_environment=has_own_environment(config, default_env))

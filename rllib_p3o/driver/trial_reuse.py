@@ -11,7 +11,7 @@ from typing import Any, List
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from rllib_p3o.core.settings import SETTINGS
-from rllib_p3o.data.reward_models import ACTORS_KEY as REWARD_MODEL_ACTORS
+from rllib_p3o.reward_models.server import ACTORS_KEY as REWARD_MODEL_ACTORS
 
 # RLlib's settings that reach only the driver and the learner.
 RLLIB_RESETTABLE_KEYS = (

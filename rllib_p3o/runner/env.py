@@ -19,7 +19,7 @@ schedule picks the rows) and scores with `TextEnv.score`, so the reward function
         TRL passes them; for string prompts, texts. See `RewardFunction` for weights and None.
     ``reward_weights``: optional, one weight per reward function (TRL's ``reward_weights``; default all 1.0).
     ``reward_funcs``: TRL's name, accepted for ``reward_fn`` (give one of the two).
-    ``reward_models``: optional, reward models served by Ray actors (`rllib_p3o.data.reward_models`), scored after
+    ``reward_models``: optional, reward models served by Ray actors (`rllib_p3o.reward_models.server`), scored after
         the reward functions (``reward_weights``: then one weight per reward model).
     ``multi_turn_env``: optional, a `rllib_p3o.runner.multiturn.MultiTurnEnv` class: episodes of several turns (see there
         for ``max_turns``, ``max_total_tokens``); ``reward_fn`` is then optional.

@@ -1,8 +1,0 @@
-"""Where the committed result files live, relative to the repository root (one place to change when they move)."""
-
-BENCH_RESULTS = "benchmarks/results"  # the benchmark scripts' JSON
-SWEEP = "results/sweep"  # `rllib-p3o sweep --full` on the demo task
-BENCH = "results/bench"  # the claims bench (sorting task, one optimizer step per rollout batch)
-BENCH_AVX2 = "results/bench-avx2"  # the claims bench's earlier grid, on an AVX2 CPU
-BENCH_ABLATION = "results/bench-ablation"  # the claims bench's behavior_weaker ablation
-BENCH_TWO_STEP = "results/bench-two-step"  # the claims bench's earlier grid: two optimizer steps per rollout batch

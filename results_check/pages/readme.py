@@ -1,0 +1,54 @@
+"""README.md's Results section: the figures it quotes from the results pages' files."""
+
+from __future__ import annotations
+
+from typing import List
+
+from results_check.page import Page
+from results_check.pages import claims
+from results_check.pages._fmt import load_json, num, pct, words
+from results_check.pages._paths import BENCH_RESULTS
+
+
+def quotes(root: str) -> List[str]:
+    demo = load_json(root, f"{BENCH_RESULTS}/demo_seeds.json")
+    tool = load_json(root, f"{BENCH_RESULTS}/tool_use_seeds.json")
+    soak = load_json(root, f"{BENCH_RESULTS}/soak.json")
+    ratio = {
+        t: load_json(root, f"{BENCH_RESULTS}/{f}.json")["ratio_project_over_peer"][f"2.44M, <= {t} tokens"][
+            "best over best"
+        ]
+        for t, f in ((16, "peer_trl_16"), (128, "peer_trl_128_buckets64"))
+    }
+    its = tool["with_tool_iterations"]
+    growth = max(run["growth"][p] for run in soak["runs"] for p in ("driver", "runner_1", "learner_1"))
+    bench = claims.default_standing(root)
+    _, best = bench["weaker_best"]
+    headline = (
+        f"P3O's default is within {claims.AIM_GAP:g} of the best method in {len(bench['held'])} of "
+        f"{len(bench['regimes'])} regimes, {bench['weaker'][0]:.3f} with a weaker second model writing half of each "
+        f"group (best: {best[0]:.3f})"
+    )
+    if bench["missed"]:
+        headline += f", and misses in {words([f'`{r}`' for r in bench['missed']])}"
+    return [
+        headline,
+        f"{demo['num_reached']} of {demo['num_runs']} seed pairs reach held-out ≥ {demo['target']:g}, after a median "
+        f"{demo['seconds_to_target']['median']:.0f} s of training",
+        f"{tool['successes']} of {tool['total']} runs learn two-digit products to ≥ 0.9 in {its['min']}–{its['max']} "
+        f"iterations; without it, none gets past {tool['without_tool_heldout_best']['max']:g}",
+        f"({ratio[16]:.2f}× its step time at completions of up to 16 tokens, {ratio[128]:.2f}× at up to 128;",
+        f"{num(soak['iterations'])} iterations in sync and async mode, no process growing by more than "
+        f"{pct(growth, 1)} after warm-up",
+        f"rllib-p3o 0.1.0, except precision, the soak, the benchmarks at lengths up to 512 tokens and the claims "
+        f"bench ({soak['version']})",
+    ]
+
+
+PAGE = Page(
+    path="README.md",
+    quotes=quotes,
+    settings=("2-core x86-64 CPUs", "at up to 512", "an AVX-512 one", "temperature 1.2,"),
+    sections=("Results",),
+    info_box=False,
+)
