@@ -715,6 +715,8 @@ class P3O(Algorithm):
         restored = env_runner_group.probe_unhealthy_env_runners() if self.config.is_online else []
         if restored:
             self._runner_restarts += len(restored)
+            for source in self._sources:
+                source.runners_restarted(restored)
             stats = self._weight_sync.push_to(restored)
             logger.warning(
                 "EnvRunner %s restarted; current weights v%d loaded and verified (probe max |diff| %s).",

@@ -93,3 +93,17 @@ def test_behavior_model_with_another_tokenizer_fails_at_start(tiny_model, tmp_pa
         rf"{tiny_model}",
     ):
         _config(tiny_model, behavior_models=[{"model": other, "samples": 2}]).validate()
+
+
+def test_async_data_are_as_old_as_the_sample_calls_in_flight(ray_session, tiny_model):
+    """RLlib's ``max_requests_in_flight_per_env_runner`` sets the async pipeline's depth: each weight push queues in
+    the runner behind its calls in flight, so with 3 the learner trains on data 3 versions old, and none is dropped
+    within ``max_staleness=3``."""
+    cfg = _config(tiny_model, async_sampling=True, max_staleness=3).env_runners(max_requests_in_flight_per_env_runner=3)
+    algo = cfg.build_algo()
+    try:
+        p = [algo.train()[m.P3O] for _ in range(6)]
+    finally:
+        algo.stop()
+    assert [x[m.STALENESS_MAX] for x in p] == [0, 1, 2, 3, 3, 3]
+    assert sum(x[m.DROPPED_STALE_SAMPLES] for x in p) == 0

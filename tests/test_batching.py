@@ -152,9 +152,9 @@ def test_offline_prelearner_rows_make_the_same_batch_as_records(tiny_model):
             "advantage": -0.75,
             "group_id": "g",
             "policy_version": 2,
-            "source": "online",
+            "source": "policy",
         },
-    ]  # recorded before the policy source was renamed: still replayed policy data
+    ]
     columns = {k: np.array([r[k] for r in rows] + [None], dtype=object)[:-1] for k in rows[0]}
     out = prelearner(columns)
     fixed = {k.split("/", 1)[1]: v for k, v in out.items()}

@@ -104,6 +104,7 @@ def test_the_built_in_fields_keep_the_batch_layout():
         "completion_mask",
         "behavior_logprobs",
         "kept_ids",
+        "policy_version",
         "advantages",
         "weights_seq_no",
         "source_id",

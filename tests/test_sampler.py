@@ -224,3 +224,71 @@ def test_split_groups_is_contiguous_and_near_equal():
     plan = split_groups(groups, [1, 4])
     assert [len(plan[1]), len(plan[4])] == [3, 2] and plan[1] + plan[4] == groups
     assert split_groups(groups[:1], [1, 2, 3]) == {1: groups[:1]}
+
+
+class _SerialRunner:
+    """Stands in for `EngineRunners` over one remote runner that runs its calls in order, as a Ray actor does (this
+    test is about the sampler's pipeline depth, not Ray): a sample() call is generated with the weights version the
+    runner holds when the call's turn comes, and a weight push queued behind sample() calls loads after them. Each
+    sample() call finishes at the next poll."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.queue = []  # ("sample", groups) or ("load", version), in submission order
+        self.version = 0
+        self.started = 0
+
+    def healthy_ids(self):
+        return [1]
+
+    def num_runners(self):
+        return 1
+
+    def start(self, fns, tag):
+        if fns and sum(1 for kind, _ in self.queue if kind == "sample") < self.limit:  # RLlib's per-tag limit
+            self.queue.append(("sample", self.started))
+            self.started += 1
+
+    def push(self, version):
+        self.queue.append(("load", version))
+
+    def fetch_ready(self, tag, timeout_s):
+        while self.queue and self.queue[0][0] == "load":
+            self.version = self.queue.pop(0)[1]
+        if not self.queue:
+            return []
+        _, group = self.queue.pop(0)
+        episode = completion_episode(
+            prompt_ids=[1, 2],
+            completion_ids=[3],
+            behavior_logprobs=[-0.1],
+            reward=1.0,
+            weights_seq_no=self.version,
+            group_id=group,
+            source_id=source_id(POLICY),
+        )
+        return [(1, ([episode] * 2, {}, None))]
+
+
+@pytest.mark.parametrize("requests", [1, 2, 4])
+def test_async_data_are_as_many_versions_old_as_sample_calls_in_flight(requests):
+    """With k sample() calls in flight per runner (RLlib's ``max_requests_in_flight_per_env_runner``), each weight
+    push queues behind k calls, so after a warm-up the learner trains on data k versions old; with k = 1 the data are
+    one version old."""
+    runner = _SerialRunner(limit=requests)
+    config = SimpleNamespace(
+        async_sampling=True,
+        max_staleness=8,
+        sample_timeout_s=5.0,
+        online_prompts_per_step=1,
+        group_size=2,
+        max_requests_in_flight_per_env_runner=requests,
+    )
+    sampler = Sampler(config, runner, MetricsLogger(), PromptSchedule(num_rows=100))
+    staleness = []
+    for version in range(12):
+        records = sampler.sample(weights_seq_no=version)
+        staleness.append(max(r[Record.STALENESS] for r in records))
+        runner.push(version + 1)  # the learner's update, pushed without waiting (async mode)
+    assert staleness[-4:] == [requests] * 4
+    assert sum(len(calls) for calls in sampler._in_flight.values()) == requests  # the pipeline stays full

@@ -15,6 +15,8 @@ Layout of a learner batch of B rows right-padded to T tokens (targets are ``inpu
                                environment tokens are 0), behavior_logprobs (log π_b of that target)
                     [B, T-1, W] kept_ids: the sampler's kept set of each target under top-k/top-p sampling
                                (`KEPT_PAD` after it; W = 0 when nothing in the batch was truncated)
+                    [B, T-1]   policy_version: the weights version that sampled each target (a completion that
+                               in-flight weight updates reached spans several; else the row's weights_seq_no)
     row columns     [B]        advantages, weights_seq_no, source_id, staleness
 """
 
@@ -54,6 +56,9 @@ class Columns:
     # Top-k/top-p sampling: the token ids the sampler kept at each target [B, T-1, W] (`KEPT_PAD` after them; a row
     # of `KEPT_PAD` only: sampled untruncated; `KEPT_OVERFLOW` first: the kept set was larger than recorded).
     KEPT_IDS = "kept_ids"
+    # The weights version that sampled each target [B, T-1]: with in-flight weight updates a completion's tokens may
+    # come from several versions (`rllib_p3o.runner.inflight`); otherwise the row's weights_seq_no at every token.
+    POLICY_VERSION = "policy_version"
 
 
 class Record:
@@ -73,6 +78,9 @@ class Record:
     LOSS_MASK = "loss_mask"
     # Top-k/top-p sampling: [completion tokens, W] int32, each token's kept set (absent: sampled untruncated).
     KEPT_IDS = Columns.KEPT_IDS
+    # One weights version per completion token (absent: every token of the row's WEIGHTS_SEQ_NO, which is then the
+    # completion's oldest version).
+    POLICY_VERSION = Columns.POLICY_VERSION
 
 
 # Kept sets (`Columns.KEPT_IDS`): the padding after a token's kept set, and the mark of a token whose kept set was
@@ -129,7 +137,10 @@ class Field:
     ``"list<float32>"``, ...); ``nullable``: a missing value is written as null and read back as ``default``.
     ``label``: its name in error messages (default: ``key``). ``ragged``: a per-token field whose value at each
     token is a list of ids (a ``[tokens, W]`` array padded with `KEPT_PAD`; its batch column is ``[B, T-1, W]``,
-    W the widest of the batch, padded with `KEPT_PAD`; a record without it: none at any token).
+    W the widest of the batch, padded with `KEPT_PAD`; a record without it: none at any token). ``fallback``: a
+    per-token field that episodes and records may leave out (as a ragged one may): its value at every token is then
+    the record's row field ``fallback`` (an extra per-token buffer in every episode costs the runners time; only
+    the completions that need it carry it).
 
     `pad_records` (batching), the episode builders and `episodes_to_records`, the recorder and the trajectory
     reader all loop over `FIELDS`: a new column is one `Field` here plus the code that produces its value (the
@@ -147,6 +158,7 @@ class Field:
     nullable: bool = False
     label: str = ""
     ragged: bool = False
+    fallback: Optional[str] = None
 
     @property
     def what(self) -> str:
@@ -175,6 +187,13 @@ FIELDS: Tuple[Field, ...] = (
         Record.KEPT_IDS, TOKEN, np.int32, batch=Columns.KEPT_IDS, episode=True, label="kept sets", ragged=True,
     ),
     Field(Record.STALENESS, ROW, np.int64, batch=Columns.STALENESS, default=-1),
+    # The weights version of each token, where a completion spans several (in-flight weight updates): the row's
+    # weights_seq_no (its oldest) at every token otherwise. "policy_versions" in the trajectory files, beside the
+    # row's policy_version.
+    Field(
+        Record.POLICY_VERSION, TOKEN, np.int64, batch=Columns.POLICY_VERSION, episode=True, file="policy_versions",
+        arrow="list<int64>", nullable=True, label="policy versions", fallback=Record.WEIGHTS_SEQ_NO,
+    ),
 )  # fmt: skip
 
 TOKEN_COLUMNS: Tuple[str, ...] = (Columns.INPUT_IDS, Columns.ATTENTION_MASK)
@@ -231,8 +250,9 @@ def to_file(field: Field, value: Any) -> Any:
 
 def from_file(field: Field, value: Any) -> Any:
     """A trajectory column's value of ``field`` as a record holds it: its default where it is null (None when the
-    field is nullable and has none), a list as a numpy array of its dtype, a string as it is."""
-    if value is None:
+    field is nullable and has none), a list as a numpy array of its dtype, a string as it is. A null may reach here
+    as None or, through a pandas/numpy batch of Ray Data, as a float NaN."""
+    if value is None or (isinstance(value, (float, np.floating)) and value != value):
         return field.default
     if field.arrow.startswith("list<"):
         return np.asarray(value, dtype=field.dtype)

@@ -31,6 +31,8 @@ RESOURCES = "resources"
 GROUPS: Tuple[str, ...] = (MODEL, LOSSES_GROUP, SAMPLING, SYNC, EVALUATION, OFFLINE, PRECISION, RESOURCES)
 
 ESS_SCOPES = ("batch", "source", "version")
+# With in-flight weight updates, a running sequence's prefix KV after a load (`rllib_p3o.runner.inflight`).
+INFLIGHT_KV_CACHE = ("recompute", "keep")
 # How a setting that names files is resolved (`setting(path=...)`).
 MODEL_PATH, MODEL_PATHS, OUTPUT_PATH = "model", "models", "output"
 LOGPROBS_MODES = ("processed", "raw")
@@ -195,14 +197,35 @@ class P3OSettings:
         False,
         group=SAMPLING,
         help="Runners keep generating while the learners update; weights reach them without a pause (each runner "
-        "loads them after its current sample). Needs remote EnvRunners.",
+        "loads them after its current sample). Needs remote EnvRunners. The data are as many versions old as "
+        "sample() calls each runner has in flight: RLlib's env_runners(max_requests_in_flight_per_env_runner=k), 1 "
+        "by default (one version old); more keeps the engines busier at the price of staler data.",
     )
     max_staleness: int = setting(
         2,
         group=SAMPLING,
         minimum=0,
         help="In async mode, policy samples more than this many weight versions behind the learner are dropped "
-        "(and counted).",
+        "(and counted); a completion's staleness is its oldest token's.",
+    )
+    inflight_weight_updates: bool = setting(
+        False,
+        group=SAMPLING,
+        help="Async mode only: new weights reach the sequences a runner is generating. Each runner keeps more prompt "
+        "groups in its engine than one sample returns, returns the first to finish and continues the others after "
+        "the next weight load, between two engine steps, so a completion may span weight versions (each token's "
+        "version is recorded as `policy_version` and its behavior log-prob is that version's). Single-turn policy "
+        "rollouts with the in-process vLLM engine; not with multi-turn environments, behavior models or LoRA.",
+    )
+    inflight_kv_cache: str = setting(
+        "recompute",
+        group=SAMPLING,
+        choices=INFLIGHT_KV_CACHE,
+        help="With `inflight_weight_updates`: what new weights do to the KV cache of a running sequence's prefix. "
+        '"recompute": the sequence is prefilled again with the new weights, so each later token is sampled exactly '
+        'from its version given its prefix; "keep" (PipelineRL\'s): the old-weight KV stays, which saves the prefill '
+        "but samples later tokens from the new weights attending to old-weight keys and values (the engine then runs "
+        "without a prefix cache).",
     )
     behavior_models: List[Dict[str, Any]] = setting(
         group=SAMPLING,

@@ -94,7 +94,12 @@ def pad_records(records: Sequence[Mapping[str, Any]], pad_id: int, pad_to: Optio
         else:  # multi-turn: environment tokens are context, not trained on
             out[Columns.COMPLETION_MASK][i, p - 1 : p - 1 + c] = loss_mask
         for f in per_token:
-            values = r[f.key] if f.default is None else r.get(f.key, np.full(c, f.default))
+            values = r.get(f.key)
+            if values is None:
+                if f.fallback is not None:  # left out: the record's row field at every token
+                    values = np.full(c, r.get(f.fallback, _default(f.fallback)))
+                else:
+                    values = r[f.key] if f.default is None else np.full(c, f.default)
             if len(values) != c:
                 raise ValueError(f"record {i}: {len(values)} {f.what} for {c} completion tokens")
             out[f.batch][i, p - 1 : p - 1 + c] = values
@@ -111,6 +116,11 @@ def pad_records(records: Sequence[Mapping[str, Any]], pad_id: int, pad_to: Optio
             values = [r[f.key] for r in records] if f.default is None else [r.get(f.key, f.default) for r in records]
             out[f.batch] = np.asarray(values, dtype=f.dtype)
     return out
+
+
+def _default(key: str) -> Any:
+    """The declared default of the field ``key`` (`rllib_p3o.core.columns.FIELDS`)."""
+    return next(f.default for f in columns.FIELDS if f.key == key)
 
 
 def real_width(batch: Mapping[str, np.ndarray]) -> int:

@@ -51,6 +51,8 @@ def _token_extras(values: Mapping[str, Any], tokens: int) -> Dict[str, np.ndarra
                 if value is not None:  # untruncated sampling carries none: the decoders read it as absent
                     out[f.key] = columns.ragged_array(value, tokens, f.dtype)
                 continue
+            if value is None and f.fallback is not None:  # left out: its row field's value at every token
+                continue
             if value is None and f.default is not None:
                 value = np.full(tokens, f.default)
             if value is None:
@@ -172,7 +174,7 @@ def episodes_to_records(episodes: Sequence[SingleAgentEpisode]) -> List[Dict[str
             Record.INFOS: ep.get_infos(-1),
         }
         for f in carried:  # per-token fields of a multi-turn episode: `_interleaved_turns` below
-            if f.ragged and f.key not in ep.extra_model_outputs:  # an episode built without it
+            if (f.ragged or f.fallback) and f.key not in ep.extra_model_outputs:  # an episode built without it
                 continue
             value = ep.get_extra_model_outputs(f.key, 0)
             record[f.key] = np.asarray(value, dtype=f.dtype) if f.per != ROW else f.dtype(value).item()

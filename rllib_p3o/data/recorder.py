@@ -26,6 +26,7 @@ ARROW_TYPES = {
     "string": lambda pa: pa.string(),
     "list<float32>": lambda pa: pa.list_(pa.float32()),
     "list<int32>": lambda pa: pa.list_(pa.int32()),
+    "list<int64>": lambda pa: pa.list_(pa.int64()),
     "list<int8>": lambda pa: pa.list_(pa.int8()),
 }
 

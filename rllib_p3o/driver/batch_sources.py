@@ -61,6 +61,9 @@ class BatchSource(abc.ABC):
         """Continue from a checkpoint's position; returns metrics to log about the restore."""
         return {}
 
+    def runners_restarted(self, runner_ids: Sequence[int]) -> None:
+        """RLlib restarted these runners (their engines start empty): forget what they held. Nothing by default."""
+
     def close(self) -> None:
         """Release what is in flight (the trial ends, or a reused Tune actor starts the next one)."""
 
@@ -106,6 +109,9 @@ class OnlineSource(BatchSource):
 
     def close(self) -> None:
         self.sampler.drain()
+
+    def runners_restarted(self, runner_ids: Sequence[int]) -> None:
+        self.sampler.forget_runners(runner_ids)
 
 
 class OfflineSource(BatchSource):

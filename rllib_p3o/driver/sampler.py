@@ -66,10 +66,24 @@ def set_staleness(records: Iterable[CompletionRecord], weights_seq_no: int) -> N
         r[Record.STALENESS] = weights_seq_no - r[Record.WEIGHTS_SEQ_NO] if is_policy(r[Record.SOURCE_ID]) else -1
 
 
-def chunk_staleness(chunk: Iterable[CompletionRecord], weights_seq_no: int) -> int:
-    """Versions between the learner and the newest policy weights in ``chunk``; 0 for a chunk without policy records."""
-    newest = max((r[Record.WEIGHTS_SEQ_NO] for r in chunk if is_policy(r[Record.SOURCE_ID])), default=None)
-    return weights_seq_no - newest if newest is not None else 0
+def chunk_staleness(chunk: Iterable[CompletionRecord], weights_seq_no: int, by_oldest: bool = False) -> int:
+    """Versions between the learner and the newest policy weights in ``chunk`` (``by_oldest``: the oldest, a
+    record's own version being its oldest token's); 0 for a chunk without policy records."""
+    versions = [r[Record.WEIGHTS_SEQ_NO] for r in chunk if is_policy(r[Record.SOURCE_ID])]
+    if not versions:
+        return 0
+    return weights_seq_no - (min(versions) if by_oldest else max(versions))
+
+
+def policy_versions(records: Iterable[CompletionRecord]) -> Set[int]:
+    """Every weights version that sampled a token of the policy's ``records`` (each token's, where a record carries
+    them; else the record's own)."""
+    out: Set[int] = set()
+    for r in records:
+        if is_policy(r[Record.SOURCE_ID]):
+            versions = r.get(Record.POLICY_VERSION)
+            out.update(int(v) for v in versions) if versions is not None else out.add(int(r[Record.WEIGHTS_SEQ_NO]))
+    return out
 
 
 class StaleChunkQueue:
@@ -79,8 +93,8 @@ class StaleChunkQueue:
     may turn stale there).
     """
 
-    def __init__(self, max_staleness: int):
-        self.max_staleness = max_staleness
+    def __init__(self, max_staleness: int, by_oldest: bool = False):
+        self.max_staleness, self.by_oldest = max_staleness, by_oldest
         self._chunks: collections.deque = collections.deque()
 
     def __len__(self) -> int:
@@ -98,7 +112,7 @@ class StaleChunkQueue:
         dropped: List[CompletionRecord] = []
         while self._chunks and len(taken) < need:
             chunk = self._chunks.popleft()
-            if chunk_staleness(chunk, weights_seq_no) > self.max_staleness:
+            if chunk_staleness(chunk, weights_seq_no, self.by_oldest) > self.max_staleness:
                 dropped += chunk
                 continue
             set_staleness(chunk, weights_seq_no)
@@ -130,8 +144,16 @@ class Sampler:
         self.runners = runners
         self.metrics = metrics_logger
         self.schedule = schedule
-        self.queue = StaleChunkQueue(config.max_staleness)
-        self._in_flight: Dict[int, List[Group]] = {}  # async: runner id -> the groups of its running sample()
+        # In-flight weight updates (`rllib_p3o.runner.inflight`): each runner holds more groups than a sample returns;
+        # a chunk is one prompt group, dropped by its oldest token's version.
+        self.inflight = bool(getattr(config, "inflight_weight_updates", False))
+        self.queue = StaleChunkQueue(config.max_staleness, by_oldest=self.inflight)
+        # Async: sample() calls each runner may have running or queued (RLlib's env_runners(
+        # max_requests_in_flight_per_env_runner=k)); a runner runs its calls in order, and a weight push queues behind
+        # them, so with k calls in flight the learner trains on data about k versions old.
+        self.requests_per_runner = max(1, int(getattr(config, "max_requests_in_flight_per_env_runner", 1) or 1))
+        self._in_flight: Dict[int, List[List[Group]]] = {}  # async: runner id -> the groups of each call, in order
+        self._held: Dict[int, List[Group]] = {}  # in-flight updates: runner id -> every group it holds
         self.dropped_stale_lifetime = 0
         self.samples_lost_lifetime = 0
         self.groups_filtered_lifetime = 0
@@ -225,17 +247,32 @@ class Sampler:
         return records
 
     def _arm(self) -> None:
-        """Keep one sample() in flight on every healthy runner, each with its own next prompt groups."""
+        """Keep ``requests_per_runner`` sample() calls in flight on every healthy runner, each with its own next prompt
+        groups. With in-flight weight updates a runner that holds no groups gets two samples' worth (one to return,
+        one to keep generating), then one sample's worth per call."""
         healthy = set(self.runners.healthy_ids())
-        for i in [i for i in self._in_flight if i not in healthy]:  # died with a sample() in flight
-            self.samples_lost_lifetime += len(self._in_flight[i]) * self.config.group_size
-            self.schedule.give_back(g.group_id for g in self._in_flight.pop(i))
+        for i in [i for i in set(self._in_flight) | set(self._held) if i not in healthy]:  # died: its groups back
+            self._lose(i)
         per_runner = math.ceil(self.config.online_prompts_per_step / max(1, self.runners.num_runners()))
-        fns = {}
-        for i in sorted(healthy - set(self._in_flight)):
-            self._in_flight[i] = groups = self.schedule.take(per_runner)
-            fns[i] = _sample_call(groups)
-        self.runners.start(fns, tag=SAMPLE_TAG)
+        for _ in range(self.requests_per_runner):
+            fns = {}
+            for i in sorted(i for i in healthy if len(self._in_flight.get(i, [])) < self.requests_per_runner):
+                lookahead = per_runner if self.inflight and not self._held.get(i) else 0
+                groups = self.schedule.take(per_runner + lookahead)
+                self._in_flight.setdefault(i, []).append(groups)
+                if self.inflight:
+                    self._held.setdefault(i, []).extend(groups)
+                fns[i] = _sample_call(groups, per_runner if self.inflight else None)
+            self.runners.start(fns, tag=SAMPLE_TAG)
+
+    def _lose(self, runner_id: int) -> None:
+        """A runner died or restarted: the groups it held or was sampling go back to the schedule (sampled again
+        first) and count as lost."""
+        calls = self._in_flight.pop(runner_id, [])
+        lost = self._held.pop(runner_id, None) or [g for groups in calls for g in groups]
+        if lost:
+            self.samples_lost_lifetime += len(lost) * self.config.group_size
+            self.schedule.give_back(g.group_id for g in lost)
 
     def _sample_async(self, need: int, weights_seq_no: int) -> List[CompletionRecord]:
         t0 = time.perf_counter()
@@ -255,8 +292,15 @@ class Sampler:
                 break
             self._arm()
             for i, result in self.runners.fetch_ready(SAMPLE_TAG, timeout_s=_POLL_S):
-                self._in_flight.pop(i, None)
-                self.queue.put(self._take_result(i, result))
+                self._done(i)
+                records = self._take_result(i, result)
+                if not self.inflight:
+                    self.queue.put(records)
+                    continue
+                returned = {int(r[Record.GROUP_ID]) for r in records}
+                self._held[i] = [g for g in self._held.get(i, []) if g.group_id not in returned]
+                for group in sampling_recipes.group_ids(records):  # one chunk per group: dropped by its own age
+                    self.queue.put([r for r in records if int(r[Record.GROUP_ID]) == group])
             if time.perf_counter() - t0 > self.config.sample_timeout_s:
                 raise RuntimeError(
                     f"async sampling produced no usable samples within sample_timeout_s="
@@ -279,22 +323,39 @@ class Sampler:
                 records, self.config.max_tokens, self._recipe("overlong_buffer"), self._recipe("overlong_penalty")
             )
         if self.verify is not None:
-            self.verify(
-                runner_id, probe_result, {r[Record.WEIGHTS_SEQ_NO] for r in records if is_policy(r[Record.SOURCE_ID])}
-            )
+            self.verify(runner_id, probe_result, policy_versions(records))
         return records
+
+    def forget_runners(self, runner_ids: Iterable[int]) -> None:
+        """Runners RLlib restarted start with empty engines: the groups their old selves held or were sampling go
+        back to the schedule (sampled again first) and count as lost."""
+        for i in runner_ids:
+            self._lose(i)
+
+    def _done(self, runner_id: int) -> None:
+        """A sample() call of this runner came back: its oldest call in flight (a runner runs its calls in order)."""
+        calls = self._in_flight.get(runner_id, [])
+        if calls:
+            calls.pop(0)
+        if not calls:
+            self._in_flight.pop(runner_id, None)
 
     def drain(self, timeout_s: float = 60.0) -> int:
         """Wait for the runners' in-flight async samples and discard them with the queue (before the weights are
         replaced by unrelated ones, as in `P3O.reset_config`). Returns how many sample() calls were waited for."""
-        waited = len(self._in_flight)
+        waited = sum(len(calls) for calls in self._in_flight.values())
         t0 = time.perf_counter()
         while self._in_flight and time.perf_counter() - t0 < timeout_s:
             for i, _ in self.runners.fetch_ready(SAMPLE_TAG, timeout_s=_POLL_S):
-                self._in_flight.pop(i, None)
+                self._done(i)
             healthy = set(self.runners.healthy_ids())  # a runner that died will not answer
             self._in_flight = {i: g for i, g in self._in_flight.items() if i in healthy}
-        self.queue = StaleChunkQueue(self.config.max_staleness)
+        self.queue = StaleChunkQueue(self.config.max_staleness, by_oldest=self.inflight)
+        if self._held:  # the groups the runners' engines still generate: dropped there, given back here
+            self.runners.call({i: _clear_held for i in self._held if i in set(self.runners.healthy_ids())})
+            for groups in self._held.values():
+                self.schedule.give_back(g.group_id for g in groups)
+            self._held = {}
         return waited
 
     # -- checkpoint: the data position ------------------------------------------------------------------------------
@@ -340,8 +401,20 @@ def split_groups(groups: List[Group], runner_ids: List[int]) -> Dict[int, List[G
     return plan
 
 
-def _sample_call(groups: List[Group]):
+def _sample_call(groups: List[Group], return_groups: Optional[int] = None):
     """The runner call for one sample() of these groups (with the runner's metrics since its last one, and the
-    weight-sync probe its engine scored on the way, if any)."""
+    weight-sync probe its engine scored on the way, if any); with in-flight weight updates, ``return_groups`` of the
+    groups it holds come back."""
     groups = [tuple(g) for g in groups]
-    return lambda runner: (runner.sample(groups=groups), runner.get_metrics(), runner.take_probe_result())
+    if return_groups is None:
+        return lambda runner: (runner.sample(groups=groups), runner.get_metrics(), runner.take_probe_result())
+    return lambda runner: (
+        runner.sample(groups=groups, return_groups=return_groups),
+        runner.get_metrics(),
+        runner.take_probe_result(),
+    )
+
+
+def _clear_held(runner: Any) -> int:
+    """The runner call that drops the prompt groups its in-flight engine holds (their weights are being replaced)."""
+    return runner.clear_held_groups()

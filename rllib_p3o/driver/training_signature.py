@@ -40,6 +40,8 @@ class TrainingSignature:
         vllm_kwargs: Dict[str, Any] = NotProvided,
         async_sampling: bool = NotProvided,
         max_staleness: int = NotProvided,
+        inflight_weight_updates: bool = NotProvided,
+        inflight_kv_cache: str = NotProvided,
         behavior_models: List[Dict[str, Any]] = NotProvided,
         dynamic_sampling: bool = NotProvided,
         dynamic_sampling_max_rounds: int = NotProvided,
@@ -100,6 +102,8 @@ class TrainingSignature:
                 vllm_kwargs (Dict[str, Any], default {})
                 async_sampling (bool, default False)
                 max_staleness (int, default 2)
+                inflight_weight_updates (bool, default False)
+                inflight_kv_cache (str, default "recompute")
                 behavior_models (List[Dict[str, Any]], default [])
                 dynamic_sampling (bool, default False)
                 dynamic_sampling_max_rounds (int, default 8)

@@ -106,6 +106,54 @@ def _sampling(config: Any) -> Iterator[str]:
         yield f"behavior models take {behavior_samples} samples per group, more than group_size={config.group_size}."
     if config.async_sampling and config.num_env_runners < 1 and not config.in_evaluation:
         yield "async_sampling needs remote EnvRunners (num_env_runners >= 1)."
+    in_flight = config.max_requests_in_flight_per_env_runner
+    if config.async_sampling and in_flight > config.max_staleness:
+        # Each weight push queues behind a runner's calls in flight: the data arrive that many versions old.
+        yield (
+            f"with max_requests_in_flight_per_env_runner={in_flight}, async samples are {in_flight} weight versions "
+            f"old when the learner takes them, more than max_staleness={config.max_staleness}: every sample would be "
+            f"dropped. Raise max_staleness to at least {in_flight}, or lower max_requests_in_flight_per_env_runner."
+        )
+    if config.inflight_weight_updates:
+        yield from _inflight(config)
+
+
+def _inflight(config: Any) -> Iterator[str]:
+    """What in-flight weight updates need: a runner that steps its own engine between weight loads."""
+    import os
+
+    fix = "Without inflight_weight_updates, async sampling loads new weights between two samples instead."
+    if not config.async_sampling:
+        yield (
+            "inflight_weight_updates needs async_sampling=True: in sync mode every sample is generated with the "
+            "newest weights already. Set async_sampling=True, or leave inflight_weight_updates off."
+        )
+    if (config.env_config or {}).get("multi_turn_env"):
+        yield f"inflight_weight_updates supports single-turn rollouts only, not multi_turn_env. {fix}"
+    if config.behavior_models:
+        yield (
+            "inflight_weight_updates does not support behavior_models: a prompt group would mix completions kept "
+            f"across samples with a frozen model's generated in one. {fix}"
+        )
+    if config.lora is not None:
+        yield (
+            "inflight_weight_updates does not support LoRA: a running request holds the adapter it started with, so "
+            f"a new adapter cannot reach it in place. {fix}"
+        )
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "1" or (config.vllm_kwargs or {}).get(
+        "async_scheduling"
+    ):
+        yield (
+            "inflight_weight_updates needs the in-process vLLM engine that the runner steps itself "
+            "(VLLM_ENABLE_V1_MULTIPROCESSING=0, no async_scheduling): a multiprocess engine steps on its own, so new "
+            f"weights could not land between two of its steps. {fix}"
+        )
+    if config.max_requests_in_flight_per_env_runner > 1:
+        yield (
+            "inflight_weight_updates keeps one sample() call per runner (the runner holds the groups it continues "
+            f"itself); got max_requests_in_flight_per_env_runner={config.max_requests_in_flight_per_env_runner}. "
+            "Set env_runners(max_requests_in_flight_per_env_runner=1)."
+        )
 
 
 def _evaluation(config: Any) -> Iterator[str]:

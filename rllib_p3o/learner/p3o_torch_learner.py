@@ -33,6 +33,7 @@ from ray.rllib.utils.typing import ModuleID, ParamDict, TensorType
 
 from rllib_p3o.core import batch_stats, metrics
 from rllib_p3o.core.columns import Columns
+from rllib_p3o.core.cpu_threads import fitting_threads
 from rllib_p3o.core.losses import OldLogprobs, get_loss
 from rllib_p3o.core.losses.kl_estimators import kl_k3
 from rllib_p3o.core.losses.parts import CAP_RTOL
@@ -77,7 +78,11 @@ class P3OTorchLearner(TorchLearner):
         # the runners' engines, and oversubscribed OpenMP threads spin-wait on each other. Set every time (also back
         # to torch's default): a local learner lives in the driver or a reused Tune actor, where an earlier run may
         # have set another; unchanged counts are left alone (an in-process vLLM engine forbids setting them).
-        threads = self.config.learner_threads or _TORCH_DEFAULT_THREADS
+        # A derived count no larger than this process's cores (Ray's logical CPUs may outnumber them); the user's own
+        # ``num_threads_per_learner`` as it is (`rllib_p3o.core.cpu_threads`).
+        threads = self.config.num_threads_per_learner or fitting_threads(
+            self.config.learner_threads or _TORCH_DEFAULT_THREADS
+        )
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         super().build()
@@ -264,9 +269,17 @@ class P3OTorchLearner(TorchLearner):
         return loss * world
 
     def _row_lag(self, batch: Dict[str, Any]) -> Optional[torch.Tensor]:
-        """[B] each row's lag behind the current weights (`row_groups.row_lag`); None without a staleness column."""
+        """Each row's (or token's) lag behind the current weights (`row_groups.row_lag`); None without a staleness
+        column."""
         if Columns.STALENESS not in batch:
             return None
+        versions = batch.get(Columns.POLICY_VERSION)
+        if versions is not None and Columns.WEIGHTS_SEQ_NO in batch:
+            row_version = batch[Columns.WEIGHTS_SEQ_NO]
+            mask = batch[Columns.COMPLETION_MASK].bool()
+            # Per token only where a completion spans versions (in-flight weight updates): else the rows' own.
+            if bool(((versions != row_version.unsqueeze(-1)) & mask).any()):
+                return row_groups.row_lag(batch[Columns.STALENESS], self._steps_in_update, row_version, versions)
         return row_groups.row_lag(batch[Columns.STALENESS], self._steps_in_update)
 
     def _lagging_rows(self, batch: Dict[str, Any], lag: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

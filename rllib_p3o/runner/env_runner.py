@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import ray
@@ -58,8 +58,9 @@ from rllib_p3o.data.datasets import has_conversational_prompts
 from rllib_p3o.data.prompt_schedule import Group, PromptSchedule, group_seed
 from rllib_p3o.runner import multiturn, vllm_engine
 from rllib_p3o.runner.env import TextEnv
+from rllib_p3o.runner.inflight import InflightEngine
 from rllib_p3o.runner.probe_rider import ProbeRider
-from rllib_p3o.runner.rollouts import Engine, MultiTurnRollouts, single_turn_episodes, turn_metrics
+from rllib_p3o.runner.rollouts import Engine, MultiTurnRollouts, inflight_episodes, single_turn_episodes, turn_metrics
 from rllib_p3o.sync import payload as sync_payload
 from rllib_p3o.sync.probe import (
     ProbeResult,
@@ -104,6 +105,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self._env_steps_lifetime = 0
         self._llm = None
         self._policy: Optional[ProbeRider] = None  # the policy's engine, as its generate calls carry the probe
+        # With in-flight weight updates: the policy's engine, stepped by this runner across sample() calls.
+        self._inflight: Optional[InflightEngine] = None
         self._lora_request = None  # under LoRA: the adapter of the weights version the engine holds
         # An offline-only run without remote runners needs no engine (nor prompts) at all.
         offline_only = config.resolved_offline_fraction >= 1.0
@@ -136,6 +139,11 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         if self.is_sampler:
             vllm_engine.set_engine_threads(config.env_runner_threads)
             self._llm = self._make_engine(config.policy_model, lora=config.lora)
+            if config.inflight_weight_updates:
+                if not vllm_engine.is_in_process(self._llm):
+                    raise RuntimeError("inflight_weight_updates needs the in-process vLLM engine (module docstring).")
+                # Every use of the engine (sampling, held-out evaluation, probes) goes through it from now on.
+                self._inflight = self._llm = InflightEngine(self._llm, config.inflight_kv_cache, self._weights_seq_no)
             self._policy = ProbeRider(self._llm, self.worker_index)
             self._tied_embeddings = bool(
                 getattr(self._llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
@@ -259,7 +267,13 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             engines.append(Engine(behavior_source_name(spec), llm, n, overrides))
         return [e for e in engines if e.samples > 0]
 
-    def sample(self, num_prompts: Optional[int] = None, groups: Optional[List[Group]] = None, **kwargs) -> List:
+    def sample(
+        self,
+        num_prompts: Optional[int] = None,
+        groups: Optional[List[Group]] = None,
+        return_groups: Optional[int] = None,
+        **kwargs,
+    ) -> List:
         """Sample ``group_size`` completions for each prompt group; one episode per completion.
 
         ``groups`` (`rllib_p3o.data.prompt_schedule.Group`: group id, prompt row, sampling seed) come from the driver's
@@ -267,6 +281,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         (with the same weights). Called without ``groups`` (plain RLlib use), the runner takes ``num_prompts`` from its own
         schedule. With behavior models, each prompt group holds ``group_size - Σ behavior samples`` policy
         completions and each behavior model's share, generated with that model's own sampling parameters.
+
+        With in-flight weight updates (`rllib_p3o.runner.inflight`) ``groups`` join the ones the engine is still
+        generating, and the call returns the ``return_groups`` (default: as many as were given) that finish first.
         """
         t_start = time.perf_counter()
         idle = t_start - self._last_sample_end if self._last_sample_end is not None else 0.0
@@ -275,7 +292,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         groups = [Group(*g) for g in groups]
         rows = [self.env.rows[g.row] for g in groups]
         engines = self._engines()
-        if self._rollouts is None:
+        if self._inflight is not None:
+            episodes, t_gen = self._inflight_sample(groups, len(groups) if return_groups is None else return_groups)
+        elif self._rollouts is None:
             episodes, t_gen = single_turn_episodes(
                 self.tokenizer,
                 rows,
@@ -296,6 +315,40 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         n_tokens = sum(len(a) for ep in episodes for a in ep.get_actions())
         self._log_sample(episodes, n_tokens, t_gen, idle)
         return episodes
+
+    def _inflight_sample(self, groups: List[Group], return_groups: int) -> Tuple[List, float]:
+        """Submit ``groups`` to the in-flight engine, and the episodes of the first ``return_groups`` groups it
+        finishes (these or earlier ones), with the generate seconds."""
+        from vllm.inputs import TokensPrompt
+
+        if self._policy.armed:  # the probe of the weights last loaded, scored before anything is sampled with them
+            self._policy.generate([], [])
+        params = lambda g: self._sampling_params(g.seed, n=self.config.group_size)  # noqa: E731
+        self._inflight.submit(
+            groups, [TokensPrompt(prompt_token_ids=self._prompt_ids(self.env.rows[g.row])) for g in groups],
+            [params(g) for g in groups],
+        )  # fmt: skip
+        finished, t_gen = self._inflight.collect(return_groups)
+        episodes = inflight_episodes(
+            self.tokenizer,
+            finished,
+            {g: self.env.rows[g.row] for g, _ in finished},
+            self._engines()[0],
+            sampling_params=params,
+            score=self.env.score_by_function,
+            names=self.env.reward.names,
+            weights_seq_no=self._weights_seq_no,
+            logprobs_mode=self.config.logprobs_mode,
+        )
+        return episodes, t_gen
+
+    def held_groups(self) -> List[Group]:
+        """The prompt groups an in-flight engine holds (submitted, not yet returned); none otherwise."""
+        return [] if self._inflight is None else list(self._inflight.held())
+
+    def clear_held_groups(self) -> int:
+        """Drop the prompt groups an in-flight engine holds (the driver samples them again); how many there were."""
+        return 0 if self._inflight is None else self._inflight.clear()
 
     def _log_sample(self, episodes: List, n_tokens: int, t_gen: float, idle: float) -> None:
         self._env_steps_lifetime += len(episodes)
@@ -408,6 +461,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         else:
             engine_stats = vllm_engine.reload_weights(self._llm, sync_payload.hf_weights(state, self._tied_embeddings))
         self._weights_seq_no = seq
+        if self._inflight is not None:  # the tokens sampled from now on are this version's
+            self._inflight.set_version(seq)
         t2 = time.perf_counter()
         stats = {metrics.TRANSFER_S: t1 - t0, metrics.ENGINE_RELOAD_S: engine_stats["engine_reload_s"]}
         probe = payload.get(sync_payload.PROBE)

@@ -27,6 +27,11 @@ class ProbeRider:
         self._armed = (int(weights_seq_no), list(token_ids))
         self._result = None
 
+    @property
+    def armed(self) -> bool:
+        """Whether a probe waits to be scored with the next generate call."""
+        return self._armed is not None
+
     def take_result(self) -> Optional[ProbeResult]:
         """The probe scored since the last call, if any (each result is handed out once)."""
         result, self._result = self._result, None

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 import numpy as np
 
-from rllib_p3o.core.columns import KEPT_OVERFLOW, KEPT_PAD, Infos
+from rllib_p3o.core.columns import KEPT_OVERFLOW, KEPT_PAD, Infos, Record
 from rllib_p3o.core.sources import source_id
 from rllib_p3o.data import chat, prompt_fit
 from rllib_p3o.data.episodes import Turn, completion_episode, multi_turn_episode
@@ -89,6 +89,8 @@ class _Completion(NamedTuple):
     source: str
     params: Any  # vllm.SamplingParams
     kept_ids: Optional[np.ndarray] = None  # top-k/top-p: each token's kept set (`kept_sets`)
+    # In-flight weight updates: each token's weights version, where the completion spans several (else None).
+    versions: Optional[np.ndarray] = None
 
 
 def single_turn_episodes(
@@ -138,6 +140,73 @@ def single_turn_episodes(
                         kept_ids=kept_sets(ids, comp.logprobs, params[i].logprobs, _vocab(engine)),
                     )
                 )
+    episodes = _scored_episodes(
+        tokenizer, rows, groups, completions, score=score, names=names, weights_seq_no=weights_seq_no,
+        logprobs_mode=logprobs_mode,
+    )  # fmt: skip
+    return episodes, t_gen
+
+
+def inflight_episodes(
+    tokenizer: Any,
+    finished: Sequence[Tuple[Group, Any]],
+    rows: Mapping[Group, Mapping[str, Any]],
+    engine: Engine,
+    *,
+    sampling_params: Callable[[Group], Any],
+    score: Callable[..., Any],
+    names: Sequence[str],
+    weights_seq_no: int,
+    logprobs_mode: str,
+) -> List:
+    """Episodes of prompt groups an `rllib_p3o.runner.inflight.InflightEngine` finished (``(group, RequestOutput)``,
+    each the group's ``n`` completions, submitted with ``sampling_params(group)``): as `single_turn_episodes`' for
+    one engine, with each token's weights version (`rllib_p3o.runner.inflight.token_versions`, ``weights_seq_no``
+    where vLLM labelled none). An episode's row version is its oldest token's; the per-token versions ride along only
+    where a completion spans several."""
+    from rllib_p3o.runner.inflight import token_versions
+
+    groups = [g for g, _ in finished]
+    group_rows = [rows[g] for g in groups]
+    completions: List[_Completion] = []
+    for i, (group, output) in enumerate(finished):
+        prompt_ids = list(output.prompt_token_ids)
+        params = sampling_params(group)
+        for comp in output.outputs:
+            ids = list(comp.token_ids)
+            versions = token_versions(comp, weights_seq_no)
+            completions.append(
+                _Completion(
+                    row=i,
+                    prompt_ids=prompt_ids,
+                    completion_ids=ids,
+                    behavior_logprobs=[lp[tid].logprob for tid, lp in zip(ids, comp.logprobs)],
+                    finish_reason=comp.finish_reason,
+                    text=tokenizer.decode(ids, skip_special_tokens=True),
+                    source=engine.source,
+                    params=params,
+                    kept_ids=kept_sets(ids, comp.logprobs, params.logprobs, _vocab(engine)),
+                    versions=versions,
+                )
+            )
+    return _scored_episodes(
+        tokenizer, group_rows, groups, completions, score=score, names=names, weights_seq_no=weights_seq_no,
+        logprobs_mode=logprobs_mode,
+    )  # fmt: skip
+
+
+def _scored_episodes(
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    groups: Sequence[Group],
+    completions: Sequence[_Completion],
+    *,
+    score: Callable[..., Any],
+    names: Sequence[str],
+    weights_seq_no: int,
+    logprobs_mode: str,
+) -> List:
+    """The reward function's scores of ``completions`` (one call) and one 1-step episode each."""
     scored_rows = [rows[c.row] for c in completions]
     rewards = score(
         [r["prompt"] for r in scored_rows],
@@ -152,10 +221,11 @@ def single_turn_episodes(
             completion_ids=c.completion_ids,
             behavior_logprobs=c.behavior_logprobs,
             reward=float(reward),
-            weights_seq_no=weights_seq_no,
+            weights_seq_no=int(c.versions.min()) if c.versions is not None and len(c.versions) else weights_seq_no,
             group_id=groups[c.row].group_id,
             source_id=source_id(c.source),
             kept_ids=c.kept_ids,
+            extras=_version_extras(c.versions),
             infos={
                 Infos.PROMPT: chat.prompt_text(tokenizer, rows[c.row]["prompt"]),
                 Infos.COMPLETION: c.text,
@@ -169,7 +239,14 @@ def single_turn_episodes(
         )
         for c, reward, by_function in zip(completions, rewards.total, rewards.by_function)
     ]
-    return episodes, t_gen
+    return episodes
+
+
+def _version_extras(versions: Optional[np.ndarray]) -> Optional[Dict[str, np.ndarray]]:
+    """A completion's per-token versions as episode extras, where it spans more than one (else the row's own)."""
+    if versions is None or len(versions) == 0 or int(versions.min()) == int(versions.max()):
+        return None
+    return {Record.POLICY_VERSION: versions}
 
 
 @dataclass

@@ -99,6 +99,10 @@ def make_engine(
             max_cpu_loras=1,
             lora_target_modules=list(lora["target_modules"]),
         )
+    if getattr(cfg, "inflight_weight_updates", False) and getattr(cfg, "inflight_kv_cache", "") == "keep":
+        # In-flight updates keep old-weight KV of running sequences: a new prompt must never reuse it
+        # (`rllib_p3o.runner.inflight`).
+        kwargs["enable_prefix_caching"] = False
     kwargs.update(cfg.vllm_kwargs or {})
     if current_platform.is_cpu() and kwargs.get("enforce_eager") and worker_index > 0:
         # vLLM torch.compiles a few sampler helpers (inductor) on their first call: the first log-prob request of a

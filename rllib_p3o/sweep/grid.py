@@ -330,17 +330,19 @@ REGIMES: Dict[str, Regime] = {
         ),
         Regime(
             "async_staleness_4",
-            "async sampling: the runner keeps generating while the learner updates, "
-            "samples up to 4 weight versions old",
+            "async sampling: the runner keeps generating while the learner updates, one sample() call in flight "
+            "(the data are one weight version old; up to 4 would be kept)",
             lambda c, p: c.training(async_sampling=True, max_staleness=4),
             traits=_ASYNC,
         ),
         # The confirmation set's harder variants of the staleness regimes.
         Regime(
             "async_staleness_8",
-            "async sampling: the runner keeps generating while the learner updates, samples up to 8 weight versions "
-            "old",
-            lambda c, p: c.training(async_sampling=True, max_staleness=8),
+            "async sampling with 8 sample() calls in flight per runner: the data are 8 weight versions old (each "
+            "weight push queues behind 8 calls)",
+            lambda c, p: c.training(async_sampling=True, max_staleness=8).env_runners(
+                max_requests_in_flight_per_env_runner=8
+            ),
             traits=_ASYNC,
         ),
         Regime(
