@@ -90,11 +90,14 @@ def run_tuner(
 
     Checkpoints every ``checkpoint_every`` iterations and at the end, so that an interrupted run resumes with
     ``tune.Tuner.restore(f"{storage}/{name}", trainable="P3O", resume_errored=True)``. A failed trial's error is
-    printed once (by Tune); the script then exits with status 1.
+    printed once (by Tune); the script then exits with status 1. An interrupted run (Ctrl-C) prints the call that
+    resumes it, and the script exits with status 130 instead of reporting the unfinished run's numbers
+    (`rllib_p3o.driver.interruption.exit_unless_finished`).
     """
     from ray import tune
 
     import rllib_p3o  # noqa: F401  (registers "P3O")
+    from rllib_p3o.driver.interruption import exit_unless_finished
     from rllib_p3o.driver.progress import IterationPrinter
 
     printer = IterationPrinter(every=print_every, time_limit=time_limit, max_iterations=max_iterations, target=target)
@@ -112,8 +115,7 @@ def run_tuner(
             ),
         ),
     ).fit()
-    if results.errors:  # printed above by Tune
-        raise SystemExit(1)
+    exit_unless_finished(results)  # a failed trial (its error printed above by Tune) or Ctrl-C: exit non-zero
     result = results[0]
     df = result.metrics_dataframe
     summary = summarize(df, target)

@@ -22,6 +22,7 @@ import time
 from _common import add_run_args, run_tuner, start, stop_at, write_summary
 
 from rllib_p3o.core.losses import LOSSES
+from rllib_p3o.tasks.pretrain import PretrainingProgress
 
 PRINT_EVERY = 5  # iterations; also the held-out evaluation interval of the demo config
 
@@ -62,9 +63,7 @@ def main() -> int:
         base_seed=args.base_seed,
         threads=args.threads,
         pretrain_steps=args.pretrain_steps,
-        progress=lambda step, loss: (
-            print(f"      pretraining step {step:4d}  loss {loss:.3f}", flush=True) if step % 250 == 0 else None
-        ),
+        progress=PretrainingProgress("      ", args.pretrain_steps),  # a line about every 10 s
     )
     print(f"      ready after {_clock(time.time() - t_start)}", flush=True)
 

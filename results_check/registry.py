@@ -6,7 +6,18 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from results_check.page import Page
-from results_check.pages import benchmarks_page, claims, claims_sweep, demo, faults, precision, readme, soak, tool_use
+from results_check.pages import (
+    benchmarks_page,
+    busy_machine,
+    claims,
+    claims_sweep,
+    demo,
+    faults,
+    precision,
+    readme,
+    soak,
+    tool_use,
+)
 
 PAGES: List[Page] = [
     claims.PAGE,
@@ -18,6 +29,7 @@ PAGES: List[Page] = [
     demo.PAGE,
     tool_use.PAGE,
     faults.PAGE,
+    busy_machine.PAGE,
 ]
 
 

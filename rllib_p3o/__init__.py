@@ -1,7 +1,10 @@
 """rllib-p3o: batch-adaptive P3O post-training of language models as a Ray RLlib algorithm.
 
-``import rllib_p3o`` registers the algorithm with Tune under the name ``"P3O"``, and keeps the libraries' chatter
-off the screen in every process of a run (`rllib_p3o.core.quiet`; ``RLLIB_P3O_VERBOSE=1`` shows it).
+``import rllib_p3o`` registers the algorithm with Tune under the name ``"P3O"`` (an interrupted Tune run then says so,
+with the call that resumes it: `rllib_p3o.driver.interruption`), gives OpenMP a passive wait policy
+in every process of a run unless the user set one (`rllib_p3o.core.cpu_threads`: spinning threads make a busy CPU
+crawl), and keeps the libraries' chatter off the screen in every process of a run (`rllib_p3o.core.quiet`;
+``RLLIB_P3O_VERBOSE=1`` shows it).
 
 Without Ray installed the package still imports: the losses and batch statistics (`rllib_p3o.core`) and the learner's compute core
 (`rllib_p3o.learner.compute`) need only torch and transformers. ``P3O`` and ``P3OConfig`` then raise the
@@ -10,9 +13,11 @@ ImportError that importing Ray raised.
 
 from typing import Any, Optional
 
+from rllib_p3o.core.cpu_threads import apply_openmp_defaults
 from rllib_p3o.core.quiet import quiet_libraries
 
-quiet_libraries()  # first: before the imports below load Ray, RLlib, transformers (and, in a runner, vLLM)
+apply_openmp_defaults()  # before anything below imports torch: OpenMP reads it once, when torch loads it
+quiet_libraries()  # before the imports below load Ray, RLlib, transformers (and, in a runner, vLLM)
 
 from rllib_p3o.core.batch_stats import effective_sample_size, group_advantages  # noqa: E402
 from rllib_p3o.core.losses.grpo import grpo_loss  # noqa: E402
@@ -52,7 +57,13 @@ def __getattr__(name: str) -> Any:
 def _register_with_tune() -> None:
     from ray.tune.registry import register_trainable
 
+    from rllib_p3o.core.quiet import verbose
+    from rllib_p3o.driver.interruption import show_tune_interruptions
+    from rllib_p3o.driver.one_line_errors import show_config_errors_as_one_line
+
     register_trainable("P3O", P3O)
+    show_tune_interruptions(quiet=not verbose())  # Ctrl-C: the notice and the exact restore call, on the screen
+    show_config_errors_as_one_line()  # a mistake in the config ends a script as its message, not Tune's traceback
 
 
 if _RAY_IMPORT_ERROR is None:

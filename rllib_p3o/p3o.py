@@ -60,6 +60,7 @@ from typing_extensions import Self
 
 from rllib_p3o.core import metrics, quiet, storage
 from rllib_p3o.core.columns import Columns
+from rllib_p3o.core.config_error import ConfigError
 from rllib_p3o.core.losses import get_loss
 from rllib_p3o.core.precision import RolloutWeights, compute_dtype, param_dtype
 from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, SETTINGS
@@ -285,7 +286,7 @@ class P3OConfig(TrainingSignature, AlgorithmConfig):
         """RLlib's, without the line it appends (how to switch all validation off): a P3O error says what to fix
         instead, and switching validation off would only move the failure into a runner."""
         if self._validate_config:
-            raise ValueError(errmsg)
+            raise ConfigError(errmsg)  # shown as one line when it ends a script (`driver.one_line_errors`)
         logger.warning(errmsg)
 
     def offline_data(self, **kwargs: Any) -> Self:
@@ -558,6 +559,7 @@ class P3O(Algorithm):
                 if not dead:
                     raise
                 iteration = int(self.iteration or 0) + 1
+                learner_health.stop_learners(self.learner_group)  # the group is broken: let nothing wait on it
                 raise learner_health.learner_died_error(dead, cfg.num_learners, iteration) from error
         self._rows_trained += len(batch[Columns.INPUT_IDS])
         per_learner_ess = [

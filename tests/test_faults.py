@@ -313,3 +313,70 @@ def test_a_dead_learner_is_named_and_tune_resumes_the_run_from_its_checkpoint(ra
     for it in range(4):
         a, b = _sampled(tmp_path / "straight", it), _sampled(tmp_path / "resumed", it)
         assert [x[:3] for x in a] == [x[:3] for x in b], f"iteration {it + 1}: other prompts"
+
+
+DEAD_LEARNER_SCRIPT = """
+import os
+import signal
+import sys
+
+import ray
+from helpers import tiny_config
+
+from rllib_p3o.driver.learner_health import LearnerDiedError, dead_learners
+
+
+def starts_with_digit(prompts, completions, **_):
+    return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
+
+
+ray.init(num_cpus=4, include_dashboard=False)
+config = tiny_config(sys.argv[1], starts_with_digit, rows=24, prompts_per_step=4).learners(num_learners=2)
+algo = config.build_algo()
+algo.train()
+pids = [r.get() for r in algo.learner_group.foreach_learner(lambda learner: os.getpid())]
+os.kill(pids[1], signal.SIGKILL)
+try:
+    algo.train()
+except LearnerDiedError:
+    # Every learner is gone, the survivor too: nothing is left waiting on their broken group.
+    print("learners dead:", len(dead_learners(algo.learner_group)), "of 2", flush=True)
+    if sys.argv[2] == "stop":
+        algo.stop()
+    raise
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["stop", "no-stop"])
+def test_a_dead_learner_ends_the_script_with_its_error_and_leaves_no_learner_behind(tiny_model, tmp_path, stop):
+    """Issue 56: a script whose learner died ends with `LearnerDiedError` in bounded time, with or without
+    ``algo.stop()``: the surviving learner is stopped with the error."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "job.py").write_text(DEAD_LEARNER_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "RLLIB_P3O_"))}
+    env.update(RAY_ADDRESS="local", PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests"), *sys.path]))
+    proc = subprocess.Popen(
+        [sys.executable, "job.py", tiny_model, stop],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    try:
+        for line in iter(proc.stdout.readline, ""):
+            lines.append(line)
+            if line.startswith("learners dead:"):
+                break
+        assert lines and lines[-1] == "learners dead: 2 of 2\n", "".join(lines[-40:])
+        t0 = time.monotonic()
+        rest, _ = proc.communicate(timeout=120)  # the error, then the process ends
+        ended_after = time.monotonic() - t0
+    finally:
+        proc.kill()
+    screen = "".join(lines) + rest
+    assert proc.returncode == 1, screen[-4000:]
+    assert "LearnerDiedError: A learner actor died during the update of iteration 2: learner 1 of 2" in screen
+    assert ended_after < 120, ended_after

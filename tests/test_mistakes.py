@@ -164,3 +164,136 @@ def test_a_trial_without_checkpoints_is_not_started_over_silently(tiny_model, tm
     assert screen.count("Nothing to resume from: trial") == 1, screen[-6000:]
     assert "has reported 2 iteration(s) before" in screen and "restart_errored=True" in screen
     assert list(_progress(tmp_path)["training_iteration"]) == [1, 2]  # nothing of the first attempt lost
+
+
+# -- issue 56: a mistake in a Tuner script is one line, a trial's error is printed once -------------------------------
+
+TUNER_SCRIPT = """
+import sys
+
+import ray
+from ray import tune
+
+import rllib_p3o  # noqa: F401
+from rllib_p3o import P3OConfig
+from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
+
+model, mistake, storage = sys.argv[1:4]
+env_config = {"dataset": ArithmeticTask().train_rows()[:16], "reward_fn": arithmetic_reward}
+training = {"model": model, "max_tokens": 3}
+if mistake == "key":
+    env_config["reward_func"] = env_config.pop("reward_fn")
+elif mistake == "file":
+    env_config["dataset"] = "trian.jsonl"
+elif mistake == "max_tokens":
+    training["max_tokens"] = 4096
+config = P3OConfig().environment(env_config=env_config).training(**training)
+ray.init(num_cpus=2, include_dashboard=False)
+tune.Tuner("P3O", param_space=config, run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
+"""
+
+
+@pytest.mark.slow
+def test_a_mistake_in_a_tuner_script_ends_it_as_one_line_before_any_trial_starts(tiny_model, tmp_path):
+    """Before, each message came at the end of a 40-line traceback through Tune's internals."""
+    (tmp_path / "job.py").write_text(TUNER_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "RLLIB_P3O_"))}
+    env.update(RAY_ADDRESS="local", PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
+    for mistake, message in (
+        (
+            "key",
+            "ConfigError: env_config has unknown key(s) 'reward_func' (did you mean 'reward_funcs' or 'reward_fn'?)",
+        ),
+        ("file", f"ConfigError: env_config['dataset']: no such file or directory: {tmp_path}/trian.jsonl"),
+        ("max_tokens", "ConfigError: max_tokens=4096 leaves no room for a prompt in the model's context of 128 tokens"),
+    ):
+        storage = tmp_path / mistake
+        done = subprocess.run(
+            [sys.executable, "job.py", tiny_model, mistake, str(storage)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        last = done.stderr.strip().splitlines()[-1]
+        assert done.returncode == 1 and last.startswith(message), done.stderr[-3000:]
+        assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+        assert not glob.glob(str(storage / "*" / "P3O_*")), "a trial started"
+
+
+def test_an_offline_file_without_behavior_logprobs_is_named_before_any_trial_starts(ray_session, tiny_model, tmp_path):
+    """Before, the trial started and failed in its setup, where the error was printed twice."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from ray import tune
+
+    from rllib_p3o.core.config_error import ConfigError
+
+    (tmp_path / "traj").mkdir()
+    rows = [{"prompt": "(01+02)%10=", "completion": "3", "reward": 1.0, "group_id": 0}] * 4
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "traj" / "part-0.parquet")
+    config = (
+        P3OConfig()
+        .training(model=tiny_model, group_size=4, prompts_per_step=4, max_tokens=2, eval_interval=0)
+        .offline_data(input_=str(tmp_path / "traj"))
+        .env_runners(num_env_runners=0)
+    )
+    expected = r"input_: .*part-0.parquet: missing required column\(s\): 'behavior_logprobs' \(record the sampling"
+    with pytest.raises(ConfigError, match=expected):
+        tune.Tuner("P3O", param_space=config, run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0)).fit()
+    assert not glob.glob(str(tmp_path / "*" / "P3O_*")), "a trial started"
+
+
+FAILING_TRIAL_SCRIPT = """
+import sys
+
+import ray
+from ray import tune
+
+import rllib_p3o  # noqa: F401
+from rllib_p3o import P3OConfig
+from rllib_p3o.driver.interruption import exit_unless_finished
+
+model, traj, storage = sys.argv[1:4]
+config = (
+    P3OConfig()
+    .training(model=model, group_size=4, prompts_per_step=4, max_tokens=2, eval_interval=0)
+    .offline_data(input_=traj)
+    .env_runners(num_env_runners=0)
+)
+ray.init(num_cpus=2)  # the getting-started way: the workers' output on the screen
+results = tune.Tuner("P3O", param_space=config, run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
+exit_unless_finished(results)
+"""
+
+
+@pytest.mark.slow
+def test_a_trial_that_fails_at_its_start_prints_its_error_once_and_the_script_exits_1(tiny_model, tmp_path):
+    """A file whose columns are all there but one row's reward is infinite: the trial reads the rows at its start
+    and fails. Tune prints the error; the copy Ray printed from the trial's own output (with ``ray.init()``'s default
+    ``log_to_driver``) is dropped. The summary counts the problem in its row."""
+    import math
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "traj").mkdir()
+    good = {"prompt": "(01+02)%10=", "completion": "3", "reward": 1.0, "behavior_logprobs": [-0.5], "group_id": 0}
+    pq.write_table(pa.Table.from_pylist([good, dict(good, reward=math.inf)]), tmp_path / "traj" / "part-0.parquet")
+    (tmp_path / "job.py").write_text(FAILING_TRIAL_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "RLLIB_P3O_"))}
+    env.update(RAY_ADDRESS="local", PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
+    done = subprocess.run(
+        [sys.executable, "job.py", tiny_model, str(tmp_path / "traj"), str(tmp_path / "runs")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    screen = done.stdout + done.stderr
+    assert done.returncode == 1, screen[-4000:]
+    assert screen.count("column 'reward': must be a finite number or null, got inf") == 1, screen[-6000:]
+    assert "2 row(s): 1 problem(s) in 1 row(s)" in screen
+    assert "Exception raised in creation task" not in screen and "Exception ignored" not in screen, screen[-4000:]

@@ -13,6 +13,7 @@ import ray.cloudpickle
 
 from rllib_p3o import P3O, P3OConfig
 from rllib_p3o.core import metrics as m
+from rllib_p3o.core.config_error import ConfigError
 from rllib_p3o.core.sources import POLICY, offline_source_name
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.data.trajectories import OfflineDataError, validate_trajectories
@@ -69,6 +70,27 @@ def test_missing_column_wrong_type_and_empty(tmp_path):
     garbage = tmp_path / "junk.parquet"
     garbage.write_bytes(b"not parquet at all")
     assert "junk.parquet: cannot read Parquet" in validate_trajectories(garbage).summary()
+
+
+def test_a_whole_file_problem_is_worded_as_one_and_a_nan_reward_is_named_as_nan_with_its_rows(tmp_path):
+    """Issue 56: "1 problem(s) in 0 row(s)" for a file without a column; a NaN reward reported as a null one."""
+    no_behavior = _write(tmp_path / "a.parquet", [{k: v for k, v in GOOD.items() if k != "behavior_logprobs"}] * 3)
+    summary = validate_trajectories(no_behavior).summary()
+    assert summary.startswith("1 file(s), 3 row(s): 1 problem(s) with whole file(s)\n"), summary
+    assert "missing required column(s): 'behavior_logprobs' (record the sampling policy's log-probs" in summary
+    mixed = validate_trajectories([no_behavior, _write(tmp_path / "b.parquet", [GOOD, dict(GOOD, reward=math.inf)])])
+    assert mixed.summary().startswith("2 file(s), 5 row(s): 2 problem(s): 1 with whole file(s), 1 in 1 row(s)\n")
+
+    rows = [GOOD, dict(GOOD, reward=math.nan), dict(GOOD, reward=None), dict(GOOD, reward=math.nan)]
+    path = _write(tmp_path / "nan.parquet", rows)
+    report = validate_trajectories(path)
+    assert report.ok and report.unscored == [(path, 1), (path, 2), (path, 3)]  # all three left out of training
+    assert report.nan_rewards == [(path, 1), (path, 3)]
+    summary = report.summary()
+    assert "4 row(s): OK; 1 unscored (reward null: left out of training); 2 with reward NaN " in summary
+    assert f"({path} row 1, {path} row 3): left out of training as unscored. A reward function that returns NaN" in (
+        summary
+    )
 
 
 def test_cli_exit_status(tmp_path, tiny_model):
@@ -275,8 +297,8 @@ def test_rows_without_behavior_logprobs_error_or_are_rescored(ray_session, tiny_
     table = pq.read_table(os.path.join(recording, "part-0000000.parquet"))
     rows = table.drop_columns(["behavior_logprobs"]).to_pylist()
     f = _write(tmp_path / "no_behavior.parquet", rows)
-    with pytest.raises(
-        OfflineDataError, match=r"no_behavior.parquet: missing required column\(s\): 'behavior_logprobs'"
+    with pytest.raises(  # named when the config is validated, before anything starts
+        ConfigError, match=r"input_: .*no_behavior.parquet: missing required column\(s\): 'behavior_logprobs'"
     ):
         _offline_ess(tiny_model, [f])
     # Rescored by the learner's own initial weights: every ratio is exactly 1, so ESS = 1 and nothing is capped.

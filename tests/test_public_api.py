@@ -51,7 +51,16 @@ def test_the_public_names_import_and_old_paths_are_gone():
         "rllib_p3o.data": ["validate_trajectories", "TrajectoryRecorder", "OfflineDataError"],
         "rllib_p3o.core.losses": ["LOSSES", "get_loss", "register_loss", "OldLogprobs"],
         "rllib_p3o.core.metrics": ["ESS", "HELDOUT_PREFIX"],
-        "rllib_p3o.tasks": ["ArithmeticTask", "arithmetic_reward", "build_demo_model"],
+        "rllib_p3o.tasks": [
+            "ArithmeticTask",
+            "arithmetic_reward",
+            "build_demo_model",
+            "build_tiny_model",
+            "CHAT_TOKENS",
+            "CHAT_TEMPLATE",
+        ],
+        "rllib_p3o.driver.interruption": ["exit_unless_finished", "unfinished_trials", "restore_call"],
+        "rllib_p3o.core.config_error": ["ConfigError"],
         "rllib_p3o.driver.batch_sources": ["BatchSource", "SourceBatch", "OfflineSource", "OnlineSource"],
         "rllib_p3o.driver.progress": ["IterationPrinter", "silence_driver_and_workers", "plot_training_curves"],
     }.items():

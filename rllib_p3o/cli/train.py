@@ -27,7 +27,7 @@ workers (`modules_from_working_directory`).
 ``--resume`` continues the experiment from its latest checkpoint when it exists (``tune.Tuner.restore``).
 
 Exit status: 0 when the trial finished and reached its target (if any); 1 when it errored or missed the target;
-2 when the file is invalid.
+2 when the file is invalid; 130 when it was interrupted (Ctrl-C: ``--resume`` continues it).
 """
 
 from __future__ import annotations
@@ -283,11 +283,14 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
     finally:
         if started_ray:
             ray.shutdown()
-    return _report(result, target)
+    return _report(result, target, resume=f"rllib-p3o train {path} --resume")
 
 
-def _report(result: Any, target: Optional[Tuple[str, float]]) -> int:
-    """Print how the trial ended; 0 when it finished and reached its target (if any), else 1."""
+def _report(result: Any, target: Optional[Tuple[str, float]], resume: str = "") -> int:
+    """Print how the trial ended; 0 when it finished and reached its target (if any), 130 when it was interrupted,
+    else 1."""
+    from rllib_p3o.driver.interruption import INTERRUPTED_EXIT_STATUS, unfinished_trials
+
     checkpoint = result.checkpoint.path if result.checkpoint is not None else None
     where = f"  trial directory  {result.path}\n" + (
         f"  checkpoint       {checkpoint}\n  export with      rllib-p3o export {checkpoint} OUT\n" if checkpoint else ""
@@ -295,6 +298,14 @@ def _report(result: Any, target: Optional[Tuple[str, float]]) -> int:
     if result.error is not None:
         print(f"Trial FAILED: {type(result.error).__name__}: {result.error}\n{where}", end="", file=sys.stderr)
         return 1
+    if unfinished_trials([result]):  # Ctrl-C: Tune stopped the trial before its stopping condition
+        iterations = (result.metrics or {}).get("training_iteration")
+        print(
+            f"Run INTERRUPTED after {iterations} iterations; continue it with: {resume}\n{where}",
+            end="",
+            file=sys.stderr,
+        )
+        return INTERRUPTED_EXIT_STATUS
     if target is not None:
         reached, best = _reached(result.metrics_dataframe, target)
         if not reached:

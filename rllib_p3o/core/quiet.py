@@ -7,7 +7,10 @@ ERROR, the Hugging Face and vLLM progress bars, RLlib's and Tune's warnings abou
 deprecations of their own internals, slow-setup hints), Python warnings raised inside those libraries, and two lines
 the workers' C++ code prints on every successful run (`SKIP_WORKER_LINES`, dropped where the driver shows the
 workers' output).
-What stays: every error, rllib-p3o's own warnings, and warnings raised by the user's code.
+What stays: every error, rllib-p3o's own warnings, and warnings raised by the user's code. An error is shown once:
+the copy of an actor's constructor error that Ray prints from the actor's own output ("Exception raised in creation
+task", then its traceback) is dropped where the driver shows the workers' output (`CREATION_ERROR`), since the same
+error reaches the driver as the exception it raises (and Tune prints a failed trial's).
 
 ``RLLIB_P3O_VERBOSE=1`` in the environment (before Ray starts, so that its workers inherit it) shows all of it again.
 """
@@ -46,6 +49,9 @@ SKIP_WORKER_LINES = (
     r"has constructor arguments in the object store and max_restarts > 0|NUMA binding: Using MEMBIND policy"
 )
 QUIET_ENV[SKIP_WORKER_LINES_ENV] = SKIP_WORKER_LINES
+# The first line of the copy of an actor's constructor error that Ray's worker prints to its own output; the lines
+# after it (the traceback) come from the same worker, which dies with it.
+CREATION_ERROR = "Exception raised in creation task:"
 # Ray's notice, on every local ray.init(), that it turned token authentication on by itself: nothing to act on (the
 # notice that authentication is off, a risk, still shows).
 TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -94,6 +100,7 @@ def quiet_libraries() -> Dict[str, str]:
         if env is None or os.environ[env].upper() == QUIET_ENV[env].upper():
             logging.getLogger(name).setLevel(logging.ERROR)
     _skip_worker_lines()
+    _drop_creation_error_copies()
     if "transformers" in sys.modules:  # imported before us: its progress bars read the environment at import
         from transformers.utils import logging as transformers_logging
 
@@ -111,6 +118,40 @@ def _skip_worker_lines() -> None:
     for deduplicator in (ray_logging.stdout_deduplicator, ray_logging.stderr_deduplicator):
         if getattr(deduplicator, "skip_re", False) is None:
             deduplicator.skip_re = re.compile(SKIP_WORKER_LINES)
+
+
+def _drop_creation_error_copies() -> None:
+    """Wrap the driver's printers of the workers' output (Ray's deduplicators, where Ray is imported) with
+    `_WithoutCreationErrors`. Idempotent."""
+    if "ray._private.ray_logging" not in sys.modules:
+        return
+    from ray._private import ray_logging
+
+    for deduplicator in (ray_logging.stdout_deduplicator, ray_logging.stderr_deduplicator):
+        if not isinstance(deduplicator.deduplicate, _WithoutCreationErrors):
+            deduplicator.deduplicate = _WithoutCreationErrors(deduplicator.deduplicate)
+
+
+class _WithoutCreationErrors:
+    """A deduplicator's ``deduplicate(batch)`` that first drops a worker's `CREATION_ERROR` line and every later line
+    of that worker (its traceback; the worker dies with the error)."""
+
+    def __init__(self, deduplicate):
+        self._deduplicate = deduplicate
+        self._failed_workers = set()
+
+    def __call__(self, batch):
+        source = (batch.get("ip"), batch.get("pid"))
+        lines = batch.get("lines") or []
+        if source not in self._failed_workers:
+            first = next((i for i, line in enumerate(lines) if CREATION_ERROR in line), None)
+            if first is None:
+                return self._deduplicate(batch)
+            self._failed_workers.add(source)
+            lines = lines[:first]
+        else:
+            lines = []
+        return self._deduplicate({**batch, "lines": lines})
 
 
 class _DropTokenAuthEnabled(logging.Filter):

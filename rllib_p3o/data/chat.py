@@ -17,6 +17,8 @@ from typing import Any, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from rllib_p3o.core.config_error import ConfigError
+
 ROLES = ("system", "user", "assistant", "tool")
 Message = Mapping[str, Any]
 Messages = List[Message]
@@ -26,7 +28,7 @@ Prompt = Union[str, Messages]
 _ANCHOR: Messages = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(ConfigError):
     """Conversational data needs a tokenizer with a chat template; the message names the model."""
 
 
@@ -54,8 +56,9 @@ def check_chat_template(tokenizer: Any, model: str) -> None:
     if not has_chat_template(tokenizer):
         raise ChatTemplateError(
             f"the data has conversational prompts (lists of chat messages), but the tokenizer of {model} has no "
-            "chat template: use an instruction-tuned model's tokenizer, set tokenizer.chat_template, or give the "
-            "prompts as strings."
+            "chat template: use a chat (instruction-tuned) model, set tokenizer.chat_template, or give the prompts "
+            "as strings. For a tiny model to try a task on CPU, build one with a template: build_tiny_model(path, "
+            "corpus, special_tokens=CHAT_TOKENS, chat_template=CHAT_TEMPLATE), all three from rllib_p3o.tasks."
         )
 
 

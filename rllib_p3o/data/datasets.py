@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from rllib_p3o.core import storage
 from rllib_p3o.core.callables import BY_NAME as _BY_NAME
 from rllib_p3o.core.callables import resolve_callable
+from rllib_p3o.core.config_error import ConfigError
 from rllib_p3o.data.chat import check_chat_template, is_conversational, message_problem
 
 Row = Dict[str, Any]
@@ -24,7 +25,7 @@ Row = Dict[str, Any]
 DatasetSpec = Union[str, os.PathLike, Sequence[Mapping[str, Any]], Any]
 
 
-class DatasetError(ValueError):
+class DatasetError(ConfigError):
     """A prompt dataset is missing, empty or malformed; the message names the file, row and column."""
 
 

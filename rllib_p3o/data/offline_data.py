@@ -224,10 +224,11 @@ class P3OOfflineData(OfflineData):
             raise OfflineDataError("offline dataset has no valid rows:\n" + report.summary())
         if report.unscored:
             logger.warning(
-                "offline data: %d of %d rows unscored (reward null: no reward function scored them), left out of "
-                "training",
+                "offline data: %d of %d rows unscored (reward null: no reward function scored them; or NaN, in %d "
+                "of them), left out of training",
                 len(report.unscored),
                 report.num_rows,
+                len(report.nan_rewards),
             )
         self.rows_skipped = report.skipped_rows
         self.rows_per_epoch = report.num_rows - report.skipped_rows

@@ -37,8 +37,7 @@ treated as on-policy.
 Paths are local paths or URIs that pyarrow's filesystems open (``s3://...``, `rllib_p3o.core.storage`).
 Online runs with ``record_rollouts=DIR`` write this same schema (`rllib_p3o.data.recorder`), one file per iteration,
 written to a temporary name and renamed: a file is complete or absent, whatever happens to the run. Read back, a
-row's source becomes ``offline/<source>``; files recorded when the policy source was called "online" read as
-``offline/policy`` too (`rllib_p3o.core.sources.offline_source_name`).
+row's source becomes ``offline/<source>`` (`rllib_p3o.core.sources.offline_source_name`).
 
 Unscored rows: a completion no reward function scored (each returned None) is recorded with a null reward (earlier
 recordings hold NaN there; it means the same). Such a row is valid and counted apart (`ValidationReport.unscored`):
@@ -57,6 +56,7 @@ import numpy as np
 
 from rllib_p3o.core import columns, storage
 from rllib_p3o.core.columns import Record
+from rllib_p3o.core.config_error import ConfigError
 from rllib_p3o.core.sources import offline_source_name, source_id
 from rllib_p3o.data.chat import has_chat_template, is_conversational, message_problem, prompt_token_ids
 
@@ -71,7 +71,7 @@ POLICY_VERSION = next(f.file for f in columns.FIELDS if f.key == Record.WEIGHTS_
 MAX_LOGPROB = 1e-4
 
 
-class OfflineDataError(ValueError):
+class OfflineDataError(ConfigError):
     """An offline dataset failed validation; the message lists file, row and column of every problem."""
 
 
@@ -95,6 +95,9 @@ class ValidationReport:
     locations: List[storage.Location] = dataclasses.field(default_factory=list, repr=False)
     # (file, row) of the unscored rows (reward null or NaN): valid, but left out of training.
     unscored: List[Tuple[str, int]] = dataclasses.field(default_factory=list)
+    # Those of them whose reward is NaN, not null: named apart, since a NaN usually comes from a reward function's bug
+    # (the recorder writes null for a completion no function scored; recordings before it wrote NaN).
+    nan_rewards: List[Tuple[str, int]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -110,15 +113,32 @@ class ValidationReport:
         return len({(p.file, p.row) for p in self.problems if p.row is not None} | set(self.unscored))
 
     def summary(self, limit: int = 50) -> str:
-        head = f"{len(self.files)} file(s), {self.num_rows} row(s): " + (
-            "OK" if self.ok else f"{len(self.problems)} problem(s) in {self.bad_rows} row(s)"
-        )
-        if self.unscored:
-            head += f"; {len(self.unscored)} unscored (reward null: left out of training)"
+        head = f"{len(self.files)} file(s), {self.num_rows} row(s): " + ("OK" if self.ok else self._problem_count())
+        nulls = len(self.unscored) - len(self.nan_rewards)
+        if nulls:
+            head += f"; {nulls} unscored (reward null: left out of training)"
+        if self.nan_rewards:
+            rows = ", ".join(f"{file} row {row}" for file, row in self.nan_rewards[:limit])
+            more = f" and {len(self.nan_rewards) - limit} more" if len(self.nan_rewards) > limit else ""
+            head += (
+                f"; {len(self.nan_rewards)} with reward NaN ({rows}{more}): left out of training as unscored. A reward "
+                "function that returns NaN has a bug; one that does not score a completion returns None (null)"
+            )
         lines = [head] + [f"  {p}" for p in self.problems[:limit]]
         if len(self.problems) > limit:
             lines.append(f"  ... and {len(self.problems) - limit} more")
         return "\n".join(lines)
+
+    def _problem_count(self) -> str:
+        """ "3 problem(s): 1 with whole file(s), 2 in 2 row(s)": a missing column is a problem of a whole file, in
+        no row of it."""
+        whole_files = sum(p.row is None for p in self.problems)
+        in_rows = len(self.problems) - whole_files
+        parts = [f"{whole_files} with whole file(s)"] * bool(whole_files)
+        parts += [f"{in_rows} in {self.bad_rows} row(s)"] * bool(in_rows)
+        if len(parts) == 1:
+            return f"{len(self.problems)} problem(s) " + parts[0].split(" ", 1)[1]
+        return f"{len(self.problems)} problem(s): " + ", ".join(parts)
 
 
 def parquet_locations(paths: PathSpec, filesystem: Optional[Any] = None) -> List[storage.Location]:
@@ -155,10 +175,15 @@ def _finite(x) -> bool:
         return False
 
 
+def is_nan(reward: Any) -> bool:
+    """Whether a reward is a float NaN (not a null)."""
+    return isinstance(reward, (float, np.floating)) and math.isnan(reward)
+
+
 def unscored(reward: Any) -> bool:
     """Whether a row's reward says that no reward function scored it: null (None), or NaN (older recordings, and how
     Ray Data's numpy batches read a null)."""
-    return reward is None or (isinstance(reward, (float, np.floating)) and math.isnan(reward))
+    return reward is None or is_nan(reward)
 
 
 def check_row(
@@ -364,6 +389,7 @@ def validate_trajectories(
         vocab_size = len(tokenizer)
     problems: List[Problem] = []
     unscored_rows: List[Tuple[str, int]] = []
+    nan_rows: List[Tuple[str, int]] = []
     num_rows = 0
     for location in locations:
         f = str(location)
@@ -372,18 +398,16 @@ def validate_trajectories(
         except Exception as e:
             problems.append(Problem(f, None, None, f"cannot read Parquet: {e}"))
             continue
-        names = set(table.column_names)
-        missing = [f"'{a}' or '{b}'" for a, b in REQUIRED_ONE_OF if a not in names and b not in names]
-        missing += [f"'{c}'" for c in ("reward",) if c not in names]
-        if require_behavior and "behavior_logprobs" not in names:
-            missing.append("'behavior_logprobs'")
-        if missing:
-            problems.append(Problem(f, None, None, "missing required column(s): " + ", ".join(missing)))
+        problem = missing_columns_problem(table.column_names, require_behavior)
+        if problem:
+            problems.append(Problem(f, None, None, problem))
             num_rows += table.num_rows
             continue
         for i, row in enumerate(table.to_pylist()):
             if unscored(row.get("reward")):
                 unscored_rows.append((f, i))
+                if is_nan(row.get("reward")):
+                    nan_rows.append((f, i))
             for column, message in check_row(
                 row,
                 vocab_size=vocab_size,
@@ -401,7 +425,46 @@ def validate_trajectories(
         problems=problems,
         locations=locations,
         unscored=unscored_rows,
+        nan_rewards=nan_rows,
     )
+
+
+def missing_columns_problem(column_names: Sequence[str], require_behavior: bool = True) -> Optional[str]:
+    """What a file's schema lacks of the required columns (`REQUIRED_ONE_OF`, ``reward``, and ``behavior_logprobs``
+    unless ``require_behavior`` is False), with the fix; None when nothing is missing."""
+    names = set(column_names)
+    missing = [f"'{a}' or '{b}'" for a, b in REQUIRED_ONE_OF if a not in names and b not in names]
+    missing += [f"'{c}'" for c in ("reward",) if c not in names]
+    if require_behavior and "behavior_logprobs" not in names:
+        missing.append("'behavior_logprobs'")
+    if not missing:
+        return None
+    fix = (
+        " (record the sampling policy's log-probs with the data, or set offline_rescore_model=MODEL to score them once)"
+        if missing == ["'behavior_logprobs'"]
+        else ""
+    )
+    return "missing required column(s): " + ", ".join(missing) + fix
+
+
+def schema_problems(
+    paths: PathSpec, *, filesystem: Optional[Any] = None, require_behavior: bool = True
+) -> List[Problem]:
+    """`missing_columns_problem` of every file of a trajectory dataset, from the files' schemas alone (their rows are
+    not read): a check cheap enough to run on the driver before a trial starts (`rllib_p3o.driver.preflight`)."""
+    import pyarrow.parquet as pq
+
+    problems = []
+    for location in parquet_locations(paths, filesystem):
+        try:
+            names = pq.read_schema(location.path, filesystem=location.filesystem).names
+        except Exception as e:
+            problems.append(Problem(str(location), None, None, f"cannot read Parquet: {e}"))
+            continue
+        problem = missing_columns_problem(names, require_behavior)
+        if problem:
+            problems.append(Problem(str(location), None, None, problem))
+    return problems
 
 
 def read_table(location: storage.Location, columns: Optional[List[str]] = None):

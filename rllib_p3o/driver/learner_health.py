@@ -5,6 +5,11 @@ others fail inside a collective (gloo: "Connection closed by peer"), and the upd
 neither the learner nor the fix. `dead_learners` asks each learner actor whether it is alive; `LearnerDiedError`
 says which is not.
 
+The surviving learners are stopped when the error is raised (`stop_learners`): their group is broken, and a
+survivor left waiting in a collective for the dead one would hold the driver's later calls (``algo.stop()``, the
+shutdown of their torch group, a background probe), and with them the driver's exit, for torch.distributed's
+timeout (30 minutes). So a script that fails this way ends with the error, with or without ``algo.stop()``.
+
 Rebuilding a lost learner in place is not done: RLlib's `LearnerGroup` forms the process group once, when it starts,
 and has no way to replace one of its members, so the run resumes from its last checkpoint instead (Tune does this by
 itself with ``tune.FailureConfig(max_failures=N)``; the data position is part of the checkpoint, so the resumed run
@@ -40,6 +45,16 @@ def dead_learners(learner_group: Any) -> List[Tuple[int, str]]:
         except ray.exceptions.GetTimeoutError:
             continue  # alive but busy: not known to be dead
     return dead
+
+
+def stop_learners(learner_group: Any) -> None:
+    """Kill every learner actor of ``learner_group`` (after one died: the group cannot train again), so that nothing
+    waits on them any more: calls in flight or made later fail at once, as for the dead one."""
+    manager = getattr(learner_group, "_worker_manager", None)
+    if manager is None:
+        return
+    for actor in manager.actors().values():
+        ray.kill(actor, no_restart=True)
 
 
 def _cause(error: BaseException) -> str:

@@ -16,6 +16,7 @@ import ray
 
 from rllib_p3o.core import storage
 from rllib_p3o.core.callables import BY_NAME
+from rllib_p3o.core.config_error import ConfigError
 
 # Ray's cluster launcher writes this file on the head node of an autoscaling cluster (Tune's own test for one,
 # `ray.tune.execution.cluster_info`): there, a request beyond today's nodes may be met by new ones.
@@ -23,11 +24,11 @@ AUTOSCALER_BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
 RESOURCES = ("CPU", "GPU")
 
 
-class ClusterTooSmallError(ValueError):
+class ClusterTooSmallError(ConfigError):
     """The config asks for more CPUs or GPUs than the Ray cluster has; the message gives both, by role."""
 
 
-class ModelPathError(ValueError):
+class ModelPathError(ConfigError):
     """A model path that is neither a directory nor a Hugging Face hub id."""
 
 
@@ -205,6 +206,7 @@ def world_problems(config: Any, default_env: Any) -> Iterator[str]:
     from rllib_p3o.reward_models.server import reward_model_specs
 
     yield from storage_problems(config)
+    yield from offline_input_problems(config)
     problem = unknown_key_problem(config.env_config or {}, own_environment=has_own_environment(config, default_env))
     if problem:
         yield problem
@@ -238,6 +240,25 @@ def world_problems(config: Any, default_env: Any) -> Iterator[str]:
             config.lora = lora_specs.validate(spec, config.policy_model, config.trust_remote_code)
         except ValueError as e:
             yield f"lora: {e}"
+
+
+def offline_input_problems(config: Any) -> Iterator[str]:
+    """The local offline input's files whose schema lacks a required column (a recording without behavior log-probs,
+    say), named before any trial starts: the trial would fail at its start, after Ray and Tune have started it
+    (`rllib_p3o.data.trajectories.schema_problems`; the rows are checked by the run, which reads them). Inputs on an
+    object store are left to the run, which reads them where it has their credentials."""
+    from rllib_p3o.data.trajectories import OfflineDataError, schema_problems
+
+    inputs = config.input_ if isinstance(config.input_, list) else [config.input_]
+    if not config.is_offline or config.offline_skip_bad_rows or any(storage.is_uri(path) for path in inputs):
+        return
+    try:
+        problems = schema_problems(inputs, require_behavior=not config.offline_rescore_model)
+    except OfflineDataError as e:
+        yield f"input_: {e}"
+        return
+    for problem in problems:
+        yield f"input_: {problem}"
 
 
 def prompt_length_problems(config: Any) -> Iterator[str]:

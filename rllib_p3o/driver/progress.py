@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Dict, Optional, Sequence
 from ray import tune
 
 from rllib_p3o.core import metrics, quiet
+from rllib_p3o.driver import wait_notices
+from rllib_p3o.driver.wait_notices import WaitNotices
 
 if TYPE_CHECKING:
     import pandas
@@ -71,6 +73,9 @@ class IterationPrinter(tune.Callback):
     completions no reward function scored (``unscored``; the first iteration with any prints a warning above its
     row) and where the iteration's time went.
 
+    Before the first row, a line names what the run waits for once a wait has lasted 10 s (the trial's start, then
+    the first iteration: `rllib_p3o.driver.wait_notices`).
+
     With Tune's own status table off (``tune.RunConfig(verbose=0)``: no config box either), it is the screen of a
     run: ``tune.RunConfig(..., callbacks=[IterationPrinter()], verbose=0)``. With ``time_limit`` (seconds of
     training) and/or ``max_iterations`` the row gives the longest time left until the run stops (a target can only
@@ -105,6 +110,8 @@ class IterationPrinter(tune.Callback):
         self.target = target
         self._header_printed = False
         self._warned_unscored = False
+        self._waits = WaitNotices()
+        self._results_seen = False
 
     def _time_left(self, it: int, elapsed: float, max_iterations: Optional[int] = None) -> Optional[float]:
         bounds = []
@@ -141,7 +148,32 @@ class IterationPrinter(tune.Callback):
         )
         return "".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, self.COLUMNS))
 
+    def __setstate__(self, state: Dict) -> None:
+        """Unpickled with a run that Tune restores: a printer pickled by an earlier version gets the wait notices."""
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_waits", WaitNotices())
+        self.__dict__.setdefault("_results_seen", False)
+
+    def setup(self, **info):
+        self._waits.begin(wait_notices.STARTING)
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        """(Tune calls it once the trial's actor is built: engines started, first weights pushed.)"""
+        if not self._results_seen:
+            self._waits.begin(wait_notices.FIRST_ITERATION)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        if not self._results_seen:
+            self._waits.begin(wait_notices.STARTING)
+
+    def on_step_begin(self, iteration, trials, **info):
+        notice = self._waits.due()
+        if notice is not None:
+            print(notice, flush=True)
+
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._results_seen = True
+        self._waits.end()
         it = result.get("training_iteration", 0)
         p = result.get(metrics.P3O, {})
         unscored = p.get(metrics.UNSCORABLE_COMPLETIONS) or 0

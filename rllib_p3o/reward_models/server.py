@@ -31,6 +31,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from rllib_p3o.core import quiet
+from rllib_p3o.core.cpu_threads import fitting_threads
 
 # The key under which the driver gives the runners its actors' names (one per spec, in order); set by `P3O.setup`.
 ACTORS_KEY = "reward_model_actors"
@@ -240,7 +241,7 @@ class RewardModelServer:
         import torch
 
         self.spec = dict(spec)
-        threads = max(1, int(math.ceil(self.spec["num_cpus"])))
+        threads = fitting_threads(math.ceil(self.spec["num_cpus"]))  # no more than the cores (`core.cpu_threads`)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
         if self.spec["kind"] == "judge":

