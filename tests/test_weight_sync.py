@@ -125,3 +125,52 @@ def test_the_learner_probe_thread_leaves_the_learners_openmp_threads_alone():
     probes.settle()
     probes.close()
     assert seen == [1] and torch.get_num_threads() == before
+
+
+class _SlowLoads:
+    """Stands in for `EngineRunners` over runner 1 with RLlib's per-tag in-flight limit (this test is about the
+    driver's pushes, not Ray): a started load comes back only after ``polls_per_load`` polls, and a call started
+    while the limit is reached is skipped, as RLlib's actor manager skips it."""
+
+    def __init__(self, limit, polls_per_load):
+        self.limit, self.polls_per_load = limit, polls_per_load
+        self.in_flight = []  # [polls left] per started load, oldest first
+        self.loaded, self.skipped = [], 0
+
+    def healthy_ids(self):
+        return [1]
+
+    def max_in_flight(self):
+        return self.limit
+
+    def start(self, fns, tag):
+        assert tag == "sync"
+        if len(self.in_flight) >= self.limit:
+            self.skipped += 1
+            return
+        version = fns[1](SimpleNamespace(load_policy_weights=lambda payload: payload["weights_seq_no"]))
+        self.in_flight.append([self.polls_per_load, version])
+
+    def fetch_ready(self, tag, timeout_s):
+        if not self.in_flight:
+            return []
+        self.in_flight[0][0] -= 1
+        if self.in_flight[0][0] > 0:
+            return []
+        _, version = self.in_flight.pop(0)
+        self.loaded.append(version)
+        return [(1, {"load_s": 0.0})]
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_push_waits_for_the_runners_oldest_load_instead_of_being_skipped(monkeypatch, limit):
+    """Non-blocking pushes to a runner still loading an earlier version: every version reaches it, in order (a
+    skipped push would leave it on older weights for as long as timing decides)."""
+    monkeypatch.setattr(WeightSync, "_payload", lambda self, check_at_load: {"weights_seq_no": self.weights_seq_no})
+    runners = _SlowLoads(limit=limit, polls_per_load=3)
+    sync = WeightSync(_Learners(), runners, probe_token_ids=None, push_async=True, timeout_s=5.0)
+    for _ in range(6):
+        sync.push()
+    while runners.in_flight:
+        runners.fetch_ready("sync", 0.0)
+    assert runners.skipped == 0 and runners.loaded == [1, 2, 3, 4, 5, 6]

@@ -59,6 +59,8 @@ NUM_PROMPTS = "num_prompts"
 STALENESS_MEAN = "staleness_mean"
 STALENESS_MAX = "staleness_max"
 DROPPED_STALE_SAMPLES = "dropped_stale_samples"
+# In-flight weight updates: the share of the step's policy completions whose tokens span weight versions.
+SPANNING_VERSIONS_SHARE = "spanning_versions_share"
 DROPPED_STALE_SAMPLES_LIFETIME = "dropped_stale_samples_lifetime"
 LEARNER_WAIT_FOR_DATA_S = "learner_wait_for_data_s"
 # Sampling recipes (`rllib_p3o.data.sampling_recipes`): groups left out by dynamic sampling and the extra rounds it
@@ -311,6 +313,11 @@ def step_metrics(
         stale = [r[Record.STALENESS] for r in records if r.get(Record.STALENESS, -1) >= 0]
         if stale:
             step.update({STALENESS_MEAN: float(np.mean(stale)), STALENESS_MAX: int(np.max(stale))})
+            # A per-token version is carried only by completions that span versions (`Record.POLICY_VERSION`).
+            spanning = sum(
+                r.get(Record.POLICY_VERSION) is not None for r in records if r.get(Record.STALENESS, -1) >= 0
+            )
+            step[SPANNING_VERSIONS_SHARE] = spanning / len(stale)
     if offline_rows_skipped is not None:
         step[OFFLINE_ROWS_SKIPPED] = offline_rows_skipped
     return step

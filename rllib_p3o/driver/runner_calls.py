@@ -162,6 +162,11 @@ class EngineRunners:
                 return result[i]
         raise EnvRunnerFailedError(f"no healthy EnvRunner to call {getattr(fn, '__qualname__', fn)} on.")
 
+    def max_in_flight(self) -> int:
+        """How many calls of one tag a runner may have in flight (RLlib's ``max_requests_in_flight_per_env_runner``);
+        `start` skips a call beyond it."""
+        return int(getattr(self.group._remote_config, "max_requests_in_flight_per_env_runner", 1) or 1)
+
     def start(self, fns: Mapping[int, RunnerCall[Any]], tag: str) -> None:
         """Start ``fns[i](runner i)`` on remote runners without waiting; results come from `fetch_ready`.
 

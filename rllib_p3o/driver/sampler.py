@@ -361,7 +361,15 @@ class Sampler:
     # -- checkpoint: the data position ------------------------------------------------------------------------------
 
     def get_state(self) -> Dict[str, Any]:
-        """The schedule's position; in async mode its pending groups include those in flight or queued now."""
+        """The schedule's position; in async mode its pending groups include those in flight or queued now.
+
+        With in-flight weight updates a checkpoint is a synchronization point: the samples in flight or queued and the
+        groups the engines hold mid-generation are dropped and given back to the schedule first (`drain`), so that the
+        run that goes on and a run restored from the checkpoint both sample them again, from their start, with the
+        same weights: the same completions. (A sequence's place in vLLM's sampling stream cannot be saved; without
+        the drop, a restored run would continue differently from the run it was saved from.)"""
+        if self.inflight:
+            self.drain()
         return {
             SCHEDULE: self.schedule.get_state(),
             SAMPLES_LOST_LIFETIME: self.samples_lost_lifetime,

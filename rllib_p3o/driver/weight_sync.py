@@ -212,6 +212,8 @@ class WeightSync:
         # The version of the weights the runners hold (or are loading); 0 before the first push.
         self.weights_seq_no = 0
         self._last_stats: Dict[str, float] = {}
+        # Non-blocking pushes not yet come back, per runner (`_collect_pushes`).
+        self._pushes_in_flight: Dict[int, int] = {}
         # The driver's part of the latest push (`rllib_p3o.core.metrics`: gather, learner probe, bytes).
         self.driver_stats: Dict[str, float] = {}
         self.probes = (
@@ -233,11 +235,11 @@ class WeightSync:
         checked = self.probes.last_stats if self.probes is not None else {}
         if not blocking:
             payload = self._payload(check_at_load=False)
-            for _, stats in self.runners.fetch_ready(SYNC_TAG, timeout_s=0.0):
-                self._last_stats = stats
-            self.runners.start(
-                {i: lambda r: r.load_policy_weights(payload) for i in self.runners.healthy_ids()}, tag=SYNC_TAG
-            )
+            ids = self.runners.healthy_ids()
+            self._collect_pushes(wait_for=ids)
+            self.runners.start({i: lambda r: r.load_policy_weights(payload) for i in ids}, tag=SYNC_TAG)
+            for i in ids:
+                self._pushes_in_flight[i] = self._pushes_in_flight.get(i, 0) + 1
             stats = {**self._last_stats, **self.driver_stats}
         else:
             stats = self._push_to(self.runners.healthy_ids(), check_at_load=False)
@@ -247,6 +249,31 @@ class WeightSync:
             # engines' reload for the cores; it overlaps the next generation instead.
             self.probes.start(self.weights_seq_no)
         return stats
+
+    def _collect_pushes(self, wait_for: Iterable[int] = ()) -> None:
+        """Take the results of the non-blocking pushes that came back; for each runner of ``wait_for`` that has as
+        many pushes in flight as RLlib lets it have (``max_requests_in_flight_per_env_runner`` per tag), wait for
+        its oldest. RLlib would skip a new call to such a runner rather than queue it: a skipped push would leave the
+        runner on older weights for as long as chance decides, so which weights sample what would depend on timing.
+        The wait is short: the sampler arms a runner's next sample() before the learner updates, so the runner's
+        oldest push is next in its queue, behind samples the driver has already taken."""
+        limit = self.runners.max_in_flight()
+        deadline = time.perf_counter() + (self.timeout_s or 600.0)
+        while True:
+            for i, stats in self.runners.fetch_ready(SYNC_TAG, timeout_s=0.0):
+                self._last_stats = stats
+                self._pushes_in_flight[i] = max(0, self._pushes_in_flight.get(i, 0) - 1)
+            healthy = set(self.runners.healthy_ids())
+            self._pushes_in_flight = {i: n for i, n in self._pushes_in_flight.items() if i in healthy and n > 0}
+            full = [i for i in wait_for if self._pushes_in_flight.get(i, 0) >= limit]
+            if not full:
+                return
+            if time.perf_counter() > deadline:
+                raise WeightSyncError(
+                    f"EnvRunner {', '.join(map(str, full))} did not finish loading weights within "
+                    f"weight_sync_timeout_s={self.timeout_s} s."
+                )
+            time.sleep(0.005)
 
     def push_verified(self) -> Dict[str, float]:
         """Push the learner's current weights as the next version to every runner, checked at load, and wait."""

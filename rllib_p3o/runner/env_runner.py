@@ -52,6 +52,7 @@ from ray.rllib.utils.metrics import (
 from rllib_p3o.core import lora, metrics
 from rllib_p3o.core.callables import resolve_callable
 from rllib_p3o.core.columns import kept_set_candidates
+from rllib_p3o.core.cpu_threads import fitting_threads
 from rllib_p3o.core.sources import POLICY, behavior_sample_counts, behavior_source_name, source_id
 from rllib_p3o.data import chat, prompt_fit
 from rllib_p3o.data.datasets import has_conversational_prompts
@@ -137,7 +138,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self._last_sample_end: Optional[float] = None
         t_engines = time.perf_counter()
         if self.is_sampler:
-            vllm_engine.set_engine_threads(config.env_runner_threads)
+            threads = config.env_runner_threads
+            if config.num_threads_per_env_runner is None:  # derived from Ray CPUs: no more than this machine's cores
+                threads = fitting_threads(threads)
+            vllm_engine.set_engine_threads(threads)
             self._llm = self._make_engine(config.policy_model, lora=config.lora)
             if config.inflight_weight_updates:
                 if not vllm_engine.is_in_process(self._llm):

@@ -335,6 +335,22 @@ REGIMES: Dict[str, Regime] = {
             lambda c, p: c.training(async_sampling=True, max_staleness=4),
             traits=_ASYNC,
         ),
+        Regime(
+            "async_4_in_flight",
+            "async sampling with 4 sample() calls in flight per runner: the data are 4 weight versions old (each "
+            "weight push queues behind 4 calls)",
+            lambda c, p: c.training(async_sampling=True, max_staleness=4).env_runners(
+                max_requests_in_flight_per_env_runner=4
+            ),
+            traits=_ASYNC,
+        ),
+        Regime(
+            "async_staleness_4_inflight",
+            "async_staleness_4 with in-flight weight updates (inflight_weight_updates=True, prefix KV recomputed): new "
+            "weights reach the sequences a runner is generating, so a completion may span weight versions",
+            lambda c, p: c.training(async_sampling=True, max_staleness=4, inflight_weight_updates=True),
+            traits=_ASYNC,
+        ),
         # The confirmation set's harder variants of the staleness regimes.
         Regime(
             "async_staleness_8",
@@ -563,11 +579,14 @@ BASELINES: Tuple[str, ...] = (
     "m2po",
     "decoupled_ppo",
 )
-DEVELOPMENT_METHODS: Tuple[str, ...] = ("p3o_source", "p3o_reference") + STALENESS_CANDIDATES + BASELINES
-# The development set: the three regimes where P3O's 0.3 default lost, seeds 0-2, every method at its own best peak
-# lr, the bracket extended upward until each method's best is inside it.
+# P3O's default in the claims bench's grids: the method whose settings are P3OLossSettings' defaults.
+DEFAULT_METHOD = "p3o_source"
+DEVELOPMENT_METHODS: Tuple[str, ...] = (DEFAULT_METHOD, "p3o_reference") + STALENESS_CANDIDATES + BASELINES
+# The development set: the three regimes where P3O's 0.3 default lost (the bench's async regime is one version old),
+# and async data 4 versions old; seeds 0-2, every method at its own best peak lr, the bracket extended upward until
+# each method's best is inside it.
 BENCH_DEVELOPMENT = Grid(
-    regimes=("async_staleness_4", "offline_stale", "two_steps_per_batch"),
+    regimes=("async_staleness_4", "offline_stale", "two_steps_per_batch", "async_4_in_flight"),
     methods=DEVELOPMENT_METHODS,
     seeds=(0, 1, 2),
     iterations=30,
@@ -584,7 +603,7 @@ BENCH_DEVELOPMENT = Grid(
 )
 # The confirmation set: every regime of the bench and three harder variants, seeds 3-5, run once after the default was
 # committed; P3O's chosen default, the paper's reference form and every baseline, at the development set's lr.
-CONFIRMATION_METHODS: Tuple[str, ...] = ("p3o_source", "p3o_reference") + BASELINES
+CONFIRMATION_METHODS: Tuple[str, ...] = (DEFAULT_METHOD, "p3o_reference") + BASELINES
 BENCH_CONFIRMATION = Grid(
     regimes=BENCH_REGIMES + ("async_staleness_8", "four_steps_per_batch", "offline_weaker"),
     methods=CONFIRMATION_METHODS,
@@ -596,6 +615,18 @@ BENCH_CONFIRMATION = Grid(
     dedupe=True,
     lr_choice_from="results/bench-development/lr_choice.json",
 )
+# The bench's async regime with and without in-flight weight updates (docs/results/inflight.md): P3O's default and
+# GRPO-clip, seeds 0-2, at the development set's lr choice.
+BENCH_INFLIGHT = Grid(
+    regimes=("async_staleness_4", "async_staleness_4_inflight"),
+    methods=(DEFAULT_METHOD, "grpo_eps0.2"),
+    seeds=(0, 1, 2),
+    iterations=30,
+    task="sorting",
+    target=0.7,
+    collapse_from="best",
+    lr_choice_from="results/bench-development/lr_choice.json",
+)
 GRIDS: Dict[Tuple[str, str], Grid] = {
     ("arithmetic", "quick"): QUICK,
     ("arithmetic", "full"): FULL,
@@ -603,6 +634,7 @@ GRIDS: Dict[Tuple[str, str], Grid] = {
     ("sorting", "full"): BENCH_FULL,
     ("sorting", "development"): BENCH_DEVELOPMENT,
     ("sorting", "confirmation"): BENCH_CONFIRMATION,
+    ("sorting", "inflight"): BENCH_INFLIGHT,
 }
 
 

@@ -552,6 +552,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the claims bench's confirmation set (sorting only; {} trials at the development set's committed lr "
         "choice, results/bench-development/lr_choice.json)".format(GRIDS["sorting", "confirmation"].num_trials()),
     )
+    size.add_argument(
+        "--inflight",
+        action="store_true",
+        help="the bench's async regime with and without in-flight weight updates (sorting only; {} trials at the "
+        "development set's lr choice: docs/results/inflight.md)".format(GRIDS["sorting", "inflight"].num_trials()),
+    )
     parser.add_argument(
         "--out",
         default="runs/sweep",
@@ -582,8 +588,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse (exit 2) an ``--out`` on object storage and a ``--parallel`` below 1."""
-    if (args.development or args.confirmation) and args.task != "sorting":
-        parser.error("--development and --confirmation are grids of the claims bench: add --task sorting")
+    if (args.development or args.confirmation or args.inflight) and args.task != "sorting":
+        parser.error("--development, --confirmation and --inflight are grids of the claims bench: add --task sorting")
     if storage.is_uri(args.out) and storage.uri_scheme(args.out) != "file":
         # The prepared models must be local directories (vLLM and transformers load them), and a resumed sweep reads
         # its per-trial files back: an object store cannot hold either. Refused rather than written to "./s3:".
@@ -598,7 +604,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def _grid(args: argparse.Namespace) -> Grid:
     """The task's quick or full grid with the regimes, methods, seeds, iterations and lr the arguments name."""
-    size = next((k for k in ("quick", "development", "confirmation") if getattr(args, k)), "full")
+    size = next((k for k in ("quick", "development", "confirmation", "inflight") if getattr(args, k)), "full")
     grid = GRIDS[args.task, size]
     changes = {
         k: tuple(v) for k, v in (("regimes", args.regimes), ("methods", args.methods), ("seeds", args.seeds)) if v
