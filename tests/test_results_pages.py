@@ -230,7 +230,12 @@ def test_the_claims_page_fails_when_a_result_of_p3os_default_changes(tmp_path):
     """docs/results/claims.md against results/bench/summary.json: the default's held-out with the weaker behavior
     model 0.1 lower changes its table rows, its verdicts and the page's summary, and the check says so."""
     page = next(p for p in PAGES if p.path == "docs/results/claims.md")
-    files = ("results/bench/summary.json", "results/bench/lr_choice.json", "results/bench-two-step/summary.json")
+    files = (
+        "results/bench/summary.json",
+        "results/bench/lr_choice.json",
+        "results/bench/curves.csv",
+        "results/bench-two-step/summary.json",
+    )
     root = _copy(tmp_path, page.path, *files)
     assert check_page(page, root) == []
     path = os.path.join(root, "results/bench/summary.json")

@@ -12,7 +12,15 @@ import pandas as pd
 from results_check.page import Page
 from results_check.pages._fmt import load_json, num, pm, span, table, words
 from results_check.pages._paths import SWEEP
-from rllib_p3o.sweep.verdicts import COLLAPSE_DROP, COLLAPSE_RULE, TIE_RULE, best_or_tied, collapsed, verdict
+from rllib_p3o.sweep.verdicts import (
+    COLLAPSE_DROP,
+    COLLAPSE_RULE,
+    TIE_RULE,
+    all_tie,
+    best_or_tied,
+    collapsed,
+    verdict,
+)
 
 METHODS = {
     "p3o": "P3O",
@@ -100,7 +108,10 @@ def quotes(root: str) -> List[str]:
         matrix.append([f"`{stage}`", *cells])
     out += table(["regime", *METHODS.values()], matrix)
     fell = trials[trials["collapsed"]]
-    groups = fell.groupby(["method", "stage"], sort=False).agg(n=("seed", "size"), best=("best", "max"))
+    groups = fell.groupby(["method", "stage"]).agg(n=("seed", "size"), best=("best", "max"))
+    # In the grid's order (regime, then method), whatever order the rows were read in.
+    order = {k: i for i, k in enumerate((m, s) for s in stages for m in METHODS)}
+    groups = groups.loc[sorted(groups.index, key=order.__getitem__)]
     out.append(
         f"{len(fell)} of {len(trials)} trials collapsed under this rule: "
         + words([f"`{m}` in `{s}` ({int(g.n)} of {n_seeds} seeds)" for (m, s), g in groups.iterrows()])
@@ -133,26 +144,56 @@ def quotes(root: str) -> List[str]:
     def cell(stage: str, m: str) -> str:
         return pm(*stats[stage][m])
 
+    def names(items: List[str]) -> str:
+        return words([f"`{x}`" for x in items])
+
+    # A regime where every method is best or tied shows no difference: it counts for no method (`all_tie`).
+    no_difference = [s for s in stages if all_tie(stats[s])]
+    separating = [s for s in stages if s not in no_difference]
     p3o_vs_best = {s: v(s, "p3o", best_grpo(s)) for s in stages}
-    holds = [s for s in stages if p3o_vs_best[s] != "loses"]
-    loses = [s for s in stages if p3o_vs_best[s] == "loses"]
-    out.append(f'*"P3O matches the best GRPO ε without tuning"*: **in {len(holds)} of {len(stages)} regimes.**')
+    holds = [s for s in separating if p3o_vs_best[s] != "loses"]
+    loses = [s for s in separating if p3o_vs_best[s] == "loses"]
     out.append(
-        f"P3O ties with or beats the best GRPO ε in {words([f'`{s}`' for s in holds])}, and loses to it in "
+        f'*"P3O matches the best GRPO ε without tuning"*: **in {len(holds)} of {len(separating)} regimes'
+        + (" that separate the methods" if no_difference else "")
+        + ".**"
+    )
+    if no_difference:
+        out.append(f"{names(no_difference)} show no difference between any of the methods")
+    out.append(
+        (
+            f"P3O ties with or beats the best GRPO ε in {names(holds)}, and loses to it in "
+            if holds
+            else "P3O loses to the best GRPO ε in "
+        )
         + words([f"`{s}` ({cell(s, 'p3o')} vs {cell(s, best_grpo(s))})" for s in loses])
     )
-    eps02 = [s for s in stages if "grpo_eps0.2" in best_or_tied(stats[s])]
-    not02 = [s for s in stages if s not in eps02]
-    out.append(f"GRPO ε = 0.2 is best or tied in {len(eps02)} of {len(stages)} regimes")
+    eps02 = [s for s in separating if "grpo_eps0.2" in best_or_tied(stats[s])]
+    not02 = [s for s in separating if s not in eps02]
+    out.append(f"GRPO ε = 0.2 is best or tied in {len(eps02)} of {len(separating)} regimes")
     for s in not02:
-        out.append(f"in `{s}` the best or tied are {words([f'`{m}`' for m in best_or_tied(stats[s])])}")
+        best = best_or_tied(stats[s])
+        out.append(
+            f"in `{s}` the best is {names(best)} alone"
+            if len(best) == 1
+            else f"in `{s}` the best or tied are {names(best)}"
+        )
 
     t12 = "temperature_1.2"
     t12_collapses = int(trials[trials["stage"] == t12]["collapsed"].sum())
     t12_ess = summary[summary["stage"] == t12]["ess_mean"]
+    t12_best = best_or_tied(stats[t12])
     out.append(
-        f"no trial collapsed at T = 1.2 ({t12_collapses} of {len(trials[trials['stage'] == t12])}), and all "
-        f"{len(best_or_tied(stats[t12]))} methods are best or tied there (mean ESS {span(t12_ess, 2)})"
+        f"no trial collapsed at T = 1.2 ({t12_collapses} of {len(trials[trials['stage'] == t12])}; mean ESS "
+        f"{span(t12_ess, 2)}), and "
+        + (
+            f"all {len(t12_best)} methods are best or tied there, so it shows no difference"
+            if all_tie(stats[t12])
+            else f"{len(t12_best)} of the {len(METHODS)} methods are best or tied there: {names(t12_best)}"
+        )
+    )
+    out.append(
+        f"P3O {AS_VERB[p3o_vs_best[t12]]} GRPO ε {best_grpo(t12)[-3:]} there ({cell(t12, 'p3o')} vs {cell(t12, best_grpo(t12))})"
     )
     a = "async_staleness_2"
     against = words([f"{AS_VERB[v(a, 'p3o', g)]} GRPO ε {g[-3:]}" for g in GRPO])
@@ -166,12 +207,23 @@ def quotes(root: str) -> List[str]:
         )
     w = "behavior_weaker"
     out.append(f"`p3o_no_kl` {AS_VERB[v(w, 'p3o_no_kl', best_grpo(w))]} the best GRPO ε there ({cell(w, 'p3o_no_kl')})")
+    ablation = {}
     for abl in ("p3o_no_kl", "p3o_no_cap"):
-        by = {k: [s for s in stages if v(s, abl, "p3o") == k] for k in AS_VERB}
+        by = ablation[abl] = {k: [s for s in separating if v(s, abl, "p3o") == k] for k in AS_VERB}
         out.append(
-            f"`{abl}` against P3O: "
-            + "; ".join(f"{k} in {len(by[k])} ({words([f'`{s}`' for s in by[k]])})" for k in AS_VERB if by[k])
+            f"`{abl}` against P3O: " + "; ".join(f"{k} in {len(by[k])} ({names(by[k])})" for k in AS_VERB if by[k])
         )
+
+    # The headline of the ablations: which part changes the result, in how many regimes, and which way.
+    def changes(abl: str, part: str) -> str:
+        by = ablation[abl]
+        moved = len(by["wins"]) + len(by["loses"])
+        if not moved:
+            return f"the {part} does not"
+        ways = [f"for the {w} in {len(by[k])}" for k, w in (("wins", "better"), ("loses", "worse")) if by[k]]
+        return f"removing the {part} changes the result in {moved} of {len(separating)} regimes ({', '.join(ways)})"
+
+    out.append(f"on this task {changes('p3o_no_kl', 'KL term')}; {changes('p3o_no_cap', 'cap')}")
     worst_gap = max(stages, key=lambda s: abs(stats[s]["p3o_no_cap"][0] - stats[s]["p3o"][0]))
     out.append(f"largest gap: `{worst_gap}`, {cell(worst_gap, 'p3o_no_cap')} vs {cell(worst_gap, 'p3o')}")
     hi = peaks[-1]

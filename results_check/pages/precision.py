@@ -8,9 +8,9 @@ from itertools import combinations
 from typing import List
 
 from results_check.page import Page
-from results_check.pages._fmt import load_json, num, table
+from results_check.pages._fmt import load_json, num, table, words
 from results_check.pages._paths import BENCH_RESULTS
-from rllib_p3o.sweep.verdicts import verdict
+from rllib_p3o.sweep.verdicts import TIE_RULE, standard_error, verdict
 
 FILE = f"{BENCH_RESULTS}/precision.json"
 COMPLETIONS_PER_ITERATION = 64 * 8  # the demo's setting
@@ -106,9 +106,32 @@ def quotes(root: str) -> List[str]:
         rows,
     )
     learned = sum(r["heldout_final"] > r["heldout"][0][1] for s in settings.values() for r in s["runs"])
-    out += [f"deviation over the {seeds} seeds", f"own spread over {seeds} seeds", f"and {seeds} seeds cannot"]
+    out += [f"deviation over the {seeds} seeds", f"and {seeds} seeds cannot"]
     out.append(f"All {learned} runs end above their held-out before training")
+    out.append(TIE_RULE)
     out.append("; ".join(f"`{a}` {AS_VERB[verdict(stats[a], stats[b])]} `{b}`" for a, b in combinations(settings, 2)))
+    # What the verdicts say about the precision gap: whether a lower precision loses to fp32.
+    lower = [name for name in settings if name != "fp32"]
+    lost = [name for name in lower if verdict(stats[name], stats["fp32"]) == "loses"]
+    out.append(
+        f"{'Neither' if len(lower) == 2 else 'No'} lower precision loses to fp32, so on this task the precision gap "
+        "does not hurt P3O"
+        if not lost
+        else f"{words([f'`{n}`' for n in lost])} {'loses' if len(lost) == 1 else 'lose'} to fp32"
+    )
+    top = max(stats, key=lambda name: stats[name][0])
+    beaten = [name for name in stats if name != top and verdict(stats[top], stats[name]) == "wins"]
+    if beaten:
+        leads = [
+            f"`{name}` by {stats[top][0] - stats[name][0]:.3f} (standard error of the difference "
+            f"{standard_error(stats[top][1], stats[top][2], stats[name][1], stats[name][2]):.3f})"
+            for name in beaten
+        ]
+        top_runs = [r["heldout_final"] for r in settings[top]["runs"]]
+        out.append(
+            f"`{top}` leads {words(leads)}, over {seeds} seeds that spread from {min(top_runs):.3f} to "
+            f"{max(top_runs):.3f}"
+        )
     fp8_before = statistics.mean(settings["fp8_simulated"]["heldout_before"])
     out.append(f"(the FP8-rounded base model answers {fp8_before:.3f} greedily)")
     return out

@@ -7,7 +7,7 @@ from typing import List
 from results_check.page import Page
 from results_check.pages import claims
 from results_check.pages._fmt import load_json, num, pct, words
-from results_check.pages._paths import BENCH_RESULTS
+from results_check.pages._paths import BENCH, BENCH_RESULTS
 
 
 def quotes(root: str) -> List[str]:
@@ -31,8 +31,13 @@ def quotes(root: str) -> List[str]:
     )
     if bench["missed"]:
         headline += f", and misses in {words([f'`{r}`' for r in bench['missed']])}"
+    bench_report = load_json(root, f"{BENCH}/summary.json")
+    bench_lr = load_json(root, f"{BENCH}/lr_choice.json")
     return [
         headline,
+        # The feature list's claims sweep: how the bench's lr was chosen, and the trials its command runs.
+        f"on the claims bench's sorting task, P3O vs the baselines peers ship, {claims.lr_sentence(bench_lr)}",
+        f"--out runs/bench # the claims bench: {bench_report['cost']['trials']} trials",
         f"{demo['num_reached']} of {demo['num_runs']} seed pairs reach held-out ≥ {demo['target']:g}, after a median "
         f"{demo['seconds_to_target']['median']:.0f} s of training",
         f"{tool['successes']} of {tool['total']} runs learn two-digit products to ≥ 0.9 in {its['min']}–{its['max']} "
