@@ -53,3 +53,24 @@ def test_a_collapse_is_a_fall_of_more_than_the_drop_below_the_best():
     assert collapsed(0.9, 0.9, errored=True)
     assert collapsed(math.nan, 0.9)
     assert "standard error of the difference" in TIE_RULE
+
+
+def test_the_default_is_the_candidate_best_or_tied_in_the_most_regimes_without_a_collapse():
+    from rllib_p3o.sweep.verdicts import choose_default
+
+    def row(x, y, z, base=0.75):
+        return {"x": (x, 0.01, 3), "y": (y, 0.01, 3), "z": (z, 0.01, 3), "base": (base, 0.01, 3)}
+
+    none = {r: {} for r in "abc"}
+    # Best or tied: z in a and c (2 regimes), y in b (1), x in none.
+    stats = {"a": row(0.80, 0.70, 0.90), "b": row(0.60, 0.85, 0.50), "c": row(0.70, 0.60, 0.80)}
+    assert choose_default(stats, none, ["x", "y", "z"]) == "z"
+    # A collapsed seed rules z out: y (1 regime) before x (0).
+    assert choose_default(stats, {**none, "b": {"z": 1}}, ["x", "y", "z"]) == "y"
+    # Equal counts: the higher mean over the regimes (y 0.78 against x 0.70), then the candidate listed first.
+    stats = {"a": row(0.80, 0.70, 0.50), "b": row(0.50, 0.85, 0.50), "c": row(0.80, 0.80, 0.50, base=0.9)}
+    assert choose_default(stats, none, ["x", "y", "z"]) == "y"
+    twins = {r: {**row(0.9, 0.9, 0.5)} for r in "abc"}  # x and y the same run in every regime
+    assert choose_default(twins, none, ["y", "x", "z"]) == "y" and choose_default(twins, none, ["x", "y"]) == "x"
+    with pytest.raises(ValueError, match="every candidate"):
+        choose_default(stats, {r: {"x": 1, "y": 1, "z": 1} for r in stats}, ["x", "y", "z"])

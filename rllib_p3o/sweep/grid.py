@@ -566,6 +566,9 @@ BENCH_QUICK = Grid(
 # P3O under multi-version staleness (docs/results/claims.md, "Staleness"): candidates are compared and P3O's default is
 # chosen on the development set, committed, then checked once on the confirmation set.
 STALENESS_CANDIDATES: Tuple[str, ...] = ("p3o_version", "p3o_clip", "p3o_clip_version", "p3o_band")
+# What P3O's default is chosen from (`rllib_p3o.sweep.verdicts.CHOICE_RULE`), the fewer changes first: 0.2's default
+# (`p3o_source`), then the candidates.
+DEFAULT_CANDIDATES: Tuple[str, ...] = ("p3o_source",) + STALENESS_CANDIDATES
 # The peers' answers to staleness, and every baseline of the bench.
 BASELINES: Tuple[str, ...] = (
     "grpo_eps0.2",

@@ -8,6 +8,7 @@ words and the same arithmetic:
   higher mean wins. A std that is NaN (a single seed) counts as 0.
 - **best**: the method with the highest mean; every method that ties with it (the rule above) is "best or tied".
   A regime where every method is best or tied shows no difference between them: it is evidence for none.
+- **P3O's default** (`CHOICE_RULE`, `choose_default`): chosen on the development set, by the rules above.
 - **collapse** (the claims bench's rule): a trial errored, or its last held-out accuracy is more than
   `COLLAPSE_DROP` below the best held-out accuracy it reached.
 
@@ -17,7 +18,7 @@ Statistics are ``(mean, std, n)`` triples; a pair ``(mean, std)`` counts as ``n 
 from __future__ import annotations
 
 import math
-from typing import Hashable, Literal, Mapping, Tuple, TypeVar, Union
+from typing import Hashable, Literal, Mapping, Sequence, Tuple, TypeVar, Union
 
 Verdict = Literal["wins", "ties", "loses"]
 K = TypeVar("K", bound=Hashable)
@@ -91,3 +92,25 @@ def collapsed(last: float, best: float, errored: bool = False) -> bool:
     """`COLLAPSE_RULE`: the trial errored, has no last held-out (NaN) or its ``last`` held-out is more than
     `COLLAPSE_DROP` below its ``best``."""
     return errored or math.isnan(last) or last < best - COLLAPSE_DROP
+
+
+CHOICE_RULE = (
+    "P3O's default is chosen among the candidates on the development set alone: a candidate with a collapsed seed in "
+    "any development regime is out; of the others, the one best or tied in the most development regimes wins; a tie "
+    "goes to the higher mean held-out over those regimes, then to the candidate listed first (the fewer changes)."
+)
+
+
+def choose_default(
+    stats: Mapping[str, Mapping[K, Stats]], collapses: Mapping[str, Mapping[K, int]], candidates: Sequence[K]
+) -> K:
+    """`CHOICE_RULE`: ``stats[regime][method]`` are ``(mean, std, n)`` over seeds of every method of the development
+    set, ``collapses[regime][method]`` its collapsed seeds; returns the chosen candidate. Raises ValueError when
+    every candidate collapsed somewhere."""
+    regimes = list(stats)
+    kept = [c for c in candidates if not any(collapses[r].get(c, 0) for r in regimes)]
+    if not kept:
+        raise ValueError(f"every candidate ({', '.join(map(str, candidates))}) collapsed in a development regime")
+    wins = {c: sum(c in best_or_tied(stats[r]) for r in regimes) for c in kept}
+    mean = {c: sum(float(stats[r][c][0]) for r in regimes) / len(regimes) for c in kept}
+    return max(kept, key=lambda c: (wins[c], mean[c], -list(candidates).index(c)))
