@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rllib_p3o.cli import main
-from rllib_p3o.cli.export import CheckpointNotFound, module_dir
+from rllib_p3o.driver.export import CheckpointNotFound, module_dir
 from rllib_p3o.cli.validate import detect_kind
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
