@@ -57,14 +57,6 @@ def test_grpo_settings_come_from_loss_config_and_are_validated_by_the_loss():
         P3OConfig().training(model="/m", loss="p3o", loss_config={"clip_low": 0.2}).validate()
 
 
-def test_the_top_level_clip_keys_still_set_grpo_and_loss_config_wins():
-    settings = P3OConfig().training(model="/m", loss="grpo", clip_low=0.3, clip_high=0.4).loss_settings()
-    assert (settings.clip_low, settings.clip_high) == (0.3, 0.4)
-    settings = P3OConfig().training(loss="grpo", clip_low=0.3, loss_config={"clip_low": 0.1}).loss_settings()
-    assert settings.clip_low == 0.1
-    assert P3OConfig().training(loss="p3o", clip_low=0.3).loss_settings() == get_loss("p3o").settings()
-
-
 def test_grpo_settings_reach_the_math():
     spec = get_loss("grpo")
     tight = spec.fn(_batch(), spec.make_settings({"clip_low": 0.01, "clip_high": 0.01}))
