@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from rllib_p3o.cli import main
-from rllib_p3o.driver.export import CheckpointNotFound, module_dir
 from rllib_p3o.cli.validate import detect_kind
+from rllib_p3o.driver.export import CheckpointNotFound, module_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_YAML = os.path.join(ROOT, "examples", "demo.yaml")
