@@ -101,7 +101,11 @@ def _base_weight(path):
 
 
 def test_two_learners_same_ess_and_grpo(ray_session, tiny_model, tmp_path):
-    algo = _config(tiny_model, loss="grpo", loss_config={"clip_low": 0.2, "clip_high": 0.28}).learners(num_learners=2).build_algo()
+    algo = (
+        _config(tiny_model, loss="grpo", loss_config={"clip_low": 0.2, "clip_high": 0.28})
+        .learners(num_learners=2)
+        .build_algo()
+    )
     try:
         res = algo.train()
         learners = m.lookup(res, *m.LEARNER)
