@@ -108,3 +108,24 @@ def test_every_registered_loss_is_a_sweep_method_by_its_name():
         assert name in METHODS, name  # `rllib-p3o sweep --methods NAME` (its choices are METHODS)
     assert METHODS["grpo_tis"] == {"loss": "grpo_tis"}  # the loss's own defaults
     assert METHODS["p3o_k3_is"]["loss_config"] == {"kl_estimator": "k3_is", "kl_anchor": "behavior"}  # bundles stay
+
+
+def test_the_papers_reference_form_is_one_setting_away():
+    """``loss="p3o_reference"`` is ``p3o`` with the reference implementation's settings and one ESS per batch (no ESS
+    groups, whatever ``ess_scope`` says): the same loss and gradient as those settings spelled out."""
+    spec = get_loss("p3o_reference")
+    assert not spec.ess_scoped  # one ESS over the batch, as the paper's code
+    reference = spec.fn(_batch(), spec.make_settings({}))
+    spelled = get_loss("p3o").fn(
+        _batch(),
+        get_loss("p3o").make_settings({"kl_estimator": "k3_clamped", "kl_anchor": "behavior", "trust_region": "none"}),
+    )
+    assert torch.equal(reference.loss.detach(), spelled.loss.detach())
+    inputs = _batch()
+    spec.fn(inputs, spec.make_settings({})).loss.backward()
+    other = _batch()
+    get_loss("p3o").fn(other, get_loss("p3o").make_settings(dict(kl_estimator="k3_clamped", kl_anchor="behavior",
+                       trust_region="none"))).loss.backward()  # fmt: skip
+    assert torch.equal(inputs.logprobs.grad, other.logprobs.grad)
+    with pytest.raises(ValueError, match="has no setting"):
+        P3OConfig().training(model="/m", loss="p3o_reference", loss_config={"trust_region": "ess_clip"}).validate()

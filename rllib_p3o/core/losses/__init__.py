@@ -9,6 +9,7 @@ registration, and what it needs from the learner (`OldLogprobs`). Registered:
                                                                                kl_estimator, kl_anchor, trust_region)
     p3o_no_cap   -sg(r)·logπθ·A           + (1 - ESS)·K(πθ, π_a)                 (ablation: no ESS cap)
     p3o_no_kl    -sg(min(r, ESS))·logπθ·A                                        (ablation: no ESS-weighted KL)
+    p3o_reference  p3o as the paper's code: k3 clamped at ±10 toward π_b, one ESS per batch, no trust region
     grpo         -min(r·A, clip(r, 1-ε_low, 1+ε_high)·A)                         (PPO-clip baseline; clip_low, clip_high)
     grpo_tis     -min(π_old/π_b, C)·min(ρ·A, clip(ρ, 1-ε_low, 1+ε_high)·A), ρ = πθ/π_old   (truncated IS; + tis_cap)
     grpo_seq_mask  the same without weights, sequences outside a geometric-mean band dropped   (+ seq_mask_low/high)
@@ -19,7 +20,7 @@ registration, and what it needs from the learner (`OldLogprobs`). Registered:
 
 The shared pieces: `rllib_p3o.core.losses.parts` (token means, diagnostics), `rllib_p3o.core.losses.kl_estimators`
 (P3O's KL term), `rllib_p3o.core.losses.trust_region` (masks on lagging tokens). How to add a loss:
-`rllib_p3o.core.losses.registry` and CONTRIBUTING.md.: `rllib_p3o.core.losses.registry` and CONTRIBUTING.md.
+`rllib_p3o.core.losses.registry` and CONTRIBUTING.md.
 """
 
 import importlib

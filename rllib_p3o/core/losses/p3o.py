@@ -1,4 +1,5 @@
-"""P3O, the batch-adaptive objective, and its two ablations: formula, settings and registration.
+"""P3O, the batch-adaptive objective, its two ablations and the paper's reference form: formula, settings and
+registration.
 
 P3O has no coefficients: the ESS of the batch takes the place of a clip range and a KL coefficient. Its settings say
 only *which* KL the trust-region term estimates and toward which policy (`rllib_p3o.core.losses.kl_estimators`),
@@ -8,6 +9,7 @@ learner: π_old for the KL anchor ``"proximal"`` always, for ``"auto"`` only whe
     p3o          -sg(min(r, ESS))·logπθ·A + (1 - ESS)·K(πθ, π_a)
     p3o_no_cap   -sg(r)·logπθ·A           + (1 - ESS)·K(πθ, π_a)      (ablation: no ESS cap)
     p3o_no_kl    -sg(min(r, ESS))·logπθ·A                              (ablation: no ESS-weighted KL)
+    p3o_reference -sg(min(r, ESS))·logπθ·A + (1 - ESS)·k3_clamped(πθ, π_b)  (the paper's code: one ESS per batch)
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def p3o_loss(
     behavior_kl: bool = True,
     kl_estimator: str = DEFAULT_KL_ESTIMATOR,
     anchor_logprobs: Optional[torch.Tensor] = None,
-    trust_region: str = DEFAULT_TRUST_REGION,
+    trust_region: str = "none",
     lagging: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Metrics]:
     """The batch-adaptive P3O loss (``cap=False`` / ``behavior_kl=False``: its ablations, `rllib_p3o.core.losses`).
@@ -243,4 +245,19 @@ def p3o_no_kl(inputs: LossInputs, settings: NoSettings) -> LossOutput:
     """Ablation of P3O without the KL term: ``ℓ_t = -sg(min(r_t, ESS))·logπθ_t·A_t``.
 
     Only the ESS cap adapts to the batch; nothing pulls the policy toward the behavior policy."""
-    return _p3o(inputs, P3OLossSettings(), behavior_kl=False)
+    return _p3o(inputs, PAPER_SETTINGS, behavior_kl=False)
+
+
+# The paper's reference implementation (FeynRL `algs/P3O/p3o.py`): the k3 toward π_b with its exponent clamped to ±10,
+# the cap only, one ESS per batch.
+PAPER_SETTINGS = P3OLossSettings(kl_estimator="k3_clamped", kl_anchor="behavior", trust_region="none")
+
+
+@register_loss("p3o_reference", needs_untruncated_sampling=True)
+def p3o_reference(inputs: LossInputs, settings: NoSettings) -> LossOutput:
+    """The paper's reference implementation, one setting away from the default (``loss="p3o_reference"``):
+    ``ℓ_t = -sg(min(r_t, ESS))·logπθ_t·A_t + (1 - ESS)·k3_clamped(πθ, π_b)_t`` with one ESS over the whole batch
+    (not ESS-scoped: ``ess_scope`` does not apply), no trust region. The same as ``loss="p3o"`` with
+    ``loss_config={"kl_estimator": "k3_clamped", "kl_anchor": "behavior", "trust_region": "none"}`` and
+    ``ess_scope="batch"``."""
+    return _p3o(inputs, PAPER_SETTINGS)
