@@ -67,6 +67,8 @@ def run(model: str, mode: str, cap: int, steps: int) -> Dict:
     out: Dict[str, List[float]] = {
         k: [] for k in ("wall_s", "tokens", "learner_idle_s", "runner_idle_s", "stale", "spanning")
     }
+    # The machine's other work during this run (one-minute load average; the benchmark itself adds about 2).
+    out["load_average_before"] = [os.getloadavg()[0]]
     try:
         for i in range(WARMUP_STEPS + steps):
             t = time.perf_counter()
@@ -100,6 +102,7 @@ def summarize(runs: List[Dict]) -> Dict:
         "runner_idle_share": sum(runner) / sum(wall),
         "staleness_mean": statistics.mean(x for r in runs for x in r["stale"]),
         "spanning_share": statistics.mean(x for r in runs for x in r["spanning"]),
+        "load_average_before_max": max(x for r in runs for x in r.get("load_average_before", [0.0])),
     }
 
 
@@ -117,7 +120,13 @@ def main() -> None:
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    report: Dict = {"size": args.size, "steps": args.steps, "repeats": args.repeats, "caps": {}}
+    report: Dict = {
+        "size": args.size,
+        "steps": args.steps,
+        "warmup_steps": WARMUP_STEPS,
+        "repeats": args.repeats,
+        "caps": {},
+    }
     for cap in args.caps:
         model = build_spread_model(
             os.path.join(args.models_dir, f"{args.size}_cap{cap}"), args.size, mean_tokens=cap / 2,

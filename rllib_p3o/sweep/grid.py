@@ -607,8 +607,20 @@ BENCH_DEVELOPMENT = Grid(
 # The confirmation set: every regime of the bench and three harder variants, seeds 3-5, run once after the default was
 # committed; P3O's chosen default, the paper's reference form and every baseline, at the development set's lr.
 CONFIRMATION_METHODS: Tuple[str, ...] = (DEFAULT_METHOD, "p3o_reference") + BASELINES
+# The regimes where the data are stale first (the harder variants, then the development set's own), so that a run cut
+# short has the cells the choice is about; then the bench's other regimes.
+_STALE_FIRST: Tuple[str, ...] = (
+    "async_staleness_8",
+    "four_steps_per_batch",
+    "offline_weaker",
+    "async_4_in_flight",
+    "async_staleness_4",
+    "offline_stale",
+    "two_steps_per_batch",
+)
+CONFIRMATION_REGIMES: Tuple[str, ...] = _STALE_FIRST + tuple(r for r in BENCH_REGIMES if r not in _STALE_FIRST)
 BENCH_CONFIRMATION = Grid(
-    regimes=BENCH_REGIMES + ("async_staleness_8", "four_steps_per_batch", "offline_weaker"),
+    regimes=CONFIRMATION_REGIMES,
     methods=CONFIRMATION_METHODS,
     seeds=(3, 4, 5),
     iterations=30,
