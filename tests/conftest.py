@@ -64,3 +64,22 @@ def ray_session():
     ray.init(**RAY_SESSION)
     yield
     ray.shutdown()
+
+
+# What makes a test slow here: a Ray session (actors, Tune), a vLLM engine, or a process of its own. Such tests are
+# marked `slow` when collected, so `pytest -m "not slow"` is the edit-test loop's fast subset (CONTRIBUTING.md);
+# `make test` runs everything.
+_SLOW_FIXTURES = {"ray_session"}
+_SLOW_SOURCE = ("LLM(", "build_algo(", "subprocess.", "ray.init(")
+
+
+def pytest_collection_modifyitems(config, items):
+    sources = {}
+    for item in items:
+        path = str(item.fspath)
+        if path not in sources:
+            with open(path) as f:
+                sources[path] = any(marker in f.read() for marker in _SLOW_SOURCE)
+        uses_engine = any("engine" in name for name in getattr(item, "fixturenames", ()))
+        if sources[path] or uses_engine or _SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

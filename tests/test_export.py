@@ -11,8 +11,8 @@ import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rllib_p3o.cli import export as export_cli
-from rllib_p3o.cli.export import OutputNotEmpty, export
+from rllib_p3o.driver import export as export_cli
+from rllib_p3o.driver.export import OutputNotEmpty, export
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
 from rllib_p3o.runner.env import TextEnv
 

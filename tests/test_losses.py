@@ -107,7 +107,11 @@ def test_every_registered_loss_is_a_sweep_method_by_its_name():
     for name in LOSSES:
         assert name in METHODS, name  # `rllib-p3o sweep --methods NAME` (its choices are METHODS)
     assert METHODS["grpo_tis"] == {"loss": "grpo_tis"}  # the loss's own defaults
-    assert METHODS["p3o_k3_is"]["loss_config"] == {"kl_estimator": "k3_is", "kl_anchor": "behavior"}  # bundles stay
+    assert METHODS["p3o_k3_is"]["loss_config"] == {
+        "kl_estimator": "k3_is",
+        "kl_anchor": "behavior",
+        "trust_region": "none",
+    }  # bundles stay
 
 
 def test_the_papers_reference_form_is_one_setting_away():

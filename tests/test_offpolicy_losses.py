@@ -131,22 +131,32 @@ def test_p3o_proximal_skips_the_kl_term_when_both_policies_are_fresh():
     assert float(out.metrics["kl_weight"]) == 0.0 and float(out.metrics["kl_grad_share"]) == 0.0
 
 
+def _check_untruncated_sampling(config):
+    """The loss group's rule on truncated sampling alone (`rllib_p3o.driver.validation`): its first problem raised."""
+    from rllib_p3o.driver.validation import _untruncated_sampling
+
+    for problem in _untruncated_sampling(config):
+        raise ValueError(problem)
+
+
 def test_p3o_losses_refuse_truncated_sampling_without_kept_sets_and_grpo_does_not():
     for loss in ("p3o", "p3o_no_kl", "p3o_proximal"):
         with pytest.raises(ValueError, match=rf"loss='{loss}' needs the learner's log-probs renormalized over"):
-            P3OConfig().training(model="/m", loss=loss, top_p=0.9, kept_set_cap=0)._check_untruncated_sampling()
+            _check_untruncated_sampling(P3OConfig().training(model="/m", loss=loss, top_p=0.9, kept_set_cap=0))
         # Recorded kept sets (the default): the learner renormalizes over them (tests/test_kept_sets.py).
-        P3OConfig().training(model="/m", loss=loss, top_p=0.9, top_k=20)._check_untruncated_sampling()
+        _check_untruncated_sampling(P3OConfig().training(model="/m", loss=loss, top_p=0.9, top_k=20))
     with pytest.raises(ValueError, match="behavior model weak samples with top_p=1.0, top_k=20"):
-        P3OConfig().training(
-            model="/m", kept_set_cap=0, behavior_models=[{"model": "/w", "name": "weak", "top_k": 20}]
-        )._check_untruncated_sampling()
+        _check_untruncated_sampling(
+            P3OConfig().training(
+                model="/m", kept_set_cap=0, behavior_models=[{"model": "/w", "name": "weak", "top_k": 20}]
+            )
+        )
     with pytest.raises(ValueError, match="samples with top_k=100 but kept_set_cap=64"):
-        P3OConfig().training(model="/m", top_k=100)._check_untruncated_sampling()
-    P3OConfig().training(model="/m", loss="grpo", top_p=0.9, kept_set_cap=0)._check_untruncated_sampling()
-    P3OConfig().training(
-        model="/m", loss="p3o", top_p=0.9, kept_set_cap=0, logprobs_mode="raw"
-    )._check_untruncated_sampling()
+        _check_untruncated_sampling(P3OConfig().training(model="/m", top_k=100))
+    _check_untruncated_sampling(P3OConfig().training(model="/m", loss="grpo", top_p=0.9, kept_set_cap=0))
+    _check_untruncated_sampling(
+        P3OConfig().training(model="/m", loss="p3o", top_p=0.9, kept_set_cap=0, logprobs_mode="raw")
+    )
 
 
 def test_the_learner_recomputes_pi_old_once_per_update(ray_session, tiny_model):
