@@ -11,7 +11,7 @@ import torch
 from rllib_p3o import P3OConfig
 from rllib_p3o.core.losses import LossInputs, get_loss
 from rllib_p3o.core.losses.kl_estimators import KL_ESTIMATORS, get_kl_estimator, k3_clamped, k3_is, kl_k3
-from rllib_p3o.core.losses.p3o import p3o_loss
+from rllib_p3o.core.losses.p3o import P3OLossSettings, p3o_loss
 
 E = math.e
 
@@ -191,10 +191,16 @@ def test_diagnostics_kl_grad_share_and_rejected_fraction():
 
 
 def test_settings_validated_through_the_config():
-    # The defaults the claims bench chose; the paper's reference implementation is one setting away.
+    # The defaults the claims bench chose (its development set: the trust region and ESS per version); the paper's
+    # reference implementation is one setting away (loss="p3o_reference").
     default = P3OConfig().training(loss="p3o")
-    assert (default.loss_settings().kl_estimator, default.loss_settings().kl_anchor) == ("k3_is", "auto")
-    assert default.ess_scope == "source"
+    assert default.loss_settings() == P3OLossSettings(kl_estimator="k3_is", kl_anchor="auto", trust_region="ess_clip")
+    assert default.ess_scope == "version"
+    from rllib_p3o.sweep.grid import DEFAULT_METHOD, METHODS
+
+    chosen = METHODS[DEFAULT_METHOD]  # the bench's name for the default computes with the defaults
+    assert get_loss(chosen["loss"]).make_settings(chosen["loss_config"]) == default.loss_settings()
+    assert chosen["ess_scope"] == default.ess_scope
     settings = P3OConfig().training(loss="p3o", loss_config={"kl_estimator": "k3_clamped", "kl_anchor": "behavior"})
     assert (settings.loss_settings().kl_estimator, settings.loss_settings().kl_anchor) == ("k3_clamped", "behavior")
     with pytest.raises(ValueError, match="kl_estimator must be one of k3, k3_clamped, k3_is, got 'k4'"):

@@ -88,7 +88,7 @@ class TrainingSignature:
                 loss_config (Dict[str, Any], default {})
                 kl_ref_coeff (float, default 0.0)
                 entropy_coeff (float, default 0.0)
-                ess_scope (str, default "source")
+                ess_scope (str, default "version")
                 max_consecutive_nonfinite_steps (int, default 3)
             Sampling:
                 group_size (int, default 8)

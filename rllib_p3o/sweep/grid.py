@@ -20,8 +20,10 @@ from rllib_p3o.tasks.sorting import SortingTask
 
 # Methods: name -> config overrides (all keys in `rllib_p3o.driver.trial_reuse.RESETTABLE_KEYS`).
 # The demo sweep's P3O and its ablations were measured with P3O's KL as it was then (and as the paper writes it): the
-# plain k3 toward π_b; they stay so, so that its table reproduces. The loss as it ships now is `p3o_default`.
-_K3_TO_BEHAVIOR = {"kl_estimator": "k3", "kl_anchor": "behavior"}
+# plain k3 toward π_b; they stay so, so that its table reproduces. Every P3O form of the earlier grids names its trust
+# region ("none", as it was measured), so that its name keeps its meaning whatever P3O's default.
+_NONE = {"trust_region": "none"}
+_K3_TO_BEHAVIOR = {"kl_estimator": "k3", "kl_anchor": "behavior", **_NONE}
 METHODS: Dict[str, Dict[str, Any]] = {
     "p3o": {"loss": "p3o", "loss_config": _K3_TO_BEHAVIOR},
     "grpo_eps0.2": {"loss": "grpo", "loss_config": {"clip_low": 0.2, "clip_high": 0.2}},
@@ -40,31 +42,31 @@ METHODS: Dict[str, Dict[str, Any]] = {
     # P3O's KL term, three ways (`rllib_p3o.core.losses.kl_estimators`): the plain k3 on π_b's samples (the estimator the
     # earlier benches ran), the importance-sampled k3 (exactly KL(πθ ‖ π_b)), and that toward π_old.
     "p3o_k3": {"loss": "p3o", "loss_config": _K3_TO_BEHAVIOR},
-    "p3o_k3_is": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "behavior"}},
-    "p3o_k3_is_prox": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal"}},
+    "p3o_k3_is": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "behavior", **_NONE}},
+    "p3o_k3_is_prox": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal", **_NONE}},
     # ... each with one ESS per source of rows (the policy's own, each behavior model, offline data).
     "p3o_k3_src": {"loss": "p3o", "loss_config": _K3_TO_BEHAVIOR, "ess_scope": "source"},
     "p3o_k3_is_src": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "behavior"},
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "behavior", **_NONE},
         "ess_scope": "source",
     },
     "p3o_k3_is_prox_src": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal"},
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal", **_NONE},
         "ess_scope": "source",
     },
     # P3O's defaults in 0.2, spelled out (the claims bench's full grid, results/bench): k3_is, anchored at π_b on the
     # policy's own rows and at π_old on another model's, one ESS per source.
     "p3o_default": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto"},
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", **_NONE},
         "ess_scope": "source",
     },
     # The paper's reference implementation (FeynRL `algs/P3O/p3o.py`): the clamped k3 toward π_b, one ESS per batch.
     "p3o_reference": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_clamped", "kl_anchor": "behavior"},
+        "loss_config": {"kl_estimator": "k3_clamped", "kl_anchor": "behavior", **_NONE},
         "ess_scope": "batch",
     },
     # Candidates against multi-version staleness (docs/results/claims.md, the development set): P3O as in 0.2 (named
@@ -77,7 +79,7 @@ METHODS: Dict[str, Dict[str, Any]] = {
     },
     "p3o_version": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto"},
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", **_NONE},
         "ess_scope": "version",
     },
     "p3o_clip": {
@@ -582,9 +584,11 @@ BASELINES: Tuple[str, ...] = (
     "m2po",
     "decoupled_ppo",
 )
-# P3O's default in the claims bench's grids: the method whose settings are P3OLossSettings' defaults.
-DEFAULT_METHOD = "p3o_source"
-DEVELOPMENT_METHODS: Tuple[str, ...] = (DEFAULT_METHOD, "p3o_reference") + STALENESS_CANDIDATES + BASELINES
+# P3O's default in the claims bench's grids: the method whose settings are P3O's defaults (P3OLossSettings and
+# ess_scope), chosen on the development set by `rllib_p3o.sweep.verdicts.CHOICE_RULE` (docs/results/staleness.md).
+DEFAULT_METHOD = "p3o_clip_version"
+# The development set's methods, as it ran: 0.2's default, the paper's reference form, the candidates, the baselines.
+DEVELOPMENT_METHODS: Tuple[str, ...] = ("p3o_source", "p3o_reference") + STALENESS_CANDIDATES + BASELINES
 # The development set: the three regimes where P3O's 0.3 default lost (the bench's async regime is one version old),
 # and async data 4 versions old; seeds 0-2, every method at its own best peak lr, the bracket extended upward until
 # each method's best is inside it.

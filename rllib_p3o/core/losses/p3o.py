@@ -45,7 +45,7 @@ REFERENCE_KL_ANCHOR = "behavior"
 # async rows back); toward another model it is imitation, so "auto" anchors those rows at π_old instead.
 DEFAULT_KL_ESTIMATOR = "k3_is"
 DEFAULT_KL_ANCHOR = "auto"
-DEFAULT_TRUST_REGION = "none"
+DEFAULT_TRUST_REGION = "ess_clip"  # chosen on the claims bench's development set (docs/results/staleness.md)
 
 
 def p3o_loss(
@@ -157,13 +157,15 @@ class P3OLossSettings:
     policy's own rows, fresh, stale or replayed, and π_old on rows another model wrote; π_old is computed only for
     batches that hold such rows), ``"behavior"`` (π_a = π_b everywhere, the paper's) or ``"proximal"`` (π_a = π_old,
     the learner's weights at the start of the iteration, everywhere; one forward pass per update). The paper's
-    reference implementation is ``kl_estimator="k3_clamped", kl_anchor="behavior"`` with ``ess_scope="batch"``.
+    reference implementation is ``loss="p3o_reference"`` (``kl_estimator="k3_clamped", kl_anchor="behavior",
+    trust_region="none"`` with ``ess_scope="batch"``).
 
     ``trust_region``: what bounds the policy-gradient term on *lagging* tokens, the policy's own tokens sampled by
     weights the learner has moved from since (stale async rows, every optimizer step after a batch's first, offline
-    data): ``"none"`` (the paper's: only the cap), ``"ess_clip"`` (no gradient on a lagging token whose ratio is
-    outside ``1 ± sqrt(1/ESS - 1)`` on the side its advantage pushes toward: one coefficient of variation of its ESS
-    group's ratios) or ``"ess_band"`` (the same with the band ``[ESS, 1/ESS]``); see `p3o_loss`."""
+    data): ``"ess_clip"`` (the default: no gradient on a lagging token whose ratio is outside ``1 ± sqrt(1/ESS - 1)``
+    on the side its advantage pushes toward, one coefficient of variation of its ESS group's ratios), ``"ess_band"``
+    (the same with the band ``[ESS, 1/ESS]``) or ``"none"`` (the paper's: only the cap); see `p3o_loss`. Fresh rows
+    (on-policy, a batch's first optimizer step) and rows another model wrote are never clipped."""
 
     kl_estimator: str = DEFAULT_KL_ESTIMATOR
     kl_anchor: str = DEFAULT_KL_ANCHOR
