@@ -16,6 +16,7 @@ from results_check.pages import (
     precision,
     readme,
     soak,
+    staleness,
     tool_use,
 )
 
@@ -30,6 +31,7 @@ PAGES: List[Page] = [
     tool_use.PAGE,
     faults.PAGE,
     busy_machine.PAGE,
+    staleness.PAGE,
 ]
 
 

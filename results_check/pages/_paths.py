@@ -6,3 +6,6 @@ BENCH = "results/bench"  # the claims bench (sorting task, one optimizer step pe
 BENCH_AVX2 = "results/bench-avx2"  # the claims bench's earlier grid, on an AVX2 CPU
 BENCH_ABLATION = "results/bench-ablation"  # the claims bench's behavior_weaker ablation
 BENCH_TWO_STEP = "results/bench-two-step"  # the claims bench's earlier grid: two optimizer steps per rollout batch
+BENCH_DEVELOPMENT = "results/bench-development"  # the claims bench's development set (P3O under staleness)
+BENCH_CONFIRMATION = "results/bench-confirmation"  # ... and its confirmation set, run after the choice was committed
+BENCH_INFLIGHT = "results/bench-inflight"  # the bench's async regime with and without in-flight weight updates

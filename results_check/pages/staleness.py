@@ -1,0 +1,259 @@
+"""docs/results/staleness.md: P3O under staleness, from the claims bench's development set (`results/bench-development`:
+`summary.json`, `curves.csv`, `lr_choice.json`) and its confirmation set (`results/bench-confirmation/summary.json`,
+a partial report while the set is still running). The candidates' settings come from the sweep's method table; the
+choice, the verdicts and the aim follow `rllib_p3o.sweep.verdicts`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import pandas as pd
+
+from results_check.page import Page
+from results_check.pages._fmt import load_json, pm, table, words
+from results_check.pages._paths import BENCH_CONFIRMATION, BENCH_DEVELOPMENT
+from rllib_p3o.sweep.grid import DEFAULT_CANDIDATES, DEFAULT_METHOD, GRIDS, METHODS
+from rllib_p3o.sweep.verdicts import (
+    CHOICE_RULE,
+    COLLAPSE_RULE,
+    TIE_RULE,
+    all_tie,
+    best_or_tied,
+    choose_default,
+    verdict,
+)
+
+REFERENCE = "p3o_reference"  # the paper's reference implementation (FeynRL), one setting away from the default
+BEFORE = "p3o_source"  # P3O's default before the choice (0.2)
+# The peers' own answers at their shipped settings: GRPO's clip at ε 0.2 (against π_b, as PPO), verl's TIS, TRL's
+# sequence mask, MiniMax's CISPO, FeynRL's P4O, M2PO and AReaL's decoupled PPO.
+PEER_DEFAULTS = (
+    "grpo_eps0.2",
+    "grpo_tis_eps0.2",
+    "grpo_seq_mask_eps0.2",
+    "cispo",
+    "p3o_proximal",
+    "m2po",
+    "decoupled_ppo",
+)
+# The learner's per-iteration diagnostics the page averages (trial files' columns), with the page's names.
+DIAGNOSTICS = (
+    ("ess", "mean ESS"),
+    ("cap_fraction", "tokens capped at ESS"),
+    ("masked_fraction", "tokens the trust region stops"),
+    ("ratio_max", "largest ratio"),
+    ("kl_grad_share", "KL share of the gradient"),
+)
+
+Stats = Dict[str, Dict[str, Tuple[float, float, int]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """One set's committed report: its rows per (regime, method), statistics, collapses and the partial note."""
+
+    folder: str
+    report: Mapping
+    rows: Dict[Tuple[str, str], Mapping]
+    regimes: List[str]
+    methods: List[str]
+    stats: Stats
+    collapses: Dict[str, Dict[str, int]]
+    curves: Optional[pd.DataFrame]  # every iteration of every trial (curves.csv; a partial set has none)
+
+    @property
+    def note(self) -> Optional[str]:
+        return self.report.get("note")
+
+
+def load(root: str, folder: str) -> Optional[Grid]:
+    """A set's files, None when it has none committed; stages without rows of the regime stage (the lr stage) are
+    left out."""
+    if not os.path.exists(os.path.join(root, folder, "summary.json")):
+        return None
+    report = load_json(root, f"{folder}/summary.json")
+    rows = {(r["stage"], r["method"]): r for r in report["summary"] if not r["stage"].startswith("lr_")}
+    regimes = list(dict.fromkeys(s for s, _ in rows))
+    methods = list(dict.fromkeys(m for _, m in rows))
+    stats: Stats = {r: {} for r in regimes}
+    collapses: Dict[str, Dict[str, int]] = {r: {} for r in regimes}
+    for (s, m), row in rows.items():
+        stats[s][m] = (row["heldout_at_budget_mean"], row["heldout_at_budget_std"], int(row["seeds"]))
+        collapses[s][m] = int(row["collapses"])
+    curves_path = os.path.join(root, folder, "curves.csv")
+    curves = pd.read_csv(curves_path) if os.path.exists(curves_path) else None
+    return Grid(folder, report, rows, regimes, methods, stats, collapses, curves)
+
+
+def _cell(g: Grid, regime: str, method: str, bold: bool) -> str:
+    if method not in g.stats[regime]:
+        return "–"
+    mean, std, n = g.stats[regime][method]
+    text = f"**{pm(mean, std)}**" if bold else pm(mean, std)
+    if g.collapses[regime][method]:
+        text += f" ({g.collapses[regime][method]}/{n} collapsed)"
+    return text
+
+
+def matrix_quotes(g: Grid) -> List[str]:
+    """The regime × method matrix, best or tied in bold, collapses counted, and the regimes that show nothing."""
+    best = {r: set(best_or_tied(g.stats[r])) for r in g.regimes}
+    out = table(
+        ["method", *[f"`{r}`" for r in g.regimes]],
+        [[f"`{m}`", *[_cell(g, r, m, m in best[r]) for r in g.regimes]] for m in g.methods],
+    )
+    no_difference = [r for r in g.regimes if all_tie(g.stats[r])]
+    if no_difference:
+        out.append(f"{words([f'`{r}`' for r in no_difference])} show no difference between the methods")
+    return out
+
+
+def candidate_quotes() -> List[str]:
+    """The candidates' settings, from the sweep's method table."""
+    rows = []
+    for m in (*DEFAULT_CANDIDATES, REFERENCE):
+        spec = METHODS[m]
+        config = spec.get("loss_config", {})
+        rows.append(
+            [
+                f"`{m}`",
+                f"`{spec.get('ess_scope', 'batch')}`",
+                f"`{config.get('trust_region', 'none')}`",
+                f"`{config.get('kl_estimator')}` toward `{config.get('kl_anchor')}`",
+            ]
+        )
+    return table(["method", "`ess_scope`", "`trust_region`", "KL term"], rows)
+
+
+def staleness_quotes(g: Grid) -> List[str]:
+    """How old the data were in each regime (the trial files' ``staleness_mean`` and ``staleness_max``)."""
+    assert g.curves is not None
+    runs = g.curves[~g.curves["stage"].str.startswith("lr_")]
+    parts, offline = [], []
+    for r in g.regimes:
+        rows = runs[runs["stage"] == r]
+        if rows["staleness_mean"].isna().all():  # offline rows carry no policy version of this run
+            offline.append(f"`{r}`")
+            continue
+        parts.append(f"`{r}` {rows['staleness_mean'].mean():.2f} (at most {rows['staleness_max'].max():.0f})")
+    out = ["The data's mean age in policy versions, over every trial and iteration: " + ", ".join(parts)]
+    if offline:
+        out.append(f"{words(offline)} trains on rows another run recorded, which carry no version of this run")
+    return out
+
+
+def choice_quotes(g: Grid) -> List[str]:
+    """The rule, each candidate's standing under it and the choice."""
+    regimes = g.regimes
+    chosen = choose_default(g.stats, g.collapses, DEFAULT_CANDIDATES)
+    if chosen != DEFAULT_METHOD:
+        raise ValueError(f"the rule chooses {chosen}, but the grids' DEFAULT_METHOD is {DEFAULT_METHOD}")
+    rows = []
+    for c in DEFAULT_CANDIDATES:
+        collapsed = sum(g.collapses[r][c] for r in regimes)
+        wins = sum(c in best_or_tied(g.stats[r]) for r in regimes)
+        mean = sum(g.stats[r][c][0] for r in regimes) / len(regimes)
+        rows.append([f"`{c}`", str(collapsed), f"{wins} of {len(regimes)}", f"{mean:.3f}"])
+    return [
+        CHOICE_RULE,
+        *table(["candidate", "collapsed seeds", "best or tied", "mean held-out"], rows),
+        f"The rule chooses `{chosen}`",
+    ]
+
+
+def _mean(column: pd.Series) -> str:
+    """The column's mean to 3 decimals; "–" where the method does not report it."""
+    return "–" if column.isna().all() else f"{column.mean():.3f}"
+
+
+def diagnostics_quotes(g: Grid) -> List[str]:
+    """The learner's diagnostics of the chosen default and of 0.2's, per regime (mean over trials and iterations)."""
+    assert g.curves is not None
+    rows = []
+    for r in g.regimes:
+        for m in (DEFAULT_METHOD, BEFORE):
+            trials = g.curves[(g.curves["stage"] == r) & (g.curves["method"] == m)]
+            values = [_mean(trials[col]) for col, _ in DIAGNOSTICS]
+            rows.append([f"`{r}`", f"`{m}`", *values])
+    return table(["regime", "method", *[name for _, name in DIAGNOSTICS]], rows)
+
+
+def complete(g: Grid, seeds: int) -> List[str]:
+    """The regimes where every method has all its ``seeds`` (a partial set's finished regimes)."""
+    return [r for r in g.regimes if DEFAULT_METHOD in g.stats[r] and all(n == seeds for _, _, n in g.stats[r].values())]
+
+
+def aim_quotes(g: Grid, name: str, seeds: int) -> List[str]:
+    """The issue's aim on one set: the default best or tied in every regime, ahead of every peer-default loss by
+    more than the standard error in at least one regime, no collapsed seed (over the set's finished regimes)."""
+    regimes = complete(g, seeds)
+    held = [r for r in regimes if DEFAULT_METHOD in best_or_tied(g.stats[r])]
+    missed = [r for r in regimes if r not in held]
+    ahead = [
+        r
+        for r in regimes
+        if all(verdict(g.stats[r][DEFAULT_METHOD], g.stats[r][p]) == "wins" for p in PEER_DEFAULTS if p in g.stats[r])
+    ]
+    collapsed = sum(g.collapses[r][DEFAULT_METHOD] for r in regimes)
+    total = sum(g.stats[r][DEFAULT_METHOD][2] for r in regimes)
+    finished = "" if len(regimes) == len(g.regimes) else " finished"
+    out = [f"On the {name} set P3O's default is best or tied in {len(held)} of {len(regimes)}{finished} regimes"]
+    if missed:
+        gaps = []
+        for r in missed:
+            best = max(g.stats[r], key=lambda m: g.stats[r][m][0])
+            gaps.append(f"`{r}` ({g.stats[r][DEFAULT_METHOD][0] - g.stats[r][best][0]:+.3f} to `{best}`)")
+        out.append(f"it is behind in {words(gaps)}")
+    out.append(
+        f"ahead of every peer's default by more than the standard error in {words([f'`{r}`' for r in ahead])}"
+        if ahead
+        else "ahead of every peer's default by more than the standard error in no regime"
+    )
+    out.append(f"{collapsed} of its {total} seeds collapsed")
+    return out
+
+
+def confirmation_quotes(g: Optional[Grid]) -> List[str]:
+    if g is None:
+        return ["The confirmation set has not run yet"]
+    out = [g.note] if g.note else []
+    return out + matrix_quotes(g) + aim_quotes(g, "confirmation", len(GRIDS["sorting", "confirmation"].seeds))
+
+
+def quotes(root: str) -> List[str]:
+    dev = load(root, BENCH_DEVELOPMENT)
+    if dev is None:
+        raise ValueError(f"no {BENCH_DEVELOPMENT}/summary.json")
+    if dev.note:
+        raise ValueError(f"the development set is partial: {dev.note}")
+    return [
+        *candidate_quotes(),
+        *staleness_quotes(dev),
+        *matrix_quotes(dev),
+        TIE_RULE,
+        COLLAPSE_RULE,
+        *choice_quotes(dev),
+        *diagnostics_quotes(dev),
+        *aim_quotes(dev, "development", len(GRIDS["sorting", "development"].seeds)),
+        *confirmation_quotes(load(root, BENCH_CONFIRMATION)),
+    ]
+
+
+PAGE = Page(
+    path="docs/results/staleness.md",
+    quotes=quotes,
+    settings=(
+        "seeds 0-2",
+        "seeds 3-5",
+        "November 27, 2026",
+        "30 iterations of 512 completions",
+        "up to 4 weight versions old",
+        "4 versions old",
+        "8 versions old",
+        "four optimizer steps per batch",
+        "two optimizer steps per rollout batch",
+    ),
+)
