@@ -27,6 +27,13 @@ One ``training_step``: sample → update → sync → metrics.
 ESS scope: the objective's ESS is computed over one optimizer step's minibatch across all learners. With the
 default (no ``minibatch_size``, one epoch) that is the whole training batch of the iteration.
 
+What the default loss (``loss="p3o"``) does on each kind of row: fresh rows of the policy (on-policy, a batch's first
+optimizer step) get the paper's ``-sg(min(r, ESS))·logπθ·A + (1 - ESS)·KL(πθ ‖ π_b)``; the policy's own lagging rows
+(stale async data, later optimizer steps on a batch, offline data) get the same with a trust region from the ESS
+(``trust_region="ess_clip"``) and, per policy version, an ESS of their own (``ess_scope="version"``); a second model's
+rows are capped by their own ESS and pulled toward π_old, never toward that model (``kl_anchor="auto"``). The paper's
+reference implementation is ``loss="p3o_reference"`` (`rllib_p3o.core.losses.p3o`).
+
 Faults and resume: the data position (each batch source's, and the batch RNG) is part of the checkpoint, so a restored run samples what the uninterrupted one would; runners RLlib restarts get the
 current, verified weights in `restore_env_runners` before they sample (docs: "Fault tolerance and resume").
 """
