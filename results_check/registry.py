@@ -13,6 +13,7 @@ from results_check.pages import (
     claims_sweep,
     demo,
     faults,
+    inflight,
     precision,
     readme,
     soak,
@@ -32,6 +33,7 @@ PAGES: List[Page] = [
     faults.PAGE,
     busy_machine.PAGE,
     staleness.PAGE,
+    inflight.PAGE,
 ]
 
 
