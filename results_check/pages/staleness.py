@@ -98,14 +98,16 @@ def _cell(g: Grid, regime: str, method: str, bold: bool) -> str:
     return text
 
 
-def matrix_quotes(g: Grid) -> List[str]:
-    """The regime × method matrix, best or tied in bold, collapses counted, and the regimes that show nothing."""
-    best = {r: set(best_or_tied(g.stats[r])) for r in g.regimes}
+def matrix_quotes(g: Grid, regimes_done: Optional[List[str]] = None) -> List[str]:
+    """The regime × method matrix, best or tied in bold (only in ``regimes_done``, the regimes whose trials have all
+    finished; every regime when None), collapses counted, and the regimes that show nothing."""
+    done = g.regimes if regimes_done is None else regimes_done
+    best = {r: set(best_or_tied(g.stats[r])) if r in done else set() for r in g.regimes}
     out = table(
         ["method", *[f"`{r}`" for r in g.regimes]],
         [[f"`{m}`", *[_cell(g, r, m, m in best[r]) for r in g.regimes]] for m in g.methods],
     )
-    no_difference = [r for r in g.regimes if all_tie(g.stats[r])]
+    no_difference = [r for r in done if all_tie(g.stats[r])]
     if no_difference:
         out.append(f"{words([f'`{r}`' for r in no_difference])} show no difference between the methods")
     return out
@@ -220,7 +222,11 @@ def confirmation_quotes(g: Optional[Grid]) -> List[str]:
     if g is None:
         return ["The confirmation set has not run yet"]
     out = [g.note] if g.note else []
-    return out + matrix_quotes(g) + aim_quotes(g, "confirmation", len(GRIDS["sorting", "confirmation"].seeds))
+    seeds = len(GRIDS["sorting", "confirmation"].seeds)
+    out += matrix_quotes(g, complete(g, seeds))
+    if not complete(g, seeds):
+        return out + ["No regime of the confirmation set has all its trials yet, so it confirms nothing so far"]
+    return out + aim_quotes(g, "confirmation", seeds)
 
 
 def quotes(root: str) -> List[str]:
