@@ -251,6 +251,21 @@ def _behavior(model: str, name: str) -> Dict[str, Any]:
     return {"model": model, "name": name, "samples": 4}
 
 
+def _calls_in_flight(name: str, calls: int) -> "Regime":
+    """Async sampling with ``calls`` sample() calls in flight per runner (RLlib's
+    ``max_requests_in_flight_per_env_runner``): each weight push queues behind them, so the data are up to ``calls``
+    weight versions old (``max_staleness`` as many, so none is dropped)."""
+    return Regime(
+        name,
+        f"async sampling with {calls} sample() calls in flight per runner: the data are up to {calls} weight versions "
+        f"old (each weight push queues behind {calls} calls)",
+        lambda c, p: c.training(async_sampling=True, max_staleness=calls).env_runners(
+            max_requests_in_flight_per_env_runner=calls
+        ),
+        traits=_ASYNC,
+    )
+
+
 def _offline(recording: Callable[[Prepared], str]) -> Callable[[P3OConfig, Prepared], P3OConfig]:
     """Offline-only training on a recording, read once in recorded order."""
     return lambda c, p: c.training(offline_fraction=1.0).offline_data(
@@ -337,15 +352,7 @@ REGIMES: Dict[str, Regime] = {
             lambda c, p: c.training(async_sampling=True, max_staleness=4),
             traits=_ASYNC,
         ),
-        Regime(
-            "async_4_in_flight",
-            "async sampling with 4 sample() calls in flight per runner: the data are 4 weight versions old (each "
-            "weight push queues behind 4 calls)",
-            lambda c, p: c.training(async_sampling=True, max_staleness=4).env_runners(
-                max_requests_in_flight_per_env_runner=4
-            ),
-            traits=_ASYNC,
-        ),
+        _calls_in_flight("async_4_in_flight", 4),
         Regime(
             "async_staleness_4_inflight",
             "async_staleness_4 with in-flight weight updates (inflight_weight_updates=True, prefix KV recomputed): new "
@@ -354,15 +361,7 @@ REGIMES: Dict[str, Regime] = {
             traits=_ASYNC,
         ),
         # The confirmation set's harder variants of the staleness regimes.
-        Regime(
-            "async_staleness_8",
-            "async sampling with 8 sample() calls in flight per runner: the data are 8 weight versions old (each "
-            "weight push queues behind 8 calls)",
-            lambda c, p: c.training(async_sampling=True, max_staleness=8).env_runners(
-                max_requests_in_flight_per_env_runner=8
-            ),
-            traits=_ASYNC,
-        ),
+        _calls_in_flight("async_staleness_8", 8),
         Regime(
             "four_steps_per_batch",
             "on-policy rollouts, 4 optimizer steps per iteration (minibatches of 128 of 512): the last step's data "
