@@ -65,7 +65,7 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ray.util.debug import log_once
 from typing_extensions import Self
 
-from rllib_p3o.core import metrics, quiet, storage
+from rllib_p3o.core import metrics, quiet
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.config_error import ConfigError
 from rllib_p3o.core.losses import get_loss
@@ -73,7 +73,7 @@ from rllib_p3o.core.precision import RolloutWeights, compute_dtype, param_dtype
 from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, SETTINGS
 from rllib_p3o.core.sources import SourceNames, behavior_source_name
 from rllib_p3o.data import batching
-from rllib_p3o.data.datasets import materialize_dataset
+from rllib_p3o.data.datasets import materialize_datasets
 from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import SEED_STRIDE, PromptSchedule
@@ -82,10 +82,10 @@ from rllib_p3o.driver import checkpoints, learner_health, validation
 from rllib_p3o.driver.batch_sources import BatchSource, OfflineSource, OnlineSource
 from rllib_p3o.driver.export import export_from_learners
 from rllib_p3o.driver.preflight import (
-    absolute_data_path,
-    absolute_if_local,
-    absolute_paths,
+    DATASET_KEYS,
     check_cluster_fits,
+    resolved_env_config,
+    resolved_offline_input,
     resolved_path,
     world_problems,
 )
@@ -107,9 +107,6 @@ from rllib_p3o.sync.probe import PolicyDivergedError
 __all__ = ["P3O", "P3OConfig"]
 
 logger = logging.getLogger(__name__)
-
-# env_config keys that may name files (`rllib_p3o.data.datasets`).
-DATASET_KEYS = ("dataset", "eval_dataset")
 
 # P3O exists only on RLlib's new API stack: RLlib's notice that the new stack is now the default (a warning in every
 # process that validates a config, keyed by the algorithm class's name) is spent here, once, so that it never prints.
@@ -176,25 +173,13 @@ class P3OConfig(TrainingSignature, AlgorithmConfig):
         here, where the script runs (Tune reads them in each trial's own directory), and a Hugging Face or Ray Data
         dataset is read into rows, on the driver (`rllib_p3o.data.datasets.materialize_dataset`)."""
         if isinstance(env_config, dict):
-            env_config = absolute_paths(env_config, DATASET_KEYS)
-            models = env_config.get("reward_models")
-            if isinstance(models, (list, tuple, dict)):
-                env_config["reward_models"] = [
-                    {**m, "model": absolute_if_local(m["model"])} if isinstance(m, dict) and "model" in m else m
-                    for m in ([models] if isinstance(models, dict) else models)
-                ]
+            env_config = resolved_env_config(env_config)
         super().environment(env, env_config=env_config, **kwargs)
         self._materialize_datasets()
         return self
 
     def _materialize_datasets(self) -> None:
-        env_config = self.env_config or {}
-        for key in DATASET_KEYS:
-            value = env_config.get(key)
-            if value is not None and not isinstance(value, (list, tuple, os.PathLike)):
-                rows = materialize_dataset(value, key)
-                if rows is not value:
-                    env_config = {**env_config, key: rows}
+        env_config = materialize_datasets(self.env_config or {}, DATASET_KEYS)
         if env_config is not self.env_config and env_config:
             self.env_config = env_config
 
@@ -297,16 +282,10 @@ class P3OConfig(TrainingSignature, AlgorithmConfig):
         logger.warning(errmsg)
 
     def offline_data(self, **kwargs: Any) -> Self:
-        """RLlib's `offline_data`; a single URI as ``input_`` is kept as a one-item list, which RLlib hands to Ray Data
-        as it is (RLlib would make a single string a ``pathlib.Path``, which turns ``s3://b/k`` into ``s3:/b/k``)."""
+        """RLlib's `offline_data`, with ``input_`` resolved where the script runs
+        (`rllib_p3o.driver.preflight.resolved_offline_input`)."""
         super().offline_data(**kwargs)
-        if isinstance(self.input_, (str, os.PathLike)) and storage.is_uri(self.input_):
-            self.input_ = [os.fspath(self.input_)]
-        # Relative paths are resolved here, where the script runs: Ray Data would read them in the trial's directory.
-        elif isinstance(self.input_, (str, os.PathLike)) and self.input_ != "sampler":  # RLlib's "no input"
-            self.input_ = absolute_data_path(self.input_)
-        elif isinstance(self.input_, list):
-            self.input_ = [absolute_data_path(item) for item in self.input_]
+        self.input_ = resolved_offline_input(self.input_)
         return self
 
     def loss_settings(self) -> Any:
@@ -350,10 +329,6 @@ ITERATION = "iteration"  # the checkpoint's own iteration: set after restoring a
 # RLlib's learning-rate figure of the default optimizer, under learners/<module>/.
 LEARNING_RATE = "default_optimizer_learning_rate"
 HELDOUT_REWARD = metrics.HELDOUT_REWARD
-
-
-class NothingToResumeError(RuntimeError):
-    """A Tune trial that has trained before is started again without a checkpoint: it would start over silently."""
 
 
 class P3O(Algorithm):
@@ -569,20 +544,9 @@ class P3O(Algorithm):
                 learner_health.stop_learners(self.learner_group)  # the group is broken: let nothing wait on it
                 raise learner_health.learner_died_error(dead, cfg.num_learners, iteration) from error
         self._rows_trained += len(batch[Columns.INPUT_IDS])
-        per_learner_ess = [
-            float(r[DEFAULT_MODULE_ID][metrics.ESS].peek())
-            for r in learner_results
-            if DEFAULT_MODULE_ID in r and metrics.ESS in r[DEFAULT_MODULE_ID]
-        ]
+        per_learner_ess = metrics.learner_values(learner_results, metrics.ESS)
         # Every learner skips the same steps (they see the same all-reduced gradient).
-        self._skipped_nonfinite += max(
-            (
-                int(r[DEFAULT_MODULE_ID][metrics.SKIPPED_NONFINITE_STEPS].peek())
-                for r in learner_results
-                if DEFAULT_MODULE_ID in r and metrics.SKIPPED_NONFINITE_STEPS in r[DEFAULT_MODULE_ID]
-            ),
-            default=0,
-        )
+        self._skipped_nonfinite += int(max(metrics.learner_values(learner_results, SKIPPED_NONFINITE), default=0))
         self._step_log.log_by_source(metrics.learners_by_source(learner_results, self._source_names))
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         return per_learner_ess
@@ -657,7 +621,7 @@ class P3O(Algorithm):
         """RLlib's (Tune's) ``train``, refusing to start a trial over silently, with `metrics.ResultColumns`'s
         columns."""
         if not self.iteration:
-            self._refuse_silent_restart()
+            checkpoints.refuse_silent_restart(getattr(self, "_storage", None))
         result = super().train()
         only_known, self._first_result_after_restore = self._first_result_after_restore, False
         return self._result_columns.apply(result, only_known=only_known)
@@ -681,29 +645,7 @@ class P3O(Algorithm):
         lr = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, LEARNING_RATE), default=None)
         if lr is None or not np.isfinite(lr):
             lr = self.config.lr
-        lr = f"{lr:g}" if isinstance(lr, (int, float)) else f"schedule {lr}"
-        return (
-            f"Training diverged in iteration {int(self.iteration or 0) + 1} at lr={lr}: {_own_message(error)} "
-            "Lower the learning rate (.training(lr=...)); checkpoints written before this iteration hold the weights "
-            "from before the divergence."
-        )
-
-    def _refuse_silent_restart(self) -> None:
-        """Under Tune: raise `NothingToResumeError` if this trial has reported results before but starts without a
-        checkpoint (``Tuner.restore(..., resume_errored=True)`` or a retry of a run without checkpoints): it would
-        train from iteration 1 again, next to its earlier results. Nothing of those is touched."""
-        trial_storage = getattr(self, "_storage", None)
-        if trial_storage is None or getattr(trial_storage, "trial_dir_name", None) is None:
-            return  # not a Tune trial
-        reported, where = checkpoints.reported_iterations(trial_storage)
-        if reported:
-            raise NothingToResumeError(
-                f"Nothing to resume from: trial {trial_storage.trial_dir_name} has reported {reported} iteration(s) before "
-                f"({where}) but Tune has no checkpoint of it, so it would start over from iteration 1. To resume "
-                "runs, checkpoint them: tune.RunConfig(checkpoint_config=tune.CheckpointConfig(checkpoint_frequency"
-                "=N, checkpoint_at_end=True)). To start this trial over, use tune.Tuner.restore(path, "
-                "trainable='P3O', restart_errored=True) (it gets a new directory; this one is kept)."
-            )
+        return learner_health.divergence_message(int(self.iteration or 0) + 1, lr, error)
 
     # -- lifecycle, checkpoints, export ----------------------------------------------------------------------------
 
@@ -801,9 +743,3 @@ class P3O(Algorithm):
         brought to the driver's node through Ray when that is another node, and copied to ``path`` from there."""
         self._weight_sync.settle()
         return export_from_learners(self.learner_group, path, merged=merged)
-
-
-def _own_message(error: Exception) -> str:
-    """An error's own message: a remote learner's arrives as a Ray task error (with the remote traceback in its text)
-    whose ``cause`` is the original."""
-    return str(getattr(error, "cause", None) or error).strip()

@@ -360,6 +360,15 @@ def records_by_source(records: Sequence[Mapping[str, Any]], names: SourceNames) 
     return out
 
 
+def learner_values(learner_results: Sequence[Dict[str, Any]], key: str) -> List[float]:
+    """Each learner's ``key`` figure of the policy module (learners that did not report it are left out)."""
+    return [
+        float(r[DEFAULT_MODULE_ID][key].peek())
+        for r in learner_results
+        if DEFAULT_MODULE_ID in r and key in r[DEFAULT_MODULE_ID]
+    ]
+
+
 def learners_by_source(learner_results: Sequence[Dict[str, Any]], names: SourceNames) -> Dict[Tuple[str, str], float]:
     """``{(source name, key): value}`` from the learners' ``by_source/<id>/...`` figures, averaged over learners.
 

@@ -57,6 +57,18 @@ def _ray_dataset_rows(ds: Any) -> List[Row]:
     return pa.concat_tables(tables, promote_options="permissive").to_pylist() if tables else []
 
 
+def materialize_datasets(env_config: Mapping[str, Any], keys: Sequence[str]) -> Mapping[str, Any]:
+    """``env_config`` with each of ``keys`` that holds a dataset object (neither a path nor a list of rows) read into
+    rows by `materialize_dataset`; ``env_config`` itself when none does."""
+    for key in keys:
+        value = env_config.get(key)
+        if value is not None and not isinstance(value, (list, tuple, os.PathLike)):
+            rows = materialize_dataset(value, key)
+            if rows is not value:
+                env_config = {**env_config, key: rows}
+    return env_config
+
+
 def materialize_dataset(spec: DatasetSpec, name: str = "dataset") -> DatasetSpec:
     """``spec`` with dataset objects turned into a list of row dicts: a Hugging Face ``datasets.Dataset`` (or
     ``IterableDataset``) and a ``ray.data.Dataset`` (read once, in order), and ``"module:function"`` (called, and its

@@ -179,6 +179,28 @@ def restore_intact(path: Any, restore: Callable[[Any], None], filesystem: Any = 
         return fallback
 
 
+class NothingToResumeError(RuntimeError):
+    """A Tune trial that has trained before is started again without a checkpoint: it would start over silently."""
+
+
+def refuse_silent_restart(trial_storage: Any) -> None:
+    """Raise `NothingToResumeError` if the Tune trial of ``trial_storage`` (None: not a Tune trial) has reported
+    results before but starts without a checkpoint (``Tuner.restore(..., resume_errored=True)`` or a retry of a run
+    without checkpoints): it would train from iteration 1 again, next to its earlier results. Nothing of those is
+    touched."""
+    if trial_storage is None or getattr(trial_storage, "trial_dir_name", None) is None:
+        return
+    reported, where = reported_iterations(trial_storage)
+    if reported:
+        raise NothingToResumeError(
+            f"Nothing to resume from: trial {trial_storage.trial_dir_name} has reported {reported} iteration(s) before "
+            f"({where}) but Tune has no checkpoint of it, so it would start over from iteration 1. To resume "
+            "runs, checkpoint them: tune.RunConfig(checkpoint_config=tune.CheckpointConfig(checkpoint_frequency"
+            "=N, checkpoint_at_end=True)). To start this trial over, use tune.Tuner.restore(path, "
+            "trainable='P3O', restart_errored=True) (it gets a new directory; this one is kept)."
+        )
+
+
 def reported_iterations(trial_storage: Any) -> Tuple[int, str]:
     """How many results a Tune trial has reported so far (the lines of its result.json), and where: on the storage
     filesystem, or in the driver's staging copy when it is on this node (Tune syncs it to storage now and then)."""

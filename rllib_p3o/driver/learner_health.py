@@ -76,3 +76,16 @@ def learner_died_error(dead: List[Tuple[int, str]], num_learners: int, iteration
         "by itself; in Python, P3O.from_checkpoint(path). If it was out of memory, lower minibatch_size or give each "
         "learner more memory."
     )
+
+
+def divergence_message(iteration: int, lr: Any, error: BaseException) -> str:
+    """A diverged policy (`rllib_p3o.sync.probe.PolicyDivergedError`) or too many non-finite steps in a row, said
+    with the iteration (counted from 1) and the learning rate (a number, or RLlib's schedule), and what to do."""
+    lr = f"{lr:g}" if isinstance(lr, (int, float)) else f"schedule {lr}"
+    # A remote learner's error arrives as a Ray task error (the remote traceback in its text) whose cause is its own.
+    message = str(getattr(error, "cause", None) or error).strip()
+    return (
+        f"Training diverged in iteration {iteration} at lr={lr}: {message} "
+        "Lower the learning rate (.training(lr=...)); checkpoints written before this iteration hold the weights "
+        "from before the divergence."
+    )

@@ -39,6 +39,10 @@ LEARNER = ("learners", {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_lear
 Role = Tuple[str, Dict[str, str]]
 
 
+# env_config keys that may name files (`rllib_p3o.data.datasets`).
+DATASET_KEYS = ("dataset", "eval_dataset")
+
+
 def resource_request(config: Any, include_main_process: bool = True) -> List[Tuple[Role, Dict[str, float]]]:
     """``[(role, {"CPU": n, "GPU": m}), ...]``: the Ray resources of the algorithm's process (Tune's trial actor,
     with a local learner's), each EnvRunner and each learner, as RLlib computes them
@@ -135,6 +139,32 @@ def absolute_data_path(path: Any) -> Any:
 def absolute_paths(mapping: Mapping[str, Any], keys: Sequence[str]) -> Dict[str, Any]:
     """A copy of ``mapping`` with the values of ``keys`` passed through `absolute_data_path`."""
     return {k: absolute_data_path(v) if k in keys else v for k, v in mapping.items()}
+
+
+def resolved_env_config(env_config: Mapping[str, Any]) -> Dict[str, Any]:
+    """``env_config`` with its relative paths resolved where the script runs (Tune reads them in each trial's own
+    directory): the datasets (`DATASET_KEYS`) by `absolute_data_path`, the reward models' directories as a list of
+    model specs (`resolved_path`)."""
+    from rllib_p3o.core.settings import MODEL_PATHS
+
+    resolved = absolute_paths(env_config, DATASET_KEYS)
+    models = resolved.get("reward_models")
+    if isinstance(models, (list, tuple, dict)):
+        resolved["reward_models"] = resolved_path(MODEL_PATHS, [models] if isinstance(models, dict) else list(models))
+    return resolved
+
+
+def resolved_offline_input(input_: Any) -> Any:
+    """``offline_data(input_=...)`` with its relative paths made absolute where the script runs (Ray Data would read
+    them in the trial's directory); a single URI kept as a one-item list, which RLlib hands to Ray Data as it is
+    (RLlib would make a single string a ``pathlib.Path``, which turns ``s3://b/k`` into ``s3:/b/k``)."""
+    if isinstance(input_, (str, os.PathLike)) and storage.is_uri(input_):
+        return [os.fspath(input_)]
+    if isinstance(input_, (str, os.PathLike)) and input_ != "sampler":  # RLlib's "no input"
+        return absolute_data_path(input_)
+    if isinstance(input_, list):
+        return [absolute_data_path(item) for item in input_]
+    return input_
 
 
 def missing_path_problem(what: str, path: Any) -> Optional[str]:
