@@ -171,15 +171,16 @@ def _mean(column: pd.Series) -> str:
     return "–" if column.isna().all() else f"{column.mean():.3f}"
 
 
-def diagnostics_quotes(g: Grid) -> List[str]:
-    """The learner's diagnostics of the chosen default and of 0.2's, per regime (mean over trials and iterations)."""
+def diagnostics_quotes(g: Grid, pairs: Optional[List[Tuple[str, str]]] = None) -> List[str]:
+    """The learner's diagnostics per (regime, method) in ``pairs`` (by default: the chosen default and 0.2's in every
+    regime of the set), mean over trials and iterations."""
     assert g.curves is not None
+    if pairs is None:
+        pairs = [(r, m) for r in g.regimes for m in (DEFAULT_METHOD, BEFORE)]
     rows = []
-    for r in g.regimes:
-        for m in (DEFAULT_METHOD, BEFORE):
-            trials = g.curves[(g.curves["stage"] == r) & (g.curves["method"] == m)]
-            values = [_mean(trials[col]) for col, _ in DIAGNOSTICS]
-            rows.append([f"`{r}`", f"`{m}`", *values])
+    for r, m in pairs:
+        trials = g.curves[(g.curves["stage"] == r) & (g.curves["method"] == m)]
+        rows.append([f"`{r}`", f"`{m}`", *[_mean(trials[col]) for col, _ in DIAGNOSTICS]])
     return table(["regime", "method", *[name for _, name in DIAGNOSTICS]], rows)
 
 
@@ -206,7 +207,7 @@ def aim_quotes(g: Grid, name: str, seeds: int) -> List[str]:
     if missed:
         gaps = []
         for r in missed:
-            best = max(g.stats[r], key=lambda m: g.stats[r][m][0])
+            best = best_method(g, r)
             gaps.append(f"`{r}` ({g.stats[r][DEFAULT_METHOD][0] - g.stats[r][best][0]:+.3f} to `{best}`)")
         out.append(f"it is behind in {words(gaps)}")
     out.append(
@@ -226,7 +227,20 @@ def confirmation_quotes(g: Optional[Grid]) -> List[str]:
     out += matrix_quotes(g, complete(g, seeds))
     if not complete(g, seeds):
         return out + ["No regime of the confirmation set has all its trials yet, so it confirms nothing so far"]
-    return out + aim_quotes(g, "confirmation", seeds)
+    out += aim_quotes(g, "confirmation", seeds)
+    if g.curves is None:  # a partial set: its curves come with the complete report
+        return out
+    out += staleness_quotes(g)
+    missed = [r for r in complete(g, seeds) if DEFAULT_METHOD not in best_or_tied(g.stats[r])]
+    if missed:  # where it is behind: its diagnostics beside the reference form's and the best method's
+        pairs = [(r, m) for r in missed for m in dict.fromkeys((DEFAULT_METHOD, REFERENCE, best_method(g, r)))]
+        out += diagnostics_quotes(g, pairs)
+    return out
+
+
+def best_method(g: Grid, regime: str) -> str:
+    """The method with the highest mean held-out at the budget in ``regime``."""
+    return max(g.stats[regime], key=lambda m: g.stats[regime][m][0])
 
 
 def quotes(root: str) -> List[str]:
