@@ -100,6 +100,18 @@ def test_path_settings_are_resolved_where_the_script_runs(tmp_path, monkeypatch)
     }
 
 
+def test_env_config_paths_are_resolved_where_the_script_runs(tmp_path, monkeypatch):
+    (tmp_path / "rm").mkdir()
+    monkeypatch.chdir(tmp_path)
+    config = P3OConfig().environment(env_config={"dataset": "train.jsonl", "reward_models": {"model": "rm"}})
+    assert config.env_config["dataset"] == str(tmp_path / "train.jsonl")  # a data path, whether or not it exists yet
+    assert config.env_config["reward_models"] == [{"model": str(tmp_path / "rm")}]  # one spec becomes a list
+    specs = [{"model": "rm", "name": "q"}, {"model": "org/hub-rm"}]
+    config = P3OConfig().environment(env_config={"reward_models": specs, "eval_dataset": "s3://b/heldout.jsonl"})
+    assert config.env_config["reward_models"] == [{"model": str(tmp_path / "rm"), "name": "q"}, {"model": "org/hub-rm"}]
+    assert config.env_config["eval_dataset"] == "s3://b/heldout.jsonl" and specs[0]["model"] == "rm"  # not mutated
+
+
 def test_removed_keys_are_refused():
     for key, value in (("clip_low", 0.3), ("model_dtype", "bfloat16")):
         with pytest.raises(TypeError, match=key):
