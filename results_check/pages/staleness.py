@@ -202,7 +202,7 @@ def aim_quotes(g: Grid, name: str, seeds: int) -> List[str]:
     ]
     collapsed = sum(g.collapses[r][DEFAULT_METHOD] for r in regimes)
     total = sum(g.stats[r][DEFAULT_METHOD][2] for r in regimes)
-    finished = "" if len(regimes) == len(g.regimes) else " finished"
+    finished = " finished" if g.note or len(regimes) < len(g.regimes) else ""  # a partial set: so far
     out = [f"On the {name} set P3O's default is best or tied in {len(held)} of {len(regimes)}{finished} regimes"]
     if missed:
         gaps = []
