@@ -15,7 +15,9 @@ import pandas as pd
 from results_check.page import Page
 from results_check.pages._fmt import load_json, pm, table, words
 from results_check.pages._paths import BENCH_CONFIRMATION, BENCH_DEVELOPMENT
+from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import DEFAULT_CANDIDATES, DEFAULT_METHOD, GRIDS, METHODS
+from rllib_p3o.sweep.grid import Grid as SweepGrid
 from rllib_p3o.sweep.verdicts import (
     CHOICE_RULE,
     COLLAPSE_RULE,
@@ -62,16 +64,17 @@ class Grid:
     methods: List[str]
     stats: Stats
     collapses: Dict[str, Dict[str, int]]
-    curves: Optional[pd.DataFrame]  # every iteration of every trial (curves.csv; a partial set has none)
+    curves: Optional[pd.DataFrame]  # every iteration of every finished trial (curves.csv, or a partial set's trials)
 
     @property
     def note(self) -> Optional[str]:
         return self.report.get("note")
 
 
-def load(root: str, folder: str) -> Optional[Grid]:
+def load(root: str, folder: str, grid: Optional[SweepGrid] = None) -> Optional[Grid]:
     """A set's files, None when it has none committed; stages without rows of the regime stage (the lr stage) are
-    left out."""
+    left out. A partial set has no curves.csv yet: its curves are read from its trial files, where ``grid`` (the
+    set's sweep grid) says which method shares which one's trials."""
     if not os.path.exists(os.path.join(root, folder, "summary.json")):
         return None
     report = load_json(root, f"{folder}/summary.json")
@@ -84,8 +87,26 @@ def load(root: str, folder: str) -> Optional[Grid]:
         stats[s][m] = (row["heldout_at_budget_mean"], row["heldout_at_budget_std"], int(row["seeds"]))
         collapses[s][m] = int(row["collapses"])
     curves_path = os.path.join(root, folder, "curves.csv")
-    curves = pd.read_csv(curves_path) if os.path.exists(curves_path) else None
+    if os.path.exists(curves_path):
+        curves = pd.read_csv(curves_path)
+    else:
+        curves = _curves_from_trials(os.path.join(root, folder), list(rows), grid) if grid is not None else None
     return Grid(folder, report, rows, regimes, methods, stats, collapses, curves)
+
+
+def _curves_from_trials(out: str, cells: List[Tuple[str, str]], grid: SweepGrid) -> Optional[pd.DataFrame]:
+    """Every finished trial's rows under ``out``, and for a (regime, method) that shares another method's trials
+    (`Grid.same_run_as`) those rows under its own name, as the sweep's curves.csv holds them."""
+    trials = report.read_trials(out)
+    if not len(trials):
+        return None
+    frames = [trials]
+    for regime, method in cells:
+        twin = grid.same_run_as(regime, method)
+        if twin != method:
+            rows = trials[(trials[report.STAGE] == regime) & (trials[report.METHOD] == twin)]
+            frames.append(rows.assign(**{report.METHOD: method, report.SAME_RUN_AS: twin}))
+    return report.concat(frames)
 
 
 def _cell(g: Grid, regime: str, method: str, bold: bool) -> str:
@@ -130,12 +151,13 @@ def candidate_quotes() -> List[str]:
     return table(["method", "`ess_scope`", "`trust_region`", "KL term"], rows)
 
 
-def staleness_quotes(g: Grid) -> List[str]:
-    """How old the data were in each regime (the trial files' ``staleness_mean`` and ``staleness_max``)."""
+def staleness_quotes(g: Grid, regimes: Optional[List[str]] = None) -> List[str]:
+    """How old the data were in each regime (every regime of the set when None; the trial files' ``staleness_mean``
+    and ``staleness_max``)."""
     assert g.curves is not None
     runs = g.curves[~g.curves["stage"].str.startswith("lr_")]
     parts, offline = [], []
-    for r in g.regimes:
+    for r in g.regimes if regimes is None else regimes:
         rows = runs[runs["stage"] == r]
         if rows["staleness_mean"].isna().all():  # offline rows carry no policy version of this run
             offline.append(f"`{r}`")
@@ -228,10 +250,9 @@ def confirmation_quotes(g: Optional[Grid]) -> List[str]:
     if not complete(g, seeds):
         return out + ["No regime of the confirmation set has all its trials yet, so it confirms nothing so far"]
     out += aim_quotes(g, "confirmation", seeds)
-    if g.curves is None:  # a partial set: its curves come with the complete report
-        return out
-    out += staleness_quotes(g)
-    missed = [r for r in complete(g, seeds) if DEFAULT_METHOD not in best_or_tied(g.stats[r])]
+    done = complete(g, seeds)
+    out += staleness_quotes(g, done)
+    missed = [r for r in done if DEFAULT_METHOD not in best_or_tied(g.stats[r])]
     if missed:  # where it is behind: its diagnostics beside the reference form's and the best method's
         pairs = [(r, m) for r in missed for m in dict.fromkeys((DEFAULT_METHOD, REFERENCE, best_method(g, r)))]
         out += diagnostics_quotes(g, pairs)
@@ -258,7 +279,7 @@ def quotes(root: str) -> List[str]:
         *choice_quotes(dev),
         *diagnostics_quotes(dev),
         *aim_quotes(dev, "development", len(GRIDS["sorting", "development"].seeds)),
-        *confirmation_quotes(load(root, BENCH_CONFIRMATION)),
+        *confirmation_quotes(load(root, BENCH_CONFIRMATION, GRIDS["sorting", "confirmation"])),
     ]
 
 
