@@ -101,7 +101,7 @@ def compare(paths: List[str]) -> int:
         print(f"{path}: {verdict}; {count} training values compared to {paths[0]}'s")
         if only:  # a metric one checkout reports and the other does not (added or removed, not changed)
             print(f"  reported by one of the two only: {', '.join(only)}")
-    means = [statistics.mean(r["seconds"][WARMUP:]) for r in runs]
+    means = [statistics.mean(r["seconds"][WARMUP:] or r["seconds"]) for r in runs]  # (a short run: every one)
     ratios = [after / before for before, after in zip(means[::2], means[1::2])]
     print("seconds per iteration: " + ", ".join(f"{p} {m:.3f}" for p, m in zip(paths, means)))
     spread = f" (pairs: {', '.join(f'{r:.3f}' for r in ratios)})" if len(ratios) > 1 else ""
