@@ -165,7 +165,8 @@ def staleness_quotes(g: Grid, regimes: Optional[List[str]] = None) -> List[str]:
         parts.append(f"`{r}` {rows['staleness_mean'].mean():.2f} (at most {rows['staleness_max'].max():.0f})")
     out = ["The data's mean age in policy versions, over every trial and iteration: " + ", ".join(parts)]
     if offline:
-        out.append(f"{words(offline)} trains on rows another run recorded, which carry no version of this run")
+        verb = "trains" if len(offline) == 1 else "train"
+        out.append(f"{words(offline)} {verb} on rows another run recorded, which carry no version of this run")
     return out
 
 
