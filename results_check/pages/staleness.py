@@ -2,6 +2,11 @@
 `summary.json`, `curves.csv`, `lr_choice.json`) and its confirmation set (`results/bench-confirmation/summary.json`,
 a partial report while the set is still running). The candidates' settings come from the sweep's method table; the
 choice, the verdicts and the aim follow `rllib_p3o.sweep.verdicts`.
+
+While the confirmation set runs, its report is committed as it grows (``rllib-p3o sweep ... --confirmation
+--report-only``, then its ``summary.json``, ``summary.md`` and ``trials/`` copied to ``results/bench-confirmation/``);
+``python -m results_check.pages.staleness`` then rewrites the page's confirmation section and summary sentence from
+those files (`write_page`), and the check holds the page to them.
 """
 
 from __future__ import annotations
@@ -299,3 +304,88 @@ PAGE = Page(
         "two optimizer steps per rollout batch",
     ),
 )
+
+
+# -- writing the confirmation section ------------------------------------------------------------------------------
+
+OFFLINE_WEAKER_NOTE = (
+    "In `offline_weaker` the rows were recorded by the weaker model, but a trajectory file does not say which model "
+    "wrote it: P3O reads them as offline rows of the policy itself, lagging by an unknown number of versions, so its "
+    "trust region stops the gradient of every token whose ratio has left the ESS band on the side its advantage "
+    "pushes. The losses that learn most there (CISPO, GRPO with truncated importance sampling) truncate a token's "
+    "weight and never stop its gradient. A second model's rows in a batch (`behavior_models`) are never clipped; "
+    "offline rows have no such mark yet."
+)
+_SECTION_START = "run once after the choice was committed.\n\n"  # the end of the section's fixed introduction
+_SUMMARY_START = "confirmation set below says whether that holds on seeds and regimes the choice never saw."
+
+
+def confirmation_section(root: str) -> str:
+    """The confirmation section's text after its introduction, from the committed set (partial or complete)."""
+    g = load(root, BENCH_CONFIRMATION, GRIDS["sorting", "confirmation"])
+    if g is None:
+        return "The confirmation set has not run yet.\n"
+    seeds = len(GRIDS["sorting", "confirmation"].seeds)
+    done = complete(g, seeds)
+    matrix = matrix_quotes(g, done)
+    parts = ([g.note] if g.note else []) + ["\n".join(q for q in matrix if q.startswith("|"))]
+    parts += [q + "." for q in matrix if not q.startswith("|")]
+    if not done:
+        parts.append(
+            "No regime of the confirmation set has all its trials yet, so it confirms nothing so far. The sweep "
+            "resumes where it stopped: rerun its command."
+        )
+        return "\n\n".join(parts) + "\n"
+    parts.append("; ".join(aim_quotes(g, "confirmation", seeds)) + ".")
+    if len(done) < len(g.regimes):
+        parts.append(
+            "Bold marks best or tied only in the regimes whose trials have all finished; the others are still "
+            "running. The sweep resumes where it stopped: rerun its command."
+        )
+    elif g.note:
+        parts.append(
+            "The other regimes of the set have not run yet, so this confirms the choice in these regimes only. The "
+            "sweep resumes where it stopped: rerun its command."
+        )
+    parts.append("; ".join(staleness_quotes(g, done)) + ".")
+    missed = [r for r in done if DEFAULT_METHOD not in best_or_tied(g.stats[r])]
+    if missed:
+        pairs = [(r, m) for r in missed for m in dict.fromkeys((DEFAULT_METHOD, REFERENCE, best_method(g, r)))]
+        parts.append(
+            "Where it is behind, the learner's diagnostics (mean over trials and iterations) beside the reference "
+            "form's and the best method's:"
+        )
+        parts.append("\n".join(diagnostics_quotes(g, pairs)))
+        if "offline_weaker" in missed:
+            parts.append(OFFLINE_WEAKER_NOTE)
+    return "\n\n".join(parts) + "\n"
+
+
+def confirmation_summary(root: str) -> Optional[str]:
+    """The page summary's sentence on the confirmation set's standing (None before any regime has finished)."""
+    g = load(root, BENCH_CONFIRMATION, GRIDS["sorting", "confirmation"])
+    seeds = len(GRIDS["sorting", "confirmation"].seeds)
+    if g is None or not complete(g, seeds):
+        return None
+    aim = aim_quotes(g, "confirmation", seeds)
+    standing = aim[0] + (f"; {aim[1]}" if aim[1].startswith("it is behind") else "")
+    return standing + (" (the set is still running)." if g.note else ".")
+
+
+def write_page(root: str) -> None:
+    """Rewrite the page's confirmation section and its summary sentence from the committed confirmation set."""
+    path = os.path.join(root, PAGE.path)
+    with open(path) as f:
+        text = f.read()
+    text = text[: text.index(_SECTION_START) + len(_SECTION_START)] + confirmation_section(root)
+    summary = confirmation_summary(root)
+    if summary:
+        start = text.index(_SUMMARY_START)
+        end = text.index("\n", start)
+        text = text[:start] + f"{_SUMMARY_START} {summary}" + text[end:]
+    with open(path, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":  # python -m results_check.pages.staleness: after committing a new confirmation report
+    write_page(".")
