@@ -258,11 +258,17 @@ def confirmation_quotes(g: Optional[Grid]) -> List[str]:
     out += aim_quotes(g, "confirmation", seeds)
     done = complete(g, seeds)
     out += staleness_quotes(g, done)
-    missed = [r for r in done if DEFAULT_METHOD not in best_or_tied(g.stats[r])]
-    if missed:  # where it is behind: its diagnostics beside the reference form's and the best method's
-        pairs = [(r, m) for r in missed for m in dict.fromkeys((DEFAULT_METHOD, REFERENCE, best_method(g, r)))]
+    pairs = behind_pairs(g, done)
+    if pairs:
         out += diagnostics_quotes(g, pairs)
     return out
+
+
+def behind_pairs(g: Grid, done: List[str]) -> List[Tuple[str, str]]:
+    """Where the default is behind among the finished regimes ``done``: (regime, method) for the default, the
+    reference form and the best method, whose diagnostics the page shows side by side."""
+    missed = [r for r in done if DEFAULT_METHOD not in best_or_tied(g.stats[r])]
+    return [(r, m) for r in missed for m in dict.fromkeys((DEFAULT_METHOD, REFERENCE, best_method(g, r)))]
 
 
 def best_method(g: Grid, regime: str) -> str:
@@ -348,15 +354,14 @@ def confirmation_section(root: str) -> str:
             "sweep resumes where it stopped: rerun its command."
         )
     parts.append("; ".join(staleness_quotes(g, done)) + ".")
-    missed = [r for r in done if DEFAULT_METHOD not in best_or_tied(g.stats[r])]
-    if missed:
-        pairs = [(r, m) for r in missed for m in dict.fromkeys((DEFAULT_METHOD, REFERENCE, best_method(g, r)))]
+    pairs = behind_pairs(g, done)
+    if pairs:
         parts.append(
             "Where it is behind, the learner's diagnostics (mean over trials and iterations) beside the reference "
             "form's and the best method's:"
         )
         parts.append("\n".join(diagnostics_quotes(g, pairs)))
-        if "offline_weaker" in missed:
+        if any(r == "offline_weaker" for r, _ in pairs):
             parts.append(OFFLINE_WEAKER_NOTE)
     return "\n\n".join(parts) + "\n"
 
