@@ -97,13 +97,18 @@ def test_behavior_model_with_another_tokenizer_fails_at_start(tiny_model, tmp_pa
 
 def test_async_data_are_as_old_as_the_sample_calls_in_flight(ray_session, tiny_model):
     """RLlib's ``max_requests_in_flight_per_env_runner`` sets the async pipeline's depth: each weight push queues in
-    the runner behind its calls in flight, so with 3 the learner trains on data 3 versions old, and none is dropped
-    within ``max_staleness=3``."""
+    the runner behind its calls in flight, so with 3 the learner trains on data up to 3 versions old, and
+    ``max_staleness=3`` keeps anything older out. How old each batch is depends on when a push lands between calls
+    (the sweep measured 2.85 versions on average at 4 in flight; on a loaded machine a call can come back a version
+    later and is dropped), so the test bounds the ages and checks that the pipeline is as deep as asked."""
     cfg = _config(tiny_model, async_sampling=True, max_staleness=3).env_runners(max_requests_in_flight_per_env_runner=3)
     algo = cfg.build_algo()
     try:
         p = [algo.train()[m.P3O] for _ in range(6)]
     finally:
         algo.stop()
-    assert [x[m.STALENESS_MAX] for x in p] == [0, 1, 2, 3, 3, 3]
-    assert sum(x[m.DROPPED_STALE_SAMPLES] for x in p) == 0
+    ages = [x[m.STALENESS_MAX] for x in p]
+    assert ages[0] == 0 and max(ages) == 3 and all(a <= 3 for a in ages), ages
+    assert all(later <= earlier + 1 for earlier, later in zip(ages, ages[1:])), ages  # one version per iteration
+    # Deeper than one call in flight (whose data are at most 1 version old): the later batches are mostly older.
+    assert sum(x[m.STALENESS_MEAN] for x in p[3:]) / 3 >= 1.5, [x[m.STALENESS_MEAN] for x in p]
