@@ -58,6 +58,15 @@ def tiny_chat_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def demo_base_model(tmp_path_factory):
+    """Where the getting-started script's base model (the demo's, ~90 s of pretraining on 2 cores) is kept once a test
+    has built it, for the next test that runs the script: `helpers.copy_demo_base_model` copies it in (or the one
+    ``make demo`` built under ``runs/demo/``), `helpers.keep_demo_base_model` keeps a new build. The script's own
+    cache check (``build_demo_model``: same settings, same thread count) decides whether the copy is used."""
+    return tmp_path_factory.mktemp("demo_base_model") / "base_model"
+
+
+@pytest.fixture(scope="session")
 def ray_session():
     import ray
 

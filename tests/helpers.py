@@ -1,5 +1,9 @@
 """Plain helpers the tests import (``from helpers import tiny_config``); the fixtures are in `conftest.py`."""
 
+import os
+import shutil
+from pathlib import Path
+
 from rllib_p3o import P3OConfig
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
@@ -36,3 +40,24 @@ def tiny_config(
         .env_runners(num_env_runners=num_env_runners)
         .debugging(seed=seed)
     )
+
+
+# The base model ``make demo`` builds, which the getting-started script reuses when it was built the same way.
+MAKE_DEMO_BASE_MODEL = Path(__file__).resolve().parents[1] / "runs" / "demo" / "base_model"
+_BUILT = "pretrain_args.json"  # written last by ``build_demo_model``
+
+
+def copy_demo_base_model(kept: Path, workdir: Path) -> None:
+    """Copy a built demo base model into ``workdir/base_model``, where the getting-started script looks: the one the
+    session kept (``kept``, the `demo_base_model` fixture), else the one ``make demo`` built, else none (the script
+    builds it)."""
+    for built in (kept, MAKE_DEMO_BASE_MODEL):
+        if os.path.exists(os.path.join(built, _BUILT)):
+            shutil.copytree(built, workdir / "base_model")
+            return
+
+
+def keep_demo_base_model(workdir: Path, kept: Path) -> None:
+    """Keep the base model a script built in ``workdir`` for the session's next test (`copy_demo_base_model`)."""
+    if not os.path.exists(os.path.join(kept, _BUILT)) and os.path.exists(workdir / "base_model" / _BUILT):
+        shutil.copytree(workdir / "base_model", kept, dirs_exist_ok=True)

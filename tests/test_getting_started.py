@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import copy_demo_base_model, keep_demo_base_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "getting-started.md")
@@ -40,17 +41,13 @@ def test_the_page_marks_its_gpu_block_and_states_the_base_accuracy_as_the_demo_d
 
 
 @pytest.mark.slow
-def test_the_first_training_run_runs_as_written(tmp_path):
-    """A few minutes on 2 free cores, most of them the base model's pretraining. Where ``make demo`` has built that
-    model (``runs/demo/base_model``), it is copied in: ``build_demo_model`` reuses it only if it was built with the
+def test_the_first_training_run_runs_as_written(tmp_path, demo_base_model):
+    """A few minutes on 2 free cores, most of them the base model's pretraining. Where a test of this session or
+    ``make demo`` has built that model, it is copied in: ``build_demo_model`` reuses it only if it was built with the
     same settings and thread count (its own cache check), else builds it again, as the page does."""
-    import shutil
-
     (script,), _ = runnable_blocks()
     (tmp_path / "first_run.py").write_text(script)
-    built = os.path.join(ROOT, "runs", "demo", "base_model")
-    if os.path.exists(os.path.join(built, "pretrain_args.json")):
-        shutil.copytree(built, tmp_path / "base_model")
+    copy_demo_base_model(demo_base_model, tmp_path)
     # A user's shell: no test session's Ray to join, nothing of this repository on PYTHONPATH (it is installed).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "RLLIB_P3O_", "PYTHONPATH"))}
     done = subprocess.run(
@@ -59,6 +56,7 @@ def test_the_first_training_run_runs_as_written(tmp_path):
     screen = done.stdout + done.stderr
     assert done.returncode == 0, screen[-5000:]
     assert {"train.jsonl", "heldout.jsonl", "base_model", "runs"} <= set(os.listdir(tmp_path))
+    keep_demo_base_model(tmp_path, demo_base_model)
     lines = screen.splitlines()
     header = next(line.split() for line in lines if line.split()[:1] == ["iter"])
     rows = [line.split() for line in lines if line.split()[:1] and line.split()[0].isdigit()]

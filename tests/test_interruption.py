@@ -16,7 +16,8 @@ import sys
 import time
 
 import pytest
-from test_getting_started import ROOT, runnable_blocks
+from helpers import copy_demo_base_model, keep_demo_base_model
+from test_getting_started import runnable_blocks
 
 from rllib_p3o.driver.interruption import (
     INTERRUPTED_EXIT_STATUS,
@@ -87,9 +88,10 @@ def _wait_for_row(proc, lines, iteration, timeout):
 
 
 @pytest.mark.slow
-def test_ctrl_c_is_reported_exits_non_zero_and_the_printed_restore_call_continues_the_run(tmp_path):
-    """The page's script, with the demo's base model copied in where ``make demo`` built it (as the getting-started
-    test does). SIGINT once row 6 is on the screen: the checkpoint of iteration 5 exists by then."""
+def test_ctrl_c_is_reported_exits_non_zero_and_the_printed_restore_call_continues_the_run(tmp_path, demo_base_model):
+    """The page's script, with the demo's base model copied in where a test of this session or ``make demo`` built
+    it (as the getting-started test does). SIGINT once row 6 is on the screen: the checkpoint of iteration 5 exists
+    by then."""
     (script,), _ = runnable_blocks()
     # The page's run may reach its held-out target at its first evaluation (iteration 5) and end there, before any row
     # after a checkpoint: the target is raised out of reach so that the run is still going at row 6 (nothing else of
@@ -97,9 +99,7 @@ def test_ctrl_c_is_reported_exits_non_zero_and_the_printed_restore_call_continue
     target = 'stop={"heldout_reward": 0.9,'
     assert target in script, "the getting-started script's stop criterion changed: update this test"
     (tmp_path / "first_run.py").write_text(script.replace(target, 'stop={"heldout_reward": 1.01,'))
-    built = os.path.join(ROOT, "runs", "demo", "base_model")
-    if os.path.exists(os.path.join(built, "pretrain_args.json")):
-        shutil.copytree(built, tmp_path / "base_model")
+    copy_demo_base_model(demo_base_model, tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "first_run.py"],
         cwd=tmp_path,
@@ -117,6 +117,7 @@ def test_ctrl_c_is_reported_exits_non_zero_and_the_printed_restore_call_continue
     finally:
         proc.kill()
     screen = "\n".join(lines) + "\n" + rest
+    keep_demo_base_model(tmp_path, demo_base_model)
     assert proc.returncode == INTERRUPTED_EXIT_STATUS, screen[-4000:]
     assert "held-out accuracy after training" not in screen, screen[-4000:]
     # Before the first row: what the run waits for (the trial's start, the first iteration), not silence.
