@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shutil
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import pandas as pd
@@ -291,6 +293,7 @@ def quotes(root: str) -> List[str]:
         *choice_quotes(dev),
         *diagnostics_quotes(dev),
         *aim_quotes(dev, "development", len(GRIDS["sorting", "development"].seeds)),
+        *curve_quotes(root, BENCH_DEVELOPMENT, DEVELOPMENT_FIGURES, list(dev.regimes), "seeds 0-2"),
         *confirmation_quotes(load(root, BENCH_CONFIRMATION, GRIDS["sorting", "confirmation"])),
     ]
 
@@ -322,6 +325,23 @@ OFFLINE_WEAKER_NOTE = (
     "weight and never stop its gradient. A second model's rows in a batch (`behavior_models`) are never clipped; "
     "offline rows have no such mark yet."
 )
+CURVES_SENTENCE = (
+    "Held-out accuracy and the training batch's ESS over training, mean ± std over {seeds}, P3O's default "
+    f"(`{DEFAULT_METHOD}`) thick and black (drawn by the sweep's report from the trial files):"
+)
+# Where the page's copies of the sets' figures are, relative to the page (`results/<set>/figures/` holds the originals).
+DEVELOPMENT_FIGURES = "figures/bench-development"
+CONFIRMATION_FIGURES = "figures/bench-confirmation"
+
+
+def curve_quotes(root: str, folder: str, figures: str, regimes: List[str], seeds: str) -> List[str]:
+    """The sentence and the image lines of a set's curves: one figure per regime whose figure the set has."""
+    shown = [r for r in regimes if os.path.exists(os.path.join(root, folder, "figures", f"{r}.png"))]
+    if not shown:
+        return []
+    return [CURVES_SENTENCE.format(seeds=seeds), "\n".join(f"![{r}]({figures}/{r}.png)" for r in shown)]
+
+
 _SECTION_START = "run once after the choice was committed.\n\n"  # the end of the section's fixed introduction
 _SUMMARY_START = "confirmation set below says whether that holds on seeds and regimes the choice never saw."
 
@@ -363,7 +383,21 @@ def confirmation_section(root: str) -> str:
         parts.append("\n".join(diagnostics_quotes(g, pairs)))
         if any(r == "offline_weaker" for r, _ in pairs):
             parts.append(OFFLINE_WEAKER_NOTE)
+    parts += curve_quotes(root, BENCH_CONFIRMATION, CONFIRMATION_FIGURES, done, "seeds 3-5")
     return "\n\n".join(parts) + "\n"
+
+
+def copy_figures(root: str) -> List[str]:
+    """Copy the confirmation set's figures the section shows into the docs (`CONFIRMATION_FIGURES`, beside the page);
+    returns the copies' paths."""
+    text = confirmation_section(root)
+    copied = []
+    for name in re.findall(rf"\]\({re.escape(CONFIRMATION_FIGURES)}/([^)]+)\)", text):
+        target = os.path.join(root, os.path.dirname(PAGE.path), CONFIRMATION_FIGURES, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(root, BENCH_CONFIRMATION, "figures", name), target)
+        copied.append(target)
+    return copied
 
 
 def confirmation_summary(root: str) -> Optional[str]:
@@ -378,7 +412,8 @@ def confirmation_summary(root: str) -> Optional[str]:
 
 
 def write_page(root: str) -> None:
-    """Rewrite the page's confirmation section and its summary sentence from the committed confirmation set."""
+    """Rewrite the page's confirmation section and its summary sentence from the committed confirmation set, and copy
+    the figures it shows into the docs."""
     path = os.path.join(root, PAGE.path)
     with open(path) as f:
         text = f.read()
@@ -390,6 +425,7 @@ def write_page(root: str) -> None:
         text = text[:start] + f"{_SUMMARY_START} {summary}" + text[end:]
     with open(path, "w") as f:
         f.write(text)
+    copy_figures(root)
 
 
 if __name__ == "__main__":  # python -m results_check.pages.staleness: after committing a new confirmation report

@@ -425,15 +425,26 @@ def plot_regime(
     path: str,
     samples_per_iteration: Optional[int] = None,
     heldout_label: str = "held-out accuracy (greedy)",
+    highlight: Sequence[str] = (),
 ) -> str:
-    """Held-out accuracy and ESS against samples, mean ± std over seeds, one line per method."""
+    """Held-out accuracy and ESS against samples, mean ± std over seeds, one line per method (``highlight``: thick and
+    black, e.g. the default); the legend beside the panels, one colour and dash per method up to 20 methods."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for method, t in curves[curves[STAGE] == regime].groupby(METHOD, sort=False):
+    methods = list(dict.fromkeys(curves.loc[curves[STAGE] == regime, METHOD]))
+    colors = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20").colors
+    dashes = ("-", "--", "-.", ":")
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    for i, (method, t) in enumerate(curves[curves[STAGE] == regime].groupby(METHOD, sort=False)):
+        style = dict(
+            color="black" if method in highlight else colors[i % len(colors)],
+            linestyle=dashes[(i // len(colors)) % len(dashes)] if method not in highlight else "-",
+            linewidth=2.6 if method in highlight else 1.2,
+            zorder=3 if method in highlight else 2,
+        )
         for ax, col, shift in ((axes[0], HELDOUT, 0), (axes[1], ESS, 1)):
             d = t.dropna(subset=[col])
             if d.empty:
@@ -442,16 +453,16 @@ def plot_regime(
             x = d[SAMPLES] + shift * (samples_per_iteration or 0)
             g = d.assign(x=x).groupby("x")[col]
             mean, std = g.mean(), g.std(ddof=1).fillna(0.0)
-            (line,) = ax.plot(mean.index, mean.values, label=method)
-            ax.fill_between(mean.index, (mean - std).values, (mean + std).values, alpha=0.15, color=line.get_color())
+            ax.plot(mean.index, mean.values, label=method if ax is axes[0] else None, **style)
+            ax.fill_between(mean.index, (mean - std).values, (mean + std).values, alpha=0.12, color=style["color"])
     for ax, label in zip(axes, (heldout_label, "ESS of the training batch")):
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("completions trained")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
     fig.suptitle(f"{regime}: mean ± std over seeds")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.83, 1))
+    fig.legend(loc="center left", bbox_to_anchor=(0.835, 0.5), fontsize=8, frameon=False)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -469,7 +480,7 @@ def write_report(
     """summary.md, summary.json and figures/<regime>.png under ``out``; returns what was written (and the facts).
     ``lr_peak``: one peak for every method, or each method's (None: not chosen yet). ``note`` opens summary.md (a
     partial report says what is missing)."""
-    from rllib_p3o.sweep.grid import TASKS
+    from rllib_p3o.sweep.grid import DEFAULT_METHOD, TASKS
 
     curves = _in_grid_order(curves, grid)
     regimes = [r for r in grid.regimes if r in set(curves[STAGE])]
@@ -481,7 +492,8 @@ def write_report(
     os.makedirs(os.path.join(out, FIGURES), exist_ok=True)
     label = TASKS[grid.task].heldout_label
     figures = [
-        plot_regime(regime_curves, r, os.path.join(out, FIGURES, f"{r}.png"), rows_per_it, label) for r in regimes
+        plot_regime(regime_curves, r, os.path.join(out, FIGURES, f"{r}.png"), rows_per_it, label, (DEFAULT_METHOD,))
+        for r in regimes
     ]
     lr_curves = curves[curves[STAGE].str.startswith(LR_STAGE_PREFIX)] if len(curves) else curves
     lr_table = lr_spread_table(lr_curves, grid.target) if len(lr_curves) else ""
