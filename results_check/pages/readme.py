@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List
 
 from results_check.page import Page
-from results_check.pages import claims
+from results_check.pages import claims, staleness
 from results_check.pages._fmt import load_json, num, pct, words
 from results_check.pages._paths import BENCH, BENCH_RESULTS
 
@@ -31,10 +31,12 @@ def quotes(root: str) -> List[str]:
     )
     if bench["missed"]:
         headline += f", and misses in {words([f'`{r}`' for r in bench['missed']])}"
+    standing = staleness.readme_standing(root)
     bench_report = load_json(root, f"{BENCH}/summary.json")
     bench_lr = load_json(root, f"{BENCH}/lr_choice.json")
     return [
         headline,
+        *([standing] if standing else []),
         # The feature list's claims sweep: how the bench's lr was chosen, and the trials its command runs.
         f"on the claims bench's sorting task, P3O vs the baselines peers ship, {claims.lr_sentence(bench_lr)}",
         f"--out runs/bench # the claims bench: {bench_report['cost']['trials']} trials",
