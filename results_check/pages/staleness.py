@@ -317,19 +317,20 @@ def behind_notes(g: Grid, regimes: List[str]) -> List[str]:
             notes.append(
                 f"In `{r}` the data are the policy's own and fresh (mean ESS {ess:.3f}, {stopped:.3f} of the tokens "
                 f"stopped): P3O's default and the reference form compute nearly the same loss there (the KL weight "
-                f"1 − ESS is below 0.001), and their held-out accuracy differs by "
-                f"{held(r, DEFAULT_METHOD) - held(r, REFERENCE):+.3f}, as large as the gap to `{best}` "
-                f"({held(r, DEFAULT_METHOD) - held(r, best):+.3f}): with three seeds the rule calls a gap of the runs' "
-                "own spread behind."
+                f"1 − ESS is at most 0.001), yet their held-out accuracy differs by "
+                f"{held(r, DEFAULT_METHOD) - held(r, REFERENCE):+.3f}, against a gap of "
+                f"{held(r, DEFAULT_METHOD) - held(r, best):+.3f} to `{best}`: with three seeds the rule calls a gap of "
+                "that size behind."
             )
         elif r.startswith("behavior_"):
+            collapsed = g.collapses[r].get(REFERENCE, 0)
+            fell = f" and collapses in {collapsed} of {g.stats[r][REFERENCE][2]} seeds" if collapsed else ""
             notes.append(
                 f"In `{r}` P3O's default has no KL term on the behavior model's rows (KL share of the gradient "
                 f"{diag(r, DEFAULT_METHOD, 'kl_grad_share'):.3f}: they are pulled toward π_old, which with one "
                 "optimizer step per batch is the policy itself) and its trust region never clips a second model's "
-                f"rows; the reference form, pulled toward the behavior model (KL share "
-                f"{diag(r, REFERENCE, 'kl_grad_share'):.3f}), collapses in {g.collapses[r].get(REFERENCE, 0)} of 3 "
-                f"seeds. `{best}` keeps a sequence only where the geometric mean of π_old/π_b over its tokens lies "
+                f"rows; the reference form is pulled toward the behavior model (KL share "
+                f"{diag(r, REFERENCE, 'kl_grad_share'):.3f}){fell}. `{best}` keeps a sequence only where the geometric mean of π_old/π_b over its tokens lies "
                 "within its band (the loss does not report how many it drops)."
             )
     return notes
