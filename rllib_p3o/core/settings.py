@@ -197,7 +197,7 @@ class P3OSettings:
         False,
         group=SAMPLING,
         help="Runners keep generating while the learners update; weights reach them without a pause (each runner "
-        "loads them after its current sample). Needs remote EnvRunners. The data are as many versions old as "
+        "loads them after its current sample). Needs remote EnvRunners. The data are up to as many versions old as "
         "sample() calls each runner has in flight: RLlib's env_runners(max_requests_in_flight_per_env_runner=k), 1 "
         "by default (one version old); more keeps the engines busier at the price of staler data.",
     )
