@@ -219,10 +219,9 @@ def complete(g: Grid, seeds: int) -> List[str]:
     return [r for r in g.regimes if DEFAULT_METHOD in g.stats[r] and all(n == seeds for _, _, n in g.stats[r].values())]
 
 
-def aim_quotes(g: Grid, name: str, seeds: int) -> List[str]:
-    """The issue's aim on one set: the default best or tied in every regime, ahead of every peer-default loss by
-    more than the standard error in at least one regime, no collapsed seed (over the set's finished regimes)."""
-    regimes = complete(g, seeds)
+def standing(g: Grid, regimes: List[str]) -> Tuple[List[str], List[str], List[str], int]:
+    """The default's standing over ``regimes``: where it is best or tied, where it is behind, where it is ahead of
+    every peer-default loss by more than the standard error, and how many of its seeds collapsed."""
     held = [r for r in regimes if DEFAULT_METHOD in best_or_tied(g.stats[r])]
     missed = [r for r in regimes if r not in held]
     ahead = [
@@ -230,7 +229,14 @@ def aim_quotes(g: Grid, name: str, seeds: int) -> List[str]:
         for r in regimes
         if all(verdict(g.stats[r][DEFAULT_METHOD], g.stats[r][p]) == "wins" for p in PEER_DEFAULTS if p in g.stats[r])
     ]
-    collapsed = sum(g.collapses[r][DEFAULT_METHOD] for r in regimes)
+    return held, missed, ahead, sum(g.collapses[r][DEFAULT_METHOD] for r in regimes)
+
+
+def aim_quotes(g: Grid, name: str, seeds: int) -> List[str]:
+    """The issue's aim on one set: the default best or tied in every regime, ahead of every peer-default loss by
+    more than the standard error in at least one regime, no collapsed seed (over the set's finished regimes)."""
+    regimes = complete(g, seeds)
+    held, missed, ahead, collapsed = standing(g, regimes)
     total = sum(g.stats[r][DEFAULT_METHOD][2] for r in regimes)
     finished = " finished" if g.note or len(regimes) < len(g.regimes) else ""  # a partial set: so far
     out = [f"On the {name} set P3O's default is best or tied in {len(held)} of {len(regimes)}{finished} regimes"]
@@ -256,18 +262,11 @@ def readme_standing(root: str) -> Optional[str]:
     if g is None or g.note or len(complete(g, seeds)) < len(g.regimes):
         return None
     regimes = list(g.regimes)
-    held = [r for r in regimes if DEFAULT_METHOD in best_or_tied(g.stats[r])]
-    missed = [f"`{r}`" for r in regimes if r not in held]
-    ahead = [
-        r
-        for r in regimes
-        if all(verdict(g.stats[r][DEFAULT_METHOD], g.stats[r][p]) == "wins" for p in PEER_DEFAULTS if p in g.stats[r])
-    ]
-    collapsed = sum(g.collapses[r][DEFAULT_METHOD] for r in regimes)
+    held, missed, ahead, collapsed = standing(g, regimes)
     return (
         f"on its confirmation set, run after the choice on other seeds and {len(regimes)} regimes, it is best or tied "
         f"in {len(held)}, ahead of every peer's default by more than the standard error in {len(ahead)}, behind in "
-        f"{words(missed)}, with {collapsed} collapsed seeds"
+        f"{words([f'`{r}`' for r in missed])}, with {collapsed} collapsed seeds"
     )
 
 
