@@ -380,3 +380,35 @@ def test_a_dead_learner_ends_the_script_with_its_error_and_leaves_no_learner_beh
     assert proc.returncode == 1, screen[-4000:]
     assert "LearnerDiedError: A learner actor died during the update of iteration 2: learner 1 of 2" in screen
     assert ended_after < 120, ended_after
+
+
+@pytest.mark.slow
+def test_stop_learners_returns_once_every_learner_is_dead(ray_session):
+    """`stop_learners` waits for Ray to report each killed actor dead (``ray.kill`` only sends the kill), so the
+    liveness check right after it sees every learner dead. Real Ray actors; the learner group around them is faked
+    (this test is about the kill, not RLlib's group)."""
+    import ray
+
+    from rllib_p3o.driver.learner_health import dead_learners, stop_learners
+
+    @ray.remote(num_cpus=0)
+    class Busy:
+        def ready(self):
+            return True
+
+    actors = [Busy.remote() for _ in range(3)]
+    ray.get([a.ready.remote() for a in actors])
+
+    class Manager:
+        def actors(self):
+            return dict(enumerate(actors))
+
+    class Group:
+        _worker_manager = Manager()
+
+    for _ in range(3):  # the race this guards against was intermittent
+        assert dead_learners(Group()) == []
+        stop_learners(Group())
+        assert [rank for rank, _ in dead_learners(Group())] == [0, 1, 2]
+        actors[:] = [Busy.remote() for _ in range(3)]
+        ray.get([a.ready.remote() for a in actors])

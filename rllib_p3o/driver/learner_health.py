@@ -18,12 +18,15 @@ trains on what the uninterrupted one would).
 
 from __future__ import annotations
 
+import time
 from typing import Any, List, Tuple
 
 import ray
 
 # Seconds a live learner has to answer the liveness ping (it may still be unwinding from the failed collective).
 PING_TIMEOUT_S = 10.0
+# Seconds `stop_learners` waits for Ray to report a killed learner dead (the kill is asynchronous).
+KILL_TIMEOUT_S = 30.0
 
 
 class LearnerDiedError(RuntimeError):
@@ -49,12 +52,26 @@ def dead_learners(learner_group: Any) -> List[Tuple[int, str]]:
 
 def stop_learners(learner_group: Any) -> None:
     """Kill every learner actor of ``learner_group`` (after one died: the group cannot train again), so that nothing
-    waits on them any more: calls in flight or made later fail at once, as for the dead one."""
+    waits on them any more: calls in flight or made later fail at once, as for the dead one.
+
+    Returns once Ray reports each of them dead (or after `KILL_TIMEOUT_S`): ``ray.kill`` only sends the kill, and a
+    call that reaches the actor before it lands would still be answered."""
     manager = getattr(learner_group, "_worker_manager", None)
     if manager is None:
         return
-    for actor in manager.actors().values():
+    actors = list(manager.actors().values())
+    for actor in actors:
         ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + KILL_TIMEOUT_S
+    for actor in actors:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=1.0)
+            except ray.exceptions.RayActorError:
+                break  # dead, as asked
+            except ray.exceptions.GetTimeoutError:
+                pass  # still unwinding: ask again
+            time.sleep(0.05)
 
 
 def _cause(error: BaseException) -> str:
