@@ -89,6 +89,7 @@ from rllib_p3o.driver.preflight import (
     resolved_path,
     world_problems,
 )
+from rllib_p3o.driver.run_state import P3O_STATE, RunState
 from rllib_p3o.driver.runner_calls import EngineRunners
 from rllib_p3o.driver.sampler import Sampler
 from rllib_p3o.driver.step_log import StepLog
@@ -319,16 +320,8 @@ class P3OConfig(TrainingSignature, AlgorithmConfig):
         return super()._model_config_auto_includes | self.lm_model_config()
 
 
-# Keys of P3O's own checkpoint state (in the algorithm's state, beside RLlib's components).
-P3O_STATE = "p3o"
-BATCH_RNG_STATE = "batch_rng"
-ROWS_TRAINED = "rows_trained"
-SKIPPED_NONFINITE = metrics.SKIPPED_NONFINITE_STEPS
-RESULT_COLUMNS = "result_columns"
-ITERATION = "iteration"  # the checkpoint's own iteration: set after restoring an older intact checkpoint instead
 # RLlib's learning-rate figure of the default optimizer, under learners/<module>/.
 LEARNING_RATE = "default_optimizer_learning_rate"
-HELDOUT_REWARD = metrics.HELDOUT_REWARD
 
 
 class P3O(Algorithm):
@@ -401,8 +394,6 @@ class P3O(Algorithm):
         # Tune's `Trainable.reset` replaces ``self.config`` with the next trial's dict before `reset_config` runs.
         self._config_in_use = config
         runners = self._runners
-        self._rng = np.random.default_rng(config.seed)
-        self._rows_trained = 0
         self._weight_sync = WeightSync(
             self.learner_group,
             runners,
@@ -416,13 +407,10 @@ class P3O(Algorithm):
             timeout_s=config.weight_sync_timeout_s,
             max_staleness=config.max_staleness,
         )
-        self._skipped_nonfinite = 0  # lifetime
-        self._result_columns = metrics.ResultColumns()  # fixed by the trial's first result (or its checkpoint)
         self._first_result_after_restore = False
-        self._heldout_reward = float("nan")  # of the latest held-out evaluation
-        self._restore_metrics: Dict[str, float] = {}  # reported with the first result after a restore
         self._recorder = TrajectoryRecorder(config.record_rollouts) if config.record_rollouts else None
         self._sources = self.batch_sources()
+        self._run = RunState(config.seed, self._sources)
         self._source_names = SourceNames(
             [
                 *map(behavior_source_name, config.behavior_models),
@@ -519,7 +507,7 @@ class P3O(Algorithm):
         parts = [source.sample(int(self.iteration or 0), timings) for source in self._sources]
         records = [record for part in parts for record in part.records]
         batch = batching.concat_padded([part.batch for part in parts], pad_id=self._pad_id)
-        batch = batching.shuffle_rows(batch, self._rng)
+        batch = batching.shuffle_rows(batch, self._run.rng)
         return records, batching.pad_rows_to_multiple(batch, max(1, cfg.num_learners) * (cfg.minibatch_size or 1))
 
     def _update(self, batch: batching.Batch) -> List[float]:
@@ -533,7 +521,7 @@ class P3O(Algorithm):
             try:
                 learner_results = self.learner_group.update(
                     batch=batching.to_multi_agent_batch(batch),
-                    timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_trained},
+                    timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._run.rows_trained},
                     **update_kwargs,
                 )
             except Exception as error:
@@ -543,10 +531,11 @@ class P3O(Algorithm):
                 iteration = int(self.iteration or 0) + 1
                 learner_health.stop_learners(self.learner_group)  # the group is broken: let nothing wait on it
                 raise learner_health.learner_died_error(dead, cfg.num_learners, iteration) from error
-        self._rows_trained += len(batch[Columns.INPUT_IDS])
+        self._run.rows_trained += len(batch[Columns.INPUT_IDS])
         per_learner_ess = metrics.learner_values(learner_results, metrics.ESS)
         # Every learner skips the same steps (they see the same all-reduced gradient).
-        self._skipped_nonfinite += int(max(metrics.learner_values(learner_results, SKIPPED_NONFINITE), default=0))
+        skipped = metrics.learner_values(learner_results, metrics.SKIPPED_NONFINITE_STEPS)
+        self._run.skipped_nonfinite += int(max(skipped, default=0))
         self._step_log.log_by_source(metrics.learners_by_source(learner_results, self._source_names))
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         return per_learner_ess
@@ -568,15 +557,14 @@ class P3O(Algorithm):
         )
         step.update(
             {
-                metrics.SKIPPED_NONFINITE_STEPS: self._skipped_nonfinite,
+                metrics.SKIPPED_NONFINITE_STEPS: self._run.skipped_nonfinite,
                 metrics.ROLLOUT_FP8_SIMULATED: float(cfg.rollout_weights.fp8_simulated),
                 # Every iteration, so that the key is a column from the first result on (`metrics.ResultColumns`).
                 metrics.GROUPS_RESAMPLED_AFTER_RESTORE: 0.0,
                 **getattr(self, "_prompt_fit", {}),
-                **self._restore_metrics,
+                **self._run.take_restore_metrics(),
             }
         )
-        self._restore_metrics = {}
         runners = None
         if self._runners.remote:
             runners = {
@@ -613,7 +601,7 @@ class P3O(Algorithm):
         res = self.evaluate_heldout()
         if res is not None:
             self._step_log.log({metrics.HELDOUT_PREFIX + k: v for k, v in res.items()})
-            self._heldout_reward = float(res.get(metrics.REWARD_MEAN, float("nan")))
+            self._run.heldout_reward = float(res.get(metrics.REWARD_MEAN, float("nan")))
 
     # -- results: the summary first, the same columns in every result -----------------------------------------------
 
@@ -624,7 +612,7 @@ class P3O(Algorithm):
             checkpoints.refuse_silent_restart(getattr(self, "_storage", None))
         result = super().train()
         only_known, self._first_result_after_restore = self._first_result_after_restore, False
-        return self._result_columns.apply(result, only_known=only_known)
+        return self._run.result_columns.apply(result, only_known=only_known)
 
     def step(self) -> Dict[str, Any]:
         """RLlib's ``step``, with the run's summary (`metrics.SUMMARY`) first: Tune's status table shows it. A
@@ -637,7 +625,7 @@ class P3O(Algorithm):
             raise NonFiniteStepError(self._divergence_message(e)) from None
         summary = {}
         for key, path in metrics.SUMMARY:
-            value = self._heldout_reward if key == metrics.HELDOUT_REWARD else metrics.lookup(result, *path)
+            value = self._run.heldout_reward if key == metrics.HELDOUT_REWARD else metrics.lookup(result, *path)
             summary[key] = float(value) if value is not None else float("nan")
         return {**summary, **result}
 
@@ -677,37 +665,20 @@ class P3O(Algorithm):
             )
         return restored
 
-    # -- checkpoint state: the data position besides RLlib's own (weights, optimizer, iteration, metrics) ----------
+    # -- checkpoint state: the run's own (`rllib_p3o.driver.run_state`) besides RLlib's --------------------------
 
     def get_state(self, *args, **kwargs) -> Dict[str, Any]:
         if getattr(self, "_weight_sync", None) is not None:  # the learner's state is read next
             self._weight_sync.settle()
         state = super().get_state(*args, **kwargs)
-        state[P3O_STATE] = {
-            **{source.state_key: source.get_state() for source in getattr(self, "_sources", ())},
-            BATCH_RNG_STATE: self._rng.bit_generator.state,
-            ROWS_TRAINED: self._rows_trained,
-            SKIPPED_NONFINITE: self._skipped_nonfinite,
-            RESULT_COLUMNS: getattr(self, "_result_columns", metrics.ResultColumns()).columns,
-            ITERATION: int(self.iteration or 0),
-            HELDOUT_REWARD: getattr(self, "_heldout_reward", float("nan")),
-        }
+        if getattr(self, "_run", None) is not None:
+            state[P3O_STATE] = self._run.get_state(int(self.iteration or 0))
         return state
 
     def set_state(self, state: Dict[str, Any]) -> None:
         super().set_state(state)
-        own = state.get(P3O_STATE)
-        if not own:
-            return
-        for source in self._sources:
-            if own.get(source.state_key) is not None:
-                self._restore_metrics.update(source.set_state(own[source.state_key]))
-        self._rng.bit_generator.state = own[BATCH_RNG_STATE]
-        self._rows_trained = int(own[ROWS_TRAINED])
-        self._skipped_nonfinite = int(own.get(SKIPPED_NONFINITE, 0))
-        self._result_columns = metrics.ResultColumns(own.get(RESULT_COLUMNS))
-        self._heldout_reward = float(own.get(HELDOUT_REWARD, float("nan")))
-        self._checkpoint_iteration = own.get(ITERATION)
+        if state.get(P3O_STATE):
+            self._run.set_state(state[P3O_STATE])
 
     def save_to_path(self, path=None, *args, **kwargs) -> str:
         """RLlib's checkpoint, then its manifest, written last (`rllib_p3o.driver.checkpoints`): a checkpoint cut
@@ -722,12 +693,12 @@ class P3O(Algorithm):
         or changed; or, without a manifest, one that fails to load) is named with its file; when it is one of a
         Tune trial's, the newest intact checkpoint before it is restored instead, with a warning."""
         path = str(path) if isinstance(path, os.PathLike) else path
-        self._checkpoint_iteration = None
+        self._run.checkpoint_iteration = None
         restored = checkpoints.restore_intact(
             path, lambda p: super(P3O, self).restore_from_path(p, *args, **kwargs), kwargs.get("filesystem")
         )
-        if restored != path and self._checkpoint_iteration is not None:
-            self._iteration = self._checkpoint_iteration  # Tune set the damaged checkpoint's iteration before loading
+        if restored != path and self._run.checkpoint_iteration is not None:
+            self._iteration = self._run.checkpoint_iteration  # Tune set the damaged checkpoint's iteration first
         self._first_result_after_restore = True
         self._weight_sync.push_restored(int(self.iteration or 0))
         if self._recorder is not None:  # iterations after the checkpoint are recorded again, not twice

@@ -167,7 +167,7 @@ def test_a_new_batch_source_trains_and_resumes_where_it_was(ray_session, tiny_mo
             algo.train()
         replay = algo._sources[-1]
         assert isinstance(replay, ReplaySource) and replay.sampled == [0, 4]
-        assert algo._rows_trained == 2 * (2 * 4 + 4)  # the online rows and the replayed ones
+        assert algo._run.rows_trained == 2 * (2 * 4 + 4)  # the online rows and the replayed ones
         path = algo.save_to_path(str(tmp_path / "ckpt"))
     finally:
         algo.stop()
