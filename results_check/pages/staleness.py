@@ -330,7 +330,8 @@ def behind_notes(g: Grid, regimes: List[str]) -> List[str]:
                 "optimizer step per batch is the policy itself) and its trust region never clips a second model's "
                 f"rows; the reference form is pulled toward the behavior model (KL share "
                 f"{diag(r, REFERENCE, 'kl_grad_share'):.3f}){fell}. `{best}` keeps a sequence only where the geometric mean of π_old/π_b over its tokens lies "
-                "within its band (the loss does not report how many it drops)."
+                "within its band (the loss reports how many tokens it drops, but the sweep wrote that figure to trial files only "
+                "after this set ran: the column is empty here)."
             )
     return notes
 

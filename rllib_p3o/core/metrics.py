@@ -137,13 +137,14 @@ REJECTED_FRACTION = "rejected_fraction"
 KL_REF = "kl_ref"  # with kl_ref_coeff > 0
 # Trust regions on stale data: P3O's `trust_region` (tokens whose policy gradient it removed, the share of lagging
 # tokens it acts on, the widest band's ε), M2PO's second-moment mask (mean (log r)² before it, tokens it left out)
-# and decoupled PPO's behavior-weight mask.
+# and decoupled PPO's behavior-weight mask; `grpo_seq_mask`'s dropped sequences (their valid tokens).
 TRUST_MASKED_FRACTION = "trust_masked_fraction"
 LAGGING_FRACTION = "lagging_fraction"
 TRUST_EPS_MAX = "trust_eps_max"
 M2 = "m2"
 M2_MASKED_FRACTION = "m2_masked_fraction"
 BEHAVIOR_MASKED_FRACTION = "behavior_masked_fraction"
+SEQ_MASKED_FRACTION = "seq_masked_fraction"
 
 # -- learners/default_policy/<key>: the training-inference mismatch, on fresh samples -------------------------------
 # Measured on the policy's own tokens of staleness 0 in the first minibatch of each update (the learner's weights are

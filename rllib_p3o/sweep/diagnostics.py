@@ -28,7 +28,7 @@ from rllib_p3o.core import metrics
 
 LEARNER = metrics.LEARNER
 COLUMNS: Dict[str, tuple] = {
-    "seq_masked_fraction": (*LEARNER, "seq_masked_fraction"),
+    "seq_masked_fraction": (*LEARNER, metrics.SEQ_MASKED_FRACTION),
     "is_truncated_fraction": (*LEARNER, "is_truncated_fraction"),
     "clip_fraction": (*LEARNER, "clip_fraction"),
     "ess": (*LEARNER, "ess"),

@@ -66,7 +66,12 @@ _SOURCES = {
     STALENESS_MAX: (metrics.P3O, metrics.STALENESS_MAX),
 }
 # A loss reports at most one of these masks; the trial file's masked_fraction is the one it reports.
-_MASKS = (metrics.TRUST_MASKED_FRACTION, metrics.M2_MASKED_FRACTION, metrics.BEHAVIOR_MASKED_FRACTION)
+_MASKS = (
+    metrics.TRUST_MASKED_FRACTION,
+    metrics.M2_MASKED_FRACTION,
+    metrics.BEHAVIOR_MASKED_FRACTION,
+    metrics.SEQ_MASKED_FRACTION,
+)
 TRIALS_DIR = "trials"
 
 
