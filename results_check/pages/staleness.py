@@ -209,9 +209,14 @@ def diagnostics_quotes(g: Grid, pairs: Optional[List[Tuple[str, str]]] = None) -
         pairs = [(r, m) for r in g.regimes for m in (DEFAULT_METHOD, BEFORE)]
     rows = []
     for r, m in pairs:
-        trials = g.curves[(g.curves["stage"] == r) & (g.curves["method"] == m)]
+        trials = _trials(g, r, m)
         rows.append([f"`{r}`", f"`{m}`", *[_mean(trials[col]) for col, _ in DIAGNOSTICS]])
     return table(["regime", "method", *[name for _, name in DIAGNOSTICS]], rows)
+
+
+def _trials(g: Grid, regime: str, method: str) -> pd.DataFrame:
+    """The rows of ``method``'s trials in ``regime`` (every seed, every iteration)."""
+    return g.curves[(g.curves["stage"] == regime) & (g.curves["method"] == method)]
 
 
 def complete(g: Grid, seeds: int) -> List[str]:
@@ -284,7 +289,7 @@ def confirmation_quotes(g: Optional[Grid]) -> List[str]:
     pairs = behind_pairs(g, done)
     if pairs:
         out += diagnostics_quotes(g, pairs)
-        out += behind_notes(g, list(dict.fromkeys(r for r, _ in pairs)))
+        out += behind_notes(g, pairs)
     return out
 
 
@@ -295,21 +300,20 @@ def behind_pairs(g: Grid, done: List[str]) -> List[Tuple[str, str]]:
     return [(r, m) for r in missed for m in dict.fromkeys((DEFAULT_METHOD, REFERENCE, best_method(g, r)))]
 
 
-def behind_notes(g: Grid, regimes: List[str]) -> List[str]:
-    """What the diagnostics say where the default is behind, in two cases the numbers recognise: data that are the
-    policy's own and fresh (mean ESS at least 0.999, no token stopped), where the default and the reference form
+def behind_notes(g: Grid, pairs: List[Tuple[str, str]]) -> List[str]:
+    """What the diagnostics say in the regimes of `behind_pairs`, in two cases the numbers recognise: data that are
+    the policy's own and fresh (mean ESS at least 0.999, no token stopped), where the default and the reference form
     compute nearly the same loss, so their gap is the runs' own spread; and a behavior model's rows, which the default
     never clips nor pulls toward that model."""
 
     def diag(regime: str, method: str, column: str) -> float:
-        trials = g.curves[(g.curves["stage"] == regime) & (g.curves["method"] == method)]
-        return float(trials[column].mean())
+        return float(_trials(g, regime, method)[column].mean())
 
     def held(regime: str, method: str) -> float:
         return g.stats[regime][method][0]
 
     notes = []
-    for r in regimes:
+    for r in dict.fromkeys(r for r, _ in pairs):
         ess, stopped = diag(r, DEFAULT_METHOD, "ess"), diag(r, DEFAULT_METHOD, "masked_fraction")
         best = best_method(g, r)
         if ess >= 0.999 and stopped < 0.001:
@@ -329,9 +333,9 @@ def behind_notes(g: Grid, regimes: List[str]) -> List[str]:
                 f"{diag(r, DEFAULT_METHOD, 'kl_grad_share'):.3f}: they are pulled toward π_old, which with one "
                 "optimizer step per batch is the policy itself) and its trust region never clips a second model's "
                 f"rows; the reference form is pulled toward the behavior model (KL share "
-                f"{diag(r, REFERENCE, 'kl_grad_share'):.3f}){fell}. `{best}` keeps a sequence only where the geometric mean of π_old/π_b over its tokens lies "
-                "within its band (the loss reports how many tokens it drops, but the sweep wrote that figure to trial files only "
-                "after this set ran: the column is empty here)."
+                f"{diag(r, REFERENCE, 'kl_grad_share'):.3f}){fell}. `{best}` keeps a sequence only where the geometric "
+                "mean of π_old/π_b over its tokens lies within its band (the loss reports how many tokens it drops, but "
+                "the sweep wrote that figure to trial files only after this set ran: the column is empty here)."
             )
     return notes
 
@@ -446,7 +450,7 @@ def confirmation_section(root: str) -> str:
         parts.append("\n".join(diagnostics_quotes(g, pairs)))
         if any(r == "offline_weaker" for r, _ in pairs):
             parts.append(OFFLINE_WEAKER_NOTE)
-        parts += behind_notes(g, list(dict.fromkeys(r for r, _ in pairs)))
+        parts += behind_notes(g, pairs)
     parts += curve_quotes(root, BENCH_CONFIRMATION, CONFIRMATION_FIGURES, done, "seeds 3-5")
     return "\n\n".join(parts) + "\n"
 

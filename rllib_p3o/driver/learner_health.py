@@ -19,7 +19,7 @@ trains on what the uninterrupted one would).
 from __future__ import annotations
 
 import time
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import ray
 
@@ -41,12 +41,9 @@ def dead_learners(learner_group: Any) -> List[Tuple[int, str]]:
         return []
     dead = []
     for rank, (_, actor) in enumerate(sorted(manager.actors().items())):
-        try:
-            ray.get(actor.__ray_ready__.remote(), timeout=PING_TIMEOUT_S)
-        except ray.exceptions.RayActorError as e:
-            dead.append((rank, _cause(e)))
-        except ray.exceptions.GetTimeoutError:
-            continue  # alive but busy: not known to be dead
+        cause = _death_cause(actor, PING_TIMEOUT_S)
+        if cause is not None:
+            dead.append((rank, cause))
     return dead
 
 
@@ -64,14 +61,20 @@ def stop_learners(learner_group: Any) -> None:
         ray.kill(actor, no_restart=True)
     deadline = time.monotonic() + KILL_TIMEOUT_S
     for actor in actors:
-        while time.monotonic() < deadline:
-            try:
-                ray.get(actor.__ray_ready__.remote(), timeout=1.0)
-            except ray.exceptions.RayActorError:
-                break  # dead, as asked
-            except ray.exceptions.GetTimeoutError:
-                pass  # still unwinding: ask again
+        while _death_cause(actor, 1.0) is None and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def _death_cause(actor: Any, timeout_s: float) -> Optional[str]:
+    """Why ``actor`` is dead, from a liveness ping; None when it answers, or is busy for ``timeout_s`` (alive, or
+    not yet known to be dead)."""
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+    except ray.exceptions.RayActorError as e:
+        return _cause(e)
+    except ray.exceptions.GetTimeoutError:
+        pass
+    return None
 
 
 def _cause(error: BaseException) -> str:
