@@ -74,9 +74,9 @@ from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, SETTINGS
 from rllib_p3o.core.sources import SourceNames, behavior_source_name
 from rllib_p3o.data import batching
 from rllib_p3o.data.datasets import materialize_datasets
-from rllib_p3o.data.offline_data import BATCHES_TAKEN as OFFLINE_BATCHES_TAKEN
 from rllib_p3o.data.offline_data import P3OOfflineData, P3OOfflinePreLearner
 from rllib_p3o.data.prompt_schedule import SEED_STRIDE, PromptSchedule
+from rllib_p3o.data.provenance import recording_writers
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.driver import checkpoints, learner_health, validation
 from rllib_p3o.driver.batch_sources import BatchSource, OfflineSource, OnlineSource
@@ -408,7 +408,11 @@ class P3O(Algorithm):
             max_staleness=config.max_staleness,
         )
         self._first_result_after_restore = False
-        self._recorder = TrajectoryRecorder(config.record_rollouts) if config.record_rollouts else None
+        self._recorder = (
+            TrajectoryRecorder(config.record_rollouts, recording_writers(config.policy_model, config.behavior_models))
+            if config.record_rollouts
+            else None
+        )
         self._sources = self.batch_sources()
         self._run = RunState(config.seed, self._sources)
         self._source_names = SourceNames(
@@ -475,8 +479,8 @@ class P3O(Algorithm):
         self.learner_group = new.build_learner_group(
             rl_module_spec=new.get_multi_rl_module_spec(spaces=spaces, inference_only=False)
         )
-        if hasattr(self.offline_data, "set_position"):  # the same files (compared above): read them from the start
-            self.offline_data.set_position({OFFLINE_BATCHES_TAKEN: 0}, batch_rows=new.offline_rows_per_step)
+        if self.offline_data is not None:  # the next trial's inputs, provenance and order, from their first row
+            self.offline_data = self.offline_data.reopened(new)
         self._setup_training_state(actor_reused=True, t0=t0)
         return True
 
@@ -545,6 +549,7 @@ class P3O(Algorithm):
     def _log_step(self, records, batch, timings, sync_stats, per_learner_ess) -> None:
         cfg = self.config
         skipped = getattr(self.offline_data, "rows_skipped", 0) if self.offline_data is not None else None
+        files = self.offline_data.provenance_counts() if hasattr(self.offline_data, "provenance_counts") else None
         step = metrics.step_metrics(
             records,
             batch,
@@ -554,6 +559,7 @@ class P3O(Algorithm):
             num_offline_rows=cfg.offline_rows_per_step,
             weights_seq_no=self._weight_sync.weights_seq_no,
             offline_rows_skipped=skipped,
+            offline_files=files,
         )
         step.update(
             {

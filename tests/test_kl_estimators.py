@@ -166,13 +166,25 @@ def test_auto_anchor_is_pi_b_on_the_policys_rows_and_pi_old_on_another_models():
 
 
 def test_other_model_source_ids_are_the_behavior_models_live_and_recorded():
-    from rllib_p3o.core.sources import POLICY, offline_source_name, other_model_source_ids, source_id
+    from rllib_p3o.core.sources import (
+        POLICY,
+        is_other_model_id,
+        offline_source_name,
+        other_model_source_ids,
+        source_id,
+    )
 
     ids = other_model_source_ids([{"model": "/models/weak-1b"}, {"model": "/m/x", "name": "judge"}])
     expected = {"behavior/weak-1b", "behavior/judge", "offline/behavior/weak-1b", "offline/behavior/judge"}
     assert ids == sorted(source_id(n) for n in expected)
-    own = [POLICY, offline_source_name(POLICY), offline_source_name(None)]
+    assert all(is_other_model_id(i) for i in ids)
+    # Another model's recording, whatever source its rows were recorded under, is that model's data.
+    assert offline_source_name(POLICY, recorder="weak-1b") == "offline/behavior/weak-1b"
+    assert is_other_model_id(source_id(offline_source_name(POLICY, recorder="weak-1b")))
+    own = [POLICY, offline_source_name(POLICY), offline_source_name(None), offline_source_name("policy")]
     assert not {source_id(n) for n in own} & set(ids)
+    assert not any(is_other_model_id(source_id(n)) for n in own)
+    assert all(0 <= source_id(n) < 2**31 for n in own + list(expected))
     assert other_model_source_ids([]) == []
 
 
@@ -209,3 +221,34 @@ def test_settings_validated_through_the_config():
         P3OConfig().training(model="/m", loss="p3o_no_cap", loss_config={"kl_anchor": "ref"}).validate()
     with pytest.raises(ValueError, match="loss 'p3o_no_kl' has no setting 'kl_estimator'"):
         P3OConfig().training(model="/m", loss="p3o_no_kl", loss_config={"kl_estimator": "k3"}).validate()
+
+
+def test_kl_anchor_none_is_p3o_without_its_kl_term_and_keeps_the_trust_region():
+    """``kl_anchor="none"`` drops the KL term: with no trust region it is `p3o_no_kl` exactly, with one it is the same
+    capped policy gradient with the trust region's mask (the ablation of offline_weaker: which term holds P3O back)."""
+
+    g = torch.Generator().manual_seed(3)
+    behavior = -torch.rand(4, 5, generator=g) * 2
+    shift = 0.6 * torch.randn(4, 5, generator=g)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    lagging = torch.ones(4, dtype=torch.bool)
+
+    def grad(loss: str, loss_config: dict):
+        logp = (behavior + shift).requires_grad_(True)
+        spec = get_loss(loss)
+        out = spec.fn(LossInputs(logp, behavior, adv, mask, lagging=lagging), spec.make_settings(loss_config))
+        out.loss.backward()
+        return float(out.loss), logp.grad, out.metrics
+
+    none = grad("p3o", {"kl_anchor": "none", "trust_region": "none"})
+    no_kl = grad("p3o_no_kl", {})
+    assert none[0] == pytest.approx(no_kl[0])
+    torch.testing.assert_close(none[1], no_kl[1])
+    with_kl = grad("p3o", {"kl_anchor": "behavior", "trust_region": "none"})
+    assert not torch.allclose(with_kl[1], none[1])  # the KL term does act on these ratios
+    clipped = grad("p3o", {"kl_anchor": "none", "trust_region": "ess_clip"})
+    assert float(clipped[2]["trust_masked_fraction"]) > 0
+    masked = clipped[1] == 0
+    torch.testing.assert_close(clipped[1][~masked], none[1][~masked])  # unmasked tokens: the same gradient
+    assert not get_loss("p3o").uses_old_logprobs(get_loss("p3o").make_settings({"kl_anchor": "none"}))

@@ -14,9 +14,10 @@ import ray.cloudpickle
 from rllib_p3o import P3O, P3OConfig
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.config_error import ConfigError
-from rllib_p3o.core.sources import POLICY, offline_source_name
+from rllib_p3o.core.sources import POLICY, is_other_model_id, offline_source_name
 from rllib_p3o.data.recorder import TrajectoryRecorder
 from rllib_p3o.data.trajectories import OfflineDataError, validate_trajectories
+from rllib_p3o.driver.progress import offline_provenance_line
 from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
 GOOD = {
@@ -369,13 +370,21 @@ def test_restored_offline_run_continues_at_the_next_unread_rows(recording, tiny_
 
 
 def test_in_process_reader_gives_the_ray_data_batches(ray_session, recording, tiny_model):
-    """The recorded rows carry their advantages, so Ray Data reads them in file order: the in-process reader must give
-    the very same batches, across the end of a pass (128 rows, 48 a batch: 48, 48, 32, then 48 again)."""
+    """The recorded rows carry their advantages, so Ray Data reads them in file order (``offline_shuffle=False``): the
+    in-process reader must give the very same batches, across the end of a pass (128 rows, 48 a batch: 48, 48, 32,
+    then 48 again)."""
     batches = {}
     for reader in ("ray_data", "in_process"):
         algo = (
             P3OConfig()
-            .training(model=tiny_model, group_size=4, prompts_per_step=12, lr=1e-3, offline_reader=reader)
+            .training(
+                model=tiny_model,
+                group_size=4,
+                prompts_per_step=12,
+                lr=1e-3,
+                offline_reader=reader,
+                offline_shuffle=False,
+            )
             .offline_data(input_=[recording])
             .env_runners(num_env_runners=0)
             .build_algo()
@@ -408,7 +417,14 @@ def test_both_readers_give_the_same_rows_in_turn_when_advantages_are_filled(ray_
     for reader in ("ray_data", "in_process"):
         algo = (
             P3OConfig()
-            .training(model=tiny_model, group_size=4, prompts_per_step=3, lr=1e-3, offline_reader=reader)
+            .training(
+                model=tiny_model,
+                group_size=4,
+                prompts_per_step=3,
+                lr=1e-3,
+                offline_reader=reader,
+                offline_shuffle=False,
+            )
             .offline_data(input_=files)
             .env_runners(num_env_runners=0)
             .build_algo()
@@ -506,3 +522,80 @@ def test_offline_and_mixed_tune_runs_on_two_cpus_with_the_default_ray_init(recor
     assert done.returncode == 0, screen[-5000:]
     assert "cluster CPUs 2.0" in screen
     assert "trained 1.0 32" in screen and "trained 0.5 16" in screen, screen[-3000:]
+
+
+# -- provenance and seeds ------------------------------------------------------------------------------------------
+
+
+def _offline_algo(model, files, **training):
+    return (
+        P3OConfig()
+        .training(model=model, group_size=4, prompts_per_step=8, lr=1e-3, **training)
+        .offline_data(input_=files)
+        .env_runners(num_env_runners=0)
+        .build_algo()
+    )
+
+
+def test_a_recording_is_its_recorders_own_data_and_another_models_for_another_policy(
+    ray_session, recording, tiny_model, tiny_untied_model, capsys
+):
+    """The recording's rows name the model that sampled them; read back by the same model they are its own (lagging
+    rows: the trust region's), by another model they are that model's data, with another model's source ids (no trust
+    region, no KL toward the recorder); ``offline_provenance`` says otherwise; ``validate --model`` says which."""
+    from rllib_p3o.cli import main as cli_main
+    from rllib_p3o.data.provenance import fingerprint
+
+    table = pq.read_table(os.path.join(recording, "part-0000000.parquet"))
+    assert set(table.column("model_fingerprint").to_pylist()) == {fingerprint(tiny_model)}
+    assert set(table.column("model_name").to_pylist()) == {os.path.basename(tiny_model)}
+    for model, override, other in (
+        (tiny_model, "auto", False),
+        (tiny_untied_model, "auto", True),
+        (tiny_untied_model, {recording: "policy"}, False),
+        (tiny_model, "other", True),
+    ):
+        algo = _offline_algo(model, [recording], offline_provenance=override)
+        try:
+            ids = algo.offline_data.sample_batch(32)["source_id"]
+            assert all(is_other_model_id(i) == other for i in ids), (model, override)
+            counts = algo.offline_data.provenance_counts()
+            assert counts == {m.OFFLINE_FILES_POLICY: 0 if other else 4, m.OFFLINE_FILES_OTHER_MODEL: 4 if other else 0}
+            if other and override == "auto":
+                assert algo.offline_data.source_names == {f"offline/behavior/{os.path.basename(tiny_model)}"}
+                res = algo.train()  # the first screen's line comes from the result's counts
+                assert res[m.P3O][m.OFFLINE_FILES_OTHER_MODEL] == 4
+                assert "0 file(s) read as the policy's own data" in offline_provenance_line(res[m.P3O])
+        finally:
+            algo.stop()
+    capsys.readouterr()
+    assert cli_main(["validate", recording, "--model", tiny_untied_model]) == 0
+    out = capsys.readouterr().out
+    assert "provenance: 0 file(s) the policy's own, 4 another model's" in out and "not the policy's lineage" in out
+    assert cli_main(["validate", recording, "--model", tiny_model]) == 0
+    assert "provenance: 4 file(s) the policy's own, 0 another model's" in capsys.readouterr().out
+
+
+def test_two_seeds_train_on_different_offline_batches_and_one_seed_on_the_same(ray_session, recording, tiny_model):
+    """``offline_shuffle`` (the default): a trial's seed draws the order of the recorded rows, so seeds differ in
+    what they train on (the learner's ESS and loss); the same seed trains identically; without it, file order."""
+
+    def first_step(seed, **training):
+        algo = (
+            P3OConfig()
+            .training(model=tiny_model, group_size=4, prompts_per_step=8, lr=1e-3, **training)
+            .offline_data(input_=[recording])
+            .env_runners(num_env_runners=0)
+            .debugging(seed=seed)
+            .build_algo()
+        )
+        try:
+            result = algo.train()
+            return np.array([m.lookup(result, *m.LEARNER, key) for key in ("loss", m.PG_LOSS, m.ESS)])
+        finally:
+            algo.stop()
+
+    a, b, a_again = first_step(0), first_step(1), first_step(0)
+    np.testing.assert_allclose(a, a_again, rtol=1e-5)  # (float sums in another order: not bit for bit)
+    assert abs(a[0] - b[0]) > 1e-3, (a, b)
+    np.testing.assert_allclose(first_step(0, offline_shuffle=False), first_step(1, offline_shuffle=False), rtol=1e-5)

@@ -86,8 +86,10 @@ def test_path_settings_are_resolved_where_the_script_runs(tmp_path, monkeypatch)
         behavior_models=[{"model": "base", "samples": 2}, {"model": "org/hub-id"}],
         record_rollouts="out/traj",
         offline_rescore_model="org/scorer",
+        offline_provenance={"data/weaker": "other", "s3://b/own": "policy"},
     )
     base = os.path.join(str(tmp_path), "base")
+    assert config.offline_provenance == {os.path.join(str(tmp_path), "data", "weaker"): "other", "s3://b/own": "policy"}
     assert config.policy_model == base and config.behavior_models[0]["model"] == base
     assert config.behavior_models[1]["model"] == "org/hub-id" and config.offline_rescore_model == "org/scorer"
     assert config.record_rollouts == os.path.join(str(tmp_path), "out", "traj")
@@ -97,6 +99,7 @@ def test_path_settings_are_resolved_where_the_script_runs(tmp_path, monkeypatch)
         "behavior_models",
         "offline_rescore_model",
         "record_rollouts",
+        "offline_provenance",
     }
 
 

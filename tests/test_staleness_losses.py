@@ -11,7 +11,7 @@ import torch
 from rllib_p3o.core.losses import LOSSES, LossInputs, OldLogprobs, get_loss
 from rllib_p3o.core.losses.p3o import p3o_loss
 from rllib_p3o.core.losses.trust_region import ess_band, outward_mask, second_moment_mask
-from rllib_p3o.core.sources import POLICY_SOURCE_ID, other_model_source_ids, source_id
+from rllib_p3o.core.sources import POLICY_SOURCE_ID, source_id
 from rllib_p3o.learner import row_groups
 from rllib_p3o.sweep import grid as sweep_grid
 
@@ -166,13 +166,13 @@ def test_row_lag_lagging_rows_and_version_groups():
         [POLICY_SOURCE_ID, POLICY_SOURCE_ID, POLICY_SOURCE_ID, behavior_id, offline_own, offline_other]
     )
     staleness = torch.tensor([0, 1, 3, -1, -1, -1])
-    others = other_model_source_ids([{"model": "/m/weaker", "name": "weaker"}])
     lag = row_groups.row_lag(staleness, steps_in_update=1)
     assert lag.tolist() == [1, 2, 4, -1, -1, -1]
-    assert row_groups.lagging_rows(source, row_groups.row_lag(staleness, 0), others).tolist() == [
+    assert row_groups.other_model_rows(source).tolist() == [False, False, False, True, False, True]
+    assert row_groups.lagging_rows(source, row_groups.row_lag(staleness, 0)).tolist() == [
         False, True, True, False, True, False,
     ]  # fmt: skip
-    assert row_groups.lagging_rows(source[:1], staleness[:1], others) is None  # fresh policy rows only
+    assert row_groups.lagging_rows(source[:1], staleness[:1]) is None  # fresh policy rows only
     groups, n = row_groups.ess_groups("version", source, lag)
     assert n == 6 and len(set(groups.tolist())) == 6
     groups, n = row_groups.ess_groups("source", source, lag)
@@ -188,9 +188,7 @@ def _regime_batch(traits, rows=8, tokens=6, seed=0):
     behavior = logp + 0.3 * torch.randn(rows, tokens, generator=g)
     source = torch.zeros(rows, dtype=torch.long)
     staleness = torch.zeros(rows, dtype=torch.long)
-    others = []
     if sweep_grid.OTHER_MODEL_ROWS in traits:
-        others = other_model_source_ids([{"model": "/m/weaker", "name": "weaker"}])
         source[rows // 2 :] = source_id("behavior/weaker")
         staleness[rows // 2 :] = -1
     if sweep_grid.VERSIONS in traits:
@@ -201,7 +199,7 @@ def _regime_batch(traits, rows=8, tokens=6, seed=0):
     lag = row_groups.row_lag(staleness, 1 if sweep_grid.MULTI_STEP in traits else 0)
     old = logp - 0.2 * torch.randn(rows, tokens, generator=g) if sweep_grid.MULTI_STEP in traits else logp
     adv = torch.randn(rows, generator=g)
-    return dict(logp=logp, behavior=behavior, old=old, adv=adv, source=source, lag=lag, others=others)
+    return dict(logp=logp, behavior=behavior, old=old, adv=adv, source=source, lag=lag)
 
 
 def _method_gradient(method, batch):
@@ -209,7 +207,7 @@ def _method_gradient(method, batch):
     loss = get_loss(spec.get("loss", "p3o"))
     scope = spec.get("ess_scope", sweep_grid.DEFAULTS["ess_scope"])
     groups, n = row_groups.ess_groups(scope, batch["source"], batch["lag"]) if loss.ess_scoped else (None, 0)
-    other = row_groups.other_model_rows(batch["source"], batch["others"])
+    other = row_groups.other_model_rows(batch["source"])
     logp = batch["logp"].clone().requires_grad_(True)
     inputs = LossInputs(
         logp,
@@ -220,7 +218,7 @@ def _method_gradient(method, batch):
         num_ess_groups=n,
         old_logprobs=batch["old"],
         other_model_rows=other if bool(other.any()) else None,
-        lagging=row_groups.lagging_rows(batch["source"], batch["lag"], batch["others"]),
+        lagging=row_groups.lagging_rows(batch["source"], batch["lag"]),
     )
     out = loss.fn(inputs, loss.make_settings(spec.get("loss_config", {})))
     out.loss.backward()

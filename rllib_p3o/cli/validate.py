@@ -13,7 +13,9 @@ values of a ``--completions-column``, or a dummy empty completion; what they ret
 or None per completion, no NaN) and summarized.
 
 Trajectory files: the schema check of `rllib_p3o.data.trajectories.validate_trajectories`; every bad row is listed
-with file, row and column.
+with file, row and column. Then whose data each file is (`rllib_p3o.data.provenance`): with ``--model`` (the policy
+to be trained), the policy's own or another model's, and why, as a run reads it (``--offline-provenance`` as the
+run's setting); without it, the models the files record.
 
 Exit status 0 when everything is valid, 1 when anything is not, 2 on usage errors.
 """
@@ -56,6 +58,13 @@ def add_parser(sub: Any) -> None:
     v.add_argument("--completion", action="append", default=[], help="prompts: a completion text to score per row")
     v.add_argument("--completions-column", help="prompts: score this column's values as the completions")
     v.add_argument("--limit", type=int, default=200, help="print at most this many problems")
+    v.add_argument(
+        "--offline-provenance",
+        choices=("auto", "policy", "other"),
+        default="auto",
+        help="trajectories: read the files as the run's offline_provenance setting would (default: from their "
+        "recorded model_fingerprint against --model's lineage)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +114,26 @@ def _validate_trajectories(path: str, args: argparse.Namespace) -> bool:
         print(f"error: {e}", file=sys.stderr)
         return False
     print(report.summary(limit=args.limit))
+    if report.locations:
+        print(_provenance(report, path, args))
     return report.ok
+
+
+def _provenance(report: Any, path: str, args: argparse.Namespace) -> str:
+    """Whose data the files are, as a run training ``--model`` reads them (module docstring)."""
+    from rllib_p3o.data import provenance
+
+    readings = provenance.read_provenance(report.locations, args.model, args.offline_provenance, [path])
+    if args.model or args.offline_provenance != "auto":
+        return provenance.summary([r.reading for r in readings])
+    recorded = sorted(
+        {f"{name or 'unnamed'} ({fp})" for r in readings for fp, name in r.reading.recorders.items() if fp}
+    )
+    return (
+        "provenance: "
+        + (f"recorded by {', '.join(recorded)}" if recorded else "no model recorded (read as another model's data)")
+        + "; give --model (the policy to train) to tell whether they are its own data"
+    )
 
 
 def validate_prompts(path: str, args: argparse.Namespace) -> bool:

@@ -51,6 +51,10 @@ WEIGHTS_SEQ_NO = Columns.WEIGHTS_SEQ_NO
 # The loss all-reduces its statistics, so every learner must have used the same ESS: this must be 0.
 ESS_SPREAD_ACROSS_LEARNERS = "ess_spread_across_learners"
 OFFLINE_ROWS_SKIPPED = "offline_rows_skipped"
+# Offline files read as the policy's own data and as another model's (`rllib_p3o.data.provenance`); a file with rows
+# of both counts in both.
+OFFLINE_FILES_POLICY = "offline_files_policy"
+OFFLINE_FILES_OTHER_MODEL = "offline_files_other_model"
 # Held-out evaluation (greedy), as "heldout_" + the runner's keys (reward_mean, num_prompts).
 HELDOUT_PREFIX = "heldout_"
 HELDOUT_REWARD_MEAN = HELDOUT_PREFIX + REWARD_MEAN
@@ -281,8 +285,10 @@ def step_metrics(
     num_offline_rows: int,
     weights_seq_no: int,
     offline_rows_skipped: Optional[int] = None,
+    offline_files: Optional[Mapping[str, int]] = None,
 ) -> Dict[str, float]:
-    """The ``p3o/<key>`` figures of one iteration from its online ``records`` and the trained ``batch``.
+    """The ``p3o/<key>`` figures of one iteration from its online ``records`` and the trained ``batch``
+    (``offline_files``: `OFFLINE_FILES_POLICY` and `OFFLINE_FILES_OTHER_MODEL`, of an offline run).
 
     Rates divide by the time of their phase (floored at 1 ns). Staleness covers the policy's records only.
     """
@@ -321,6 +327,7 @@ def step_metrics(
             step[SPANNING_VERSIONS_SHARE] = spanning / len(stale)
     if offline_rows_skipped is not None:
         step[OFFLINE_ROWS_SKIPPED] = offline_rows_skipped
+    step.update(offline_files or {})
     return step
 
 

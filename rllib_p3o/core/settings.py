@@ -34,7 +34,7 @@ ESS_SCOPES = ("batch", "source", "version")
 # With in-flight weight updates, a running sequence's prefix KV after a load (`rllib_p3o.runner.inflight`).
 INFLIGHT_KV_CACHE = ("recompute", "keep")
 # How a setting that names files is resolved (`setting(path=...)`).
-MODEL_PATH, MODEL_PATHS, OUTPUT_PATH = "model", "models", "output"
+MODEL_PATH, MODEL_PATHS, OUTPUT_PATH, INPUT_PATH_KEYS = "model", "models", "output", "input_keys"
 LOGPROBS_MODES = ("processed", "raw")
 
 
@@ -58,7 +58,8 @@ def setting(
     ``model`` is RLlib's legacy model dict). ``path``: the value names files, and how ``.training()`` resolves a
     relative one where the script runs (Tune runs each trial in a directory of its own): `MODEL_PATH` (a model
     directory or a hub id: made absolute when it exists here), `MODEL_PATHS` (a list of dicts whose ``"model"`` is
-    one), `OUTPUT_PATH` (a directory to write: made absolute unless it is a URI).
+    one), `OUTPUT_PATH` (a directory to write: made absolute unless it is a URI), `INPUT_PATH_KEYS` (a dict keyed by
+    offline input paths: its keys resolved as ``offline_data(input_=...)``'s are).
     """
     meta = dict(
         group=group,
@@ -362,6 +363,29 @@ class P3OSettings:
         'cluster without them is refused before the trial starts. `"in_process"`: the trial\'s own process, all rows '
         'in memory (the same batches; for a laptop). `"auto"`: Ray Data when the cluster has those CPUs, else in '
         "process.",
+    )
+    offline_provenance: Any = setting(
+        "auto",
+        group=OFFLINE,
+        resettable=True,
+        path=INPUT_PATH_KEYS,
+        help='Whose data each offline input is (`rllib_p3o.data.provenance`). `"auto"`: a row whose recorded '
+        "`model_fingerprint` is the policy's lineage (the weights the run starts from, or a model it was exported "
+        "from) is the policy's own, gets the trust region and a KL pull toward its sampler; every other row, and every "
+        "row of a file that records no model (third-party data), is another model's and gets what a behavior model's "
+        'live rows get (no trust region; under `kl_anchor="auto"` the KL toward π_old, never toward the recorder). '
+        '`"policy"` or `"other"`: that answer for every input; or a dict `{input path: "policy" | "other"}` for some '
+        'inputs (a file or a directory of them; the others `"auto"`). `rllib-p3o validate --model MODEL` and the '
+        "run's first lines say how each file is read.",
+    )
+    offline_shuffle: bool = setting(
+        True,
+        group=OFFLINE,
+        resettable=True,
+        help="Read the offline rows in an order drawn from the run's `seed` (a new order each pass over the data; a "
+        "restored run draws the same), so that two seeds train on different batches. False: in file order, every "
+        'seed alike. With `offline_reader="ray_data"` the order is Ray Data\'s `random_shuffle` with the seed, the '
+        "same on every pass.",
     )
     record_rollouts: Optional[str] = setting(
         group=OFFLINE,

@@ -3,12 +3,21 @@
 Names:
 - ``policy``: the policy's own rollouts, sampled by the runners' engines with the learner's (synced) weights;
 - ``behavior/<name>``: a frozen behavior model's share of every prompt group (``behavior_models`` in the config);
-- ``offline`` or ``offline/<recorded source>``: rows of an offline dataset, by the ``source`` they were recorded
-  with, so replayed policy data reads ``offline/policy`` and stays apart from the live rollouts it is mixed with.
+- ``offline`` or ``offline/<recorded source>``: rows of an offline dataset the policy's own lineage wrote, by the
+  ``source`` they were recorded with, so replayed policy data reads ``offline/policy`` and stays apart from the live
+  rollouts it is mixed with;
+- ``offline/behavior/<model name>``: rows of an offline dataset another model wrote (`rllib_p3o.data.provenance`
+  decides which files those are: by default every file whose recorded model is not the policy's lineage, and every
+  file that records no model at all).
+
+Whose data a row is decides how P3O treats it: the policy's own rows (fresh, stale or replayed) are the policy at
+some version, so a trust region and a KL pull toward their sampler are a trust region; another model's rows
+(``behavior/...`` live, ``offline/behavior/...`` recorded) are not, and get neither (`is_other_model`).
 
 Ids: a batch carries a small integer per row instead of the name (`source_id`); the policy's is 0, every other
-name hashes to an id of its own. Ids are never stored: they are recomputed from names wherever rows are made, and
-`SourceNames` maps them back for metrics.
+name hashes to an id of its own, in ``[1, 2^30]`` for the policy's own data and in ``(2^30, 2^31]`` for another
+model's, so that any process can tell another model's rows from the id alone (`is_other_model_id`). Ids are never
+stored: they are recomputed from names wherever rows are made, and `SourceNames` maps them back for metrics.
 """
 
 from __future__ import annotations
@@ -20,12 +29,30 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 POLICY = "policy"
 OFFLINE = "offline"
 BEHAVIOR_PREFIX = "behavior/"
+OFFLINE_BEHAVIOR_PREFIX = f"{OFFLINE}/{BEHAVIOR_PREFIX}"
 POLICY_SOURCE_ID = 0
+# Another model's source ids lie above this (`source_id`); the policy's own data's at or below it.
+OTHER_MODEL_ID_BASE = 1 << 30
+
+
+def is_other_model(name: str) -> bool:
+    """Whether a source name is another model's data: a behavior model's live rows (``behavior/<name>``) or another
+    model's recorded rows (``offline/behavior/<name>``)."""
+    return name.startswith(BEHAVIOR_PREFIX) or name.startswith(OFFLINE_BEHAVIOR_PREFIX)
 
 
 def source_id(name: str) -> int:
-    """The id of a source name: 0 for the policy, else a stable 30-bit hash + 1 (never 0)."""
-    return POLICY_SOURCE_ID if name == POLICY else (zlib.crc32(name.encode()) & 0x3FFFFFFF) + 1
+    """The id of a source name: 0 for the policy, else a stable 30-bit hash + 1, moved above `OTHER_MODEL_ID_BASE`
+    for another model's data (`is_other_model`): never 0, always below 2^31."""
+    if name == POLICY:
+        return POLICY_SOURCE_ID
+    sid = (zlib.crc32(name.encode()) & 0x3FFFFFFF) + 1
+    return sid + OTHER_MODEL_ID_BASE if is_other_model(name) else sid
+
+
+def is_other_model_id(sid: int) -> bool:
+    """Whether a row with this source id was written by another model (`is_other_model` of its name)."""
+    return int(sid) > OTHER_MODEL_ID_BASE
 
 
 def is_policy(sid: int) -> bool:
@@ -39,15 +66,19 @@ def behavior_source_name(spec: Mapping[str, Any]) -> str:
 
 
 def other_model_source_ids(behavior_models: Iterable[Mapping[str, Any]]) -> List[int]:
-    """The source ids of rows another model wrote: each behavior model's live rows (``behavior/<name>``) and offline
-    rows recorded under that name (``offline/behavior/<name>``). Everything else is the policy's own data, fresh,
-    stale or replayed."""
+    """The source ids of the behavior models' rows: live (``behavior/<name>``) and recorded
+    (``offline/behavior/<name>``); each is another model's (`is_other_model_id`)."""
     names = [behavior_source_name(spec) for spec in behavior_models]
     return sorted({source_id(n) for n in names} | {source_id(offline_source_name(n)) for n in names})
 
 
-def offline_source_name(recorded: Optional[str]) -> str:
-    """The source name of an offline row: ``offline/<recorded source>``, or ``offline`` when the row names none."""
+def offline_source_name(recorded: Optional[str], recorder: Optional[str] = None) -> str:
+    """The source name of an offline row: ``offline/<recorded source>`` (``offline`` when the row names none) for
+    the policy's own data; with ``recorder`` (the name of another model that wrote the file,
+    `rllib_p3o.data.provenance`), ``offline/behavior/<recorder>``, whatever source the row was recorded under (in that
+    model's own run, its rows were its policy's)."""
+    if recorder is not None:
+        return OFFLINE_BEHAVIOR_PREFIX + recorder
     if not recorded:
         return OFFLINE
     return f"{OFFLINE}/{recorded}"

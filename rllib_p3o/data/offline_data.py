@@ -18,14 +18,16 @@ import logging
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
+import ray
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
-from rllib_p3o.core import storage
+from rllib_p3o.core import metrics, storage
 from rllib_p3o.core.columns import BATCH_COLUMNS, Record
-from rllib_p3o.core.sources import OFFLINE, offline_source_name
+from rllib_p3o.data import provenance
 from rllib_p3o.data.batching import Batch, empty_batch, pad_records
+from rllib_p3o.data.provenance import MODEL_FINGERPRINT, RECORDER
 from rllib_p3o.data.trajectories import (
     OfflineDataError,
     check_row,
@@ -233,12 +235,27 @@ class P3OOfflineData(OfflineData):
         self.rows_skipped = report.skipped_rows
         self.rows_per_epoch = report.num_rows - report.skipped_rows
         self.batches_taken = 0
-        self.source_names: Set[str] = _source_names(report.locations)
+        self.seed = int(config.seed or 0)
+        self.shuffle = bool(getattr(config, "offline_shuffle", False))
+        self.provenance = provenance.read_provenance(
+            report.locations, config.policy_model, config.offline_provenance, config.input_
+        )
+        self.source_names: Set[str] = {name for f in self.provenance for name in f.source_names}
+        logger.info("offline data %s", provenance.summary([f.reading for f in self.provenance]))
         self.reader = choose_reader(config)
         if self.reader == IN_PROCESS:
             self._read_in_process(config, report)
             return
         super().__init__(config)
+        if any(f.reading.recorders.get(fp) is not None for f in self.provenance for fp in f.reading.recorders):
+            # Another model's rows: the prelearner names them by their recorder, which their file decides.
+            self.data = getattr(ray.data, self.data_read_method)(
+                self.path, **{**self.data_read_method_kwargs, "include_paths": True}
+            )
+            by_file = {provenance.bare_path(f.reading.file): f.reading.recorders for f in self.provenance}
+            self.data = self.data.map_batches(mark_recorders, fn_kwargs={"by_file": by_file}, batch_format="numpy")
+        if self.shuffle:
+            self.data = self.data.random_shuffle(seed=self.seed)
         self.data.context.execution_options.preserve_order = True  # a position must name the same rows again
         if rescore:
             self.data = self.data.map_batches(
@@ -261,8 +278,9 @@ class P3OOfflineData(OfflineData):
         self.locality_hints = self.learner_handles = self.module_spec = self.spaces = None
         # The rows Ray Data's path gives the prelearner: without the bad ones it drops there (skip_bad_rows).
         bad = {(p.file, p.row) for p in report.problems}
+        readings = {f.reading.file: f.reading for f in self.provenance}
         rows = [
-            row
+            {**row, RECORDER: readings[location.uri].recorder(row.get(MODEL_FINGERPRINT))}
             for location in report.locations
             for i, row in enumerate(read_table(location).to_pylist())
             if (str(location), i) not in bad
@@ -277,6 +295,8 @@ class P3OOfflineData(OfflineData):
             rows = [{k: batch[k][i] for k in batch} for i in range(len(batch["reward"]))]
         self._rows = rows
         self._next_row = 0
+        self._pass = -1  # passes over the rows begun (`_sample_in_process`)
+        self._order = np.arange(len(rows))
         self._prelearner = (config.prelearner_class or P3OOfflinePreLearner)(
             config=config, spaces=None, module_spec=None, module_state=None
         )
@@ -284,10 +304,13 @@ class P3OOfflineData(OfflineData):
 
     def _sample_in_process(self, num_rows: int) -> Batch:
         """The next ``num_rows`` rows (the last batch of a pass fewer; then a new pass from the first row), as the
-        Ray Data path's ``iter_batches`` gives them."""
+        Ray Data path's ``iter_batches`` gives them; with ``offline_shuffle``, each pass in its own order
+        (`pass_order`)."""
         if self.batch_iterators is None or self._next_row >= len(self._rows):
             self._next_row, self.batch_iterators = 0, IN_PROCESS  # a pass under way (None: start one)
-        chunk = self._rows[self._next_row : self._next_row + num_rows]
+            self._pass += 1
+            self._order = pass_order(len(self._rows), self.seed, self._pass, self.shuffle)
+        chunk = [self._rows[i] for i in self._order[self._next_row : self._next_row + num_rows]]
         self._next_row += len(chunk)
         padded = self._prelearner(_columns(chunk))
         return {k: np.asarray(padded[f"{DEFAULT_MODULE_ID}/{k}"]) for k in BATCH_COLUMNS}
@@ -303,6 +326,23 @@ class P3OOfflineData(OfflineData):
         self.batches_taken += 1
         return {k: np.asarray(sb[k]) for k in BATCH_COLUMNS}
 
+    def reopened(self, config) -> "P3OOfflineData":
+        """The next trial's offline data (`P3O.reset_config`): ``config``'s inputs, provenance and order from their
+        first row, with what RLlib's Algorithm set on this one after building it (spaces, module spec, learners)."""
+        self.batch_iterators = None  # release this one's Ray Data iterator
+        fresh = type(self)(config)
+        for name in ("spaces", "module_spec", "locality_hints", "learner_handles"):
+            setattr(fresh, name, getattr(self, name, None))
+        return fresh
+
+    def provenance_counts(self) -> Dict[str, int]:
+        """Files read as the policy's own data and as another model's (`rllib_p3o.data.provenance`)."""
+        kinds = [f.reading.kinds for f in self.provenance]
+        return {
+            metrics.OFFLINE_FILES_POLICY: sum(provenance.POLICY_OWN in k for k in kinds),
+            metrics.OFFLINE_FILES_OTHER_MODEL: sum(provenance.OTHER_MODEL in k for k in kinds),
+        }
+
     def get_position(self) -> Dict[str, int]:
         return {BATCHES_TAKEN: self.batches_taken}
 
@@ -312,6 +352,7 @@ class P3OOfflineData(OfflineData):
         taken = int(position[BATCHES_TAKEN])
         per_epoch = -(-self.rows_per_epoch // batch_rows)
         self.batch_iterators = None  # a fresh pass from the first row
+        self._pass = taken // per_epoch - 1  # in process: the pass under way draws its own order again
         discard = taken % per_epoch
         for _ in range(discard):
             self.sample_batch(batch_rows)
@@ -348,15 +389,24 @@ def _column_names(location: storage.Location) -> List[str]:
     return pq.read_schema(location.path, filesystem=location.filesystem).names
 
 
-def _source_names(files: List[storage.Location]) -> Set[str]:
-    names = {OFFLINE}
-    for f in files:
-        try:
-            table = read_table(f, columns=["source"])
-        except (KeyError, ValueError, OSError):
-            continue
-        names |= {offline_source_name(s) for s in table.column("source").to_pylist()}
-    return names
+def pass_order(num_rows: int, seed: int, pass_index: int, shuffle: bool) -> np.ndarray:
+    """The order of the rows in pass ``pass_index`` over the data: a permutation drawn from (``seed``, pass) with
+    ``shuffle`` (two seeds train on different batches; a restored run draws the same), else file order."""
+    if not shuffle:
+        return np.arange(num_rows)
+    return np.random.default_rng([int(seed), int(pass_index)]).permutation(num_rows)
+
+
+def mark_recorders(batch: Dict[str, np.ndarray], by_file: Dict[str, Dict[Optional[str], Optional[str]]]):
+    """Ray Data ``map_batches``: each row's recorder (None: the policy's own data) from its file (``path``, Ray
+    Data's ``include_paths`` column) and its ``model_fingerprint``, in `RECORDER`; the path column dropped."""
+    paths = batch.pop("path")
+    fps = batch.get(MODEL_FINGERPRINT, np.full(len(paths), None, dtype=object))
+    recorders = np.empty(len(paths), dtype=object)
+    for i, (path, fp) in enumerate(zip(paths, fps)):
+        recorders[i] = by_file.get(provenance.bare_path(str(path)), {}).get(fp if isinstance(fp, str) and fp else None)
+    batch[RECORDER] = recorders
+    return batch
 
 
 class P3OOfflinePreLearner(OfflinePreLearner):

@@ -5,19 +5,25 @@ absent, whatever happens to the run. ``DIR`` is a local path or a URI (``s3://bu
 filesystems open (`rllib_p3o.core.storage`). The prompt column holds the prompt as the engine saw it (a conversational
 prompt rendered by the chat template); the ids columns are authoritative. A completion no reward function scored
 (its reward NaN in the run) is recorded with a null reward: valid, and left out of offline training, counted
-(`rllib_p3o.data.trajectories`).
+(`rllib_p3o.data.trajectories`). Every row names the model that sampled it (``model_name``, ``model_fingerprint``,
+with its ``policy_version``: `rllib_p3o.data.provenance`), so a run that reads the file later can tell its own data
+from another model's.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterable, List, Mapping, Sequence
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from rllib_p3o.core import columns, storage
 from rllib_p3o.core.columns import Infos, Record
 from rllib_p3o.core.sources import POLICY
+from rllib_p3o.data.provenance import MODEL_FINGERPRINT, MODEL_NAME
 from rllib_p3o.data.trajectories import LOSS_MASK
+
+# A data source's writer as recorded: (model_name, model_fingerprint), by source name (``policy``, ``behavior/<name>``).
+Writers = Mapping[str, Tuple[str, Optional[str]]]
 
 # pyarrow types of the declared fields' trajectory columns (`rllib_p3o.core.columns.Field.arrow`).
 ARROW_TYPES = {
@@ -31,16 +37,19 @@ ARROW_TYPES = {
 }
 
 
-def records_to_table(records: Iterable[Mapping[str, Any]]):
+def records_to_table(records: Iterable[Mapping[str, Any]], writers: Optional[Writers] = None):
     """Online completion records → a pyarrow table in the trajectory schema: the completion's texts and tokens, its
-    reward, every declared field with a trajectory column (`rllib_p3o.core.columns.FIELDS`), its source and sampling
-    parameters, and the multi-turn loss mask."""
+    reward, every declared field with a trajectory column (`rllib_p3o.core.columns.FIELDS`), its source, the model
+    that sampled it (``writers``, by source name; null where it names none) and sampling parameters, and the
+    multi-turn loss mask."""
     import pyarrow as pa
 
     recorded = [f for f in columns.FIELDS if f.file]
     rows = []
     for r in records:
         infos = r.get(Record.INFOS) or {}
+        source = str(infos.get(Infos.SOURCE, POLICY))
+        name, fp = (writers or {}).get(source, (None, None))
         rows.append(
             {
                 "prompt": infos.get(Infos.PROMPT),
@@ -49,7 +58,9 @@ def records_to_table(records: Iterable[Mapping[str, Any]]):
                 "completion_ids": [int(i) for i in r[Record.COMPLETION_IDS]],
                 "reward": _reward(r[Record.REWARD]),
                 **{f.file: columns.to_file(f, r.get(f.key)) for f in recorded},
-                "source": str(infos.get(Infos.SOURCE, POLICY)),
+                "source": source,
+                MODEL_NAME: name,
+                MODEL_FINGERPRINT: fp,
                 "temperature": infos.get(Infos.TEMPERATURE),
                 "top_p": infos.get(Infos.TOP_P),
                 LOSS_MASK: [int(v) for v in r[Record.LOSS_MASK]] if r.get(Record.LOSS_MASK) is not None else None,
@@ -64,6 +75,8 @@ def records_to_table(records: Iterable[Mapping[str, Any]]):
             ("reward", pa.float32()),
             *[(f.file, ARROW_TYPES[f.arrow](pa)) for f in recorded],
             ("source", pa.string()),
+            (MODEL_NAME, pa.string()),
+            (MODEL_FINGERPRINT, pa.string()),
             ("temperature", pa.float32()),
             ("top_p", pa.float32()),
             (LOSS_MASK, pa.list_(pa.int8())),
@@ -90,16 +103,17 @@ class TrajectoryRecorder:
 
     _PART = re.compile(r"^\.?part-(\d+)\.parquet(\.tmp)?$")
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, writers: Optional[Writers] = None):
         self.location = storage.locate(directory)
         self.location.makedirs()
         self.directory = self.location.uri
+        self.writers = dict(writers or {})  # source name -> (model_name, model_fingerprint): `records_to_table`
 
     def write(self, records: Sequence[Mapping[str, Any]], iteration: int) -> str:
         """Write one iteration's file; returns its path or URI."""
         import pyarrow.parquet as pq
 
-        table = records_to_table(records)
+        table = records_to_table(records, self.writers)
         final = self.location.child(f"part-{iteration:07d}.parquet")
         final.write_atomically(lambda tmp: pq.write_table(table, tmp.path, filesystem=tmp.filesystem))
         return final.uri

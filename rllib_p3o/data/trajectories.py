@@ -20,6 +20,11 @@ Schema: one row per completion.
                                                                              sampled the row
     source             string              no                                data source that produced the row:
                                                                              "policy", "behavior/<name>", ...
+    model_name         string              no                                the model that sampled the row
+    model_fingerprint  string              no                                its weights' fingerprint: whether the
+                                                                             row is the trained policy's own data or
+                                                                             another model's (absent: another
+                                                                             model's; `rllib_p3o.data.provenance`)
     temperature, top_p float               no                                sampling parameters
     loss_mask          list<int>           no                                multi-turn rows: 1 on model tokens,
                                                                              0 on environment tokens, one per
@@ -59,6 +64,7 @@ from rllib_p3o.core.columns import Record
 from rllib_p3o.core.config_error import ConfigError
 from rllib_p3o.core.sources import offline_source_name, source_id
 from rllib_p3o.data.chat import has_chat_template, is_conversational, message_problem, prompt_token_ids
+from rllib_p3o.data.provenance import RECORDER
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -477,7 +483,8 @@ def read_table(location: storage.Location, columns: Optional[List[str]] = None):
 def row_to_record(row: Mapping[str, Any], tokenizer) -> Dict[str, Any]:
     """A validated row as a completion record (`rllib_p3o.core.columns.Record`), tokenizing text-only columns.
 
-    The row's source becomes ``offline/<source>`` (`rllib_p3o.core.sources.offline_source_name`).
+    The row's source becomes ``offline/<source>``, or ``offline/behavior/<recorder>`` where `P3OOfflineData` found
+    another model wrote it (its `rllib_p3o.data.provenance.RECORDER` key; `rllib_p3o.core.sources.offline_source_name`).
     """
     prompt_ids = row.get("prompt_ids")
     if prompt_ids is None:
@@ -500,7 +507,7 @@ def row_to_record(row: Mapping[str, Any], tokenizer) -> Dict[str, Any]:
             for f in columns.FIELDS
             if f.file
         },
-        Record.SOURCE_ID: source_id(offline_source_name(row.get("source"))),
+        Record.SOURCE_ID: source_id(offline_source_name(row.get("source"), row.get(RECORDER))),
     }
     mask = loss_mask(row)
     if mask is not None:

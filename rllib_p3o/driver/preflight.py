@@ -363,9 +363,12 @@ def storage_problems(config: Any) -> Iterator[str]:
 def resolved_path(kind: str, value: Any) -> Any:
     """A setting's value with its relative paths resolved where the script runs, by the setting's declared ``path``
     kind (`rllib_p3o.core.settings`): a model directory made absolute when it exists here (a hub id is left as it is),
-    a list of model specs each so, an output directory made absolute unless it is a URI."""
-    from rllib_p3o.core.settings import MODEL_PATH, MODEL_PATHS, OUTPUT_PATH
+    a list of model specs each so, an output directory made absolute unless it is a URI, the keys of a dict keyed by
+    input paths as ``offline_data(input_=...)``'s are."""
+    from rllib_p3o.core.settings import INPUT_PATH_KEYS, MODEL_PATH, MODEL_PATHS, OUTPUT_PATH
 
+    if kind == INPUT_PATH_KEYS and isinstance(value, dict):
+        return {os.fspath(resolved_offline_input([key])[0]): answer for key, answer in value.items()}
     if kind == MODEL_PATH and isinstance(value, (str, os.PathLike)):
         return absolute_if_local(os.fspath(value))
     if kind == MODEL_PATHS and isinstance(value, list):

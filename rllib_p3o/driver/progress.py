@@ -182,12 +182,25 @@ class IterationPrinter(tune.Callback):
             self._warned_unscored = True
         if it % self.every and it != 1:
             return
+        if not self._header_printed and p.get(metrics.OFFLINE_FILES_POLICY) is not None:
+            print(offline_provenance_line(p), flush=True)
         if not self._header_printed:
             print(self.header(), flush=True)
             self._header_printed = True
         # Tune's stop={"training_iteration": N}, when the run stops at a fixed iteration.
         stop = getattr(trial, "stopping_criterion", None) or {}
         print(self.row(result, stop.get("training_iteration") if isinstance(stop, dict) else None), flush=True)
+
+
+def offline_provenance_line(p3o_result: Dict) -> str:
+    """The first screen's line on whose data the offline files are (`rllib_p3o.data.provenance`)."""
+    own = int(p3o_result.get(metrics.OFFLINE_FILES_POLICY) or 0)
+    other = int(p3o_result.get(metrics.OFFLINE_FILES_OTHER_MODEL) or 0)
+    return (
+        f"offline data: {own} file(s) read as the policy's own data (trust region, KL toward their sampler), {other} "
+        "as another model's (neither; files that record no model are another model's). Per file and why: "
+        "rllib-p3o validate PATH --model MODEL; to say otherwise: training(offline_provenance=...)"
+    )
 
 
 def unscored_warning(iteration: int, unscored: float, completions: Optional[float]) -> str:

@@ -62,6 +62,8 @@ class TrainingSignature:
         offline_rescore_model: Optional[str] = NotProvided,
         offline_max_seq_len: int = NotProvided,
         offline_reader: str = NotProvided,
+        offline_provenance: Any = NotProvided,
+        offline_shuffle: bool = NotProvided,
         record_rollouts: Optional[str] = NotProvided,
         precision: Optional[str] = NotProvided,
         rollout_dtype: Optional[str] = NotProvided,
@@ -127,6 +129,8 @@ class TrainingSignature:
                 offline_rescore_model (Optional[str], default None)
                 offline_max_seq_len (int, default 512)
                 offline_reader (str, default "auto")
+                offline_provenance (Any, default "auto")
+                offline_shuffle (bool, default True)
                 record_rollouts (Optional[str], default None)
             Precision:
                 precision (Optional[str], default None)

@@ -13,9 +13,11 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rllib_p3o.core.settings import SETTINGS
 from rllib_p3o.reward_models.server import ACTORS_KEY as REWARD_MODEL_ACTORS
 
-# RLlib's settings that reach only the driver and the learner.
+# RLlib's settings that reach only the driver and the learner (``input_``: P3O reads offline data on the driver, and
+# `P3O.reset_config` opens the next trial's inputs anew).
 RLLIB_RESETTABLE_KEYS = (
     "seed",
+    "input_",
     "lr",
     "grad_clip",
     "grad_clip_by",

@@ -21,6 +21,7 @@ from rllib_p3o.core.settings import (
     in_group,
 )
 from rllib_p3o.core.sources import behavior_sample_counts
+from rllib_p3o.data.provenance import AUTO, PROVENANCE_CHOICES
 from rllib_p3o.learner.compute import validate_options as validate_module_options
 
 # A group's rules: a `P3OConfig` (typed loosely: the config's module imports this one) -> its problems.
@@ -166,6 +167,22 @@ def _offline(config: Any) -> Iterator[str]:
         yield f"offline_fraction must be in [0, 1], got {config.offline_fraction}."
     if config.resolved_offline_fraction > 0 and not config.is_offline:
         yield "offline_fraction > 0 needs an offline dataset: .offline_data(input_=PATH)."
+    yield from _offline_provenance(config.offline_provenance)
+
+
+def _offline_provenance(value: Any) -> Iterator[str]:
+    choices = " or ".join(repr(c) for c in PROVENANCE_CHOICES)
+    fixed = tuple(c for c in PROVENANCE_CHOICES if c != AUTO)
+    if isinstance(value, str):
+        if value not in PROVENANCE_CHOICES:
+            yield f"offline_provenance must be {choices}, or a dict {{input path: 'policy' | 'other'}}; got {value!r}."
+        return
+    if not isinstance(value, dict):
+        yield f"offline_provenance must be {choices}, or a dict {{input path: 'policy' | 'other'}}; got {value!r}."
+        return
+    for path, answer in value.items():
+        if answer not in fixed:
+            yield f"offline_provenance[{path!r}] must be 'policy' or 'other', got {answer!r}."
 
 
 def _precision(config: Any) -> Iterator[str]:

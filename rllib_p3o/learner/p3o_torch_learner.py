@@ -37,7 +37,7 @@ from rllib_p3o.core.cpu_threads import fitting_threads
 from rllib_p3o.core.losses import OldLogprobs, get_loss
 from rllib_p3o.core.losses.kl_estimators import kl_k3
 from rllib_p3o.core.losses.parts import CAP_RTOL
-from rllib_p3o.core.sources import POLICY_SOURCE_ID, other_model_source_ids
+from rllib_p3o.core.sources import POLICY_SOURCE_ID
 from rllib_p3o.learner import row_groups
 from rllib_p3o.learner.compute import (
     LONGEST_ROW_POSITIONS,
@@ -99,8 +99,6 @@ class P3OTorchLearner(TorchLearner):
         # The objective (`rllib_p3o.core.losses`) and its settings, resolved once (validated with the config).
         self._loss = get_loss(self.config.loss)
         self._loss_settings = self.config.loss_settings()
-        # Rows another model wrote (for P3O's kl_anchor="auto"): their source ids.
-        self._other_model_ids = torch.tensor(other_model_source_ids(self.config.behavior_models), dtype=torch.long)
         self._measure_mismatch = False  # set at the start of each update, for its first minibatch
         # Optimizer steps applied since the current update began: a row sampled by the weights at the update's start
         # is that many steps behind them at the next minibatch (`_row_lag`).
@@ -130,10 +128,11 @@ class P3OTorchLearner(TorchLearner):
         return need is OldLogprobs.ALWAYS
 
     def _other_model_rows(self, batch: Any) -> Optional[torch.Tensor]:
-        """[B] bool: the rows of ``batch`` another model wrote (`other_model_source_ids`); None when there are none."""
-        if not len(self._other_model_ids) or Columns.SOURCE_ID not in batch:
+        """[B] bool: the rows of ``batch`` another model wrote (`row_groups.other_model_rows`: a behavior model's
+        live rows, another model's recorded rows); None when there are none."""
+        if Columns.SOURCE_ID not in batch:
             return None
-        rows = torch.isin(torch.as_tensor(batch[Columns.SOURCE_ID]).long().cpu(), self._other_model_ids)
+        rows = row_groups.other_model_rows(torch.as_tensor(batch[Columns.SOURCE_ID]).cpu())
         return rows if bool(rows.any()) else None
 
     @torch.no_grad()
@@ -286,7 +285,7 @@ class P3OTorchLearner(TorchLearner):
         """[B] bool: the rows a trust region acts on (`row_groups.lagging_rows`); None when there are none."""
         if lag is None or Columns.SOURCE_ID not in batch:
             return None
-        return row_groups.lagging_rows(batch[Columns.SOURCE_ID], lag, self._other_model_ids.tolist())
+        return row_groups.lagging_rows(batch[Columns.SOURCE_ID], lag)
 
     @staticmethod
     def _ess_groups(

@@ -6,8 +6,8 @@ on them, and their ESS group. Pure torch (the learner calls these on every minib
   versions behind its oldest token; a newer token is that many versions fresher) plus the optimizer steps this update
   has applied since (a batch's second minibatch, or second epoch, is one step behind). -1 where it is not known:
   offline rows and another model's rows carry no version of this policy.
-- **lagging**: the policy's own rows with lag ≥ 1, and offline rows that are not another model's (their lag is
-  unknown, but not 0). Never another model's rows. Trust regions (`rllib_p3o.core.losses.trust_region`) act on these.
+- **lagging**: the policy's own rows with lag ≥ 1, and offline rows of the policy's own lineage (their lag is
+  unknown, but not 0). Never another model's rows (live or recorded: `rllib_p3o.core.sources.is_other_model_id`). Trust regions (`rllib_p3o.core.losses.trust_region`) act on these.
 - **ESS groups** (``ess_scope``): "batch": none (one ESS); "source": one group per source; "version": one per
   (source, lag) pair. Numbered over the union of the groups on all learners, so every learner runs the same
   collectives.
@@ -15,12 +15,12 @@ on them, and their ESS group. Pure torch (the learner calls these on every minib
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from rllib_p3o.core.sources import POLICY_SOURCE_ID
+from rllib_p3o.core.sources import OTHER_MODEL_ID_BASE, POLICY_SOURCE_ID
 
 # A (source, lag) pair as one integer: source ids are < 2^31 and lags small, so the pair packs into an int64.
 _LAG_SLOTS = 1 << 20
@@ -45,17 +45,17 @@ def row_lag(
     )
 
 
-def other_model_rows(source: torch.Tensor, other_model_ids: Sequence[int]) -> torch.Tensor:
-    """[B] bool: rows whose source is another model's (`rllib_p3o.core.sources.other_model_source_ids`)."""
-    ids = torch.as_tensor(list(other_model_ids), dtype=torch.long, device=source.device)
-    return torch.isin(source.long(), ids)
+def other_model_rows(source: torch.Tensor) -> torch.Tensor:
+    """[B] bool: rows whose source is another model's (`rllib_p3o.core.sources.is_other_model_id`: a behavior model's
+    live rows, or offline rows another model recorded)."""
+    return source.long() > OTHER_MODEL_ID_BASE
 
 
-def lagging_rows(source: torch.Tensor, lag: torch.Tensor, other_model_ids: Sequence[int]) -> Optional[torch.Tensor]:
+def lagging_rows(source: torch.Tensor, lag: torch.Tensor) -> Optional[torch.Tensor]:
     """[B] (or, for a per-token ``lag``, [B, T]) bool: the policy's own rows (tokens) sampled by weights the learner
-    has moved from since (lag >= 1), and offline rows that are not another model's; None when there are none."""
+    has moved from since (lag >= 1), and offline rows of the policy's own lineage; None when there are none."""
     source = source.long()
-    other = other_model_rows(source, other_model_ids)
+    other = other_model_rows(source)
     if lag.dim() == 2:
         source, other = source.unsqueeze(-1).expand_as(lag), other.unsqueeze(-1).expand_as(lag)
     known = lag >= 0

@@ -34,8 +34,9 @@ from rllib_p3o.core.losses.trust_region import TRUST_REGIONS, trust_region_terms
 
 # The anchors of P3O's KL term: the policy that sampled the token (the paper's), the learner's weights at the start
 # of the iteration (π_old, recomputed by the learner with one forward pass per update), or per row: π_b where π_b is
-# this policy at some version (its own rows, fresh, stale or replayed) and π_old where another model wrote the row.
-KL_ANCHORS = ("behavior", "proximal", "auto")
+# this policy at some version (its own rows, fresh, stale or replayed) and π_old where another model wrote the row;
+# or none (no KL term: the ablation that says what the term does, `p3o_no_kl` with a trust region if asked).
+KL_ANCHORS = ("behavior", "proximal", "auto", "none")
 # The paper's reference implementation (FeynRL `algs/P3O/p3o.py`): k3 with its exponent clamped, toward π_b.
 REFERENCE_KL_ESTIMATOR = "k3_clamped"
 REFERENCE_KL_ANCHOR = "behavior"
@@ -156,7 +157,8 @@ class P3OLossSettings:
     clamped to ±10); see `rllib_p3o.core.losses.kl_estimators`. ``kl_anchor``: ``"auto"`` (the default: π_a = π_b on the
     policy's own rows, fresh, stale or replayed, and π_old on rows another model wrote; π_old is computed only for
     batches that hold such rows), ``"behavior"`` (π_a = π_b everywhere, the paper's) or ``"proximal"`` (π_a = π_old,
-    the learner's weights at the start of the iteration, everywhere; one forward pass per update). The paper's
+    the learner's weights at the start of the iteration, everywhere; one forward pass per update) or ``"none"`` (no
+    KL term at all: ``p3o_no_kl``'s objective, with this setting's trust region). The paper's
     reference implementation is ``loss="p3o_reference"`` (``kl_estimator="k3_clamped", kl_anchor="behavior",
     trust_region="none"`` with ``ess_scope="batch"``).
 
@@ -181,16 +183,17 @@ class P3OLossSettings:
 
 
 def old_logprobs_needed(settings: P3OLossSettings) -> OldLogprobs:
-    """π_old for the KL anchor: ``"proximal"`` always, ``"auto"`` for batches with another model's rows, else never."""
+    """π_old for the KL anchor: ``"proximal"`` always, ``"auto"`` for batches with another model's rows, else (``"behavior"``,
+    ``"none"``) never."""
     return {"proximal": OldLogprobs.ALWAYS, "auto": OldLogprobs.FOR_OTHER_MODEL_ROWS}.get(
         settings.kl_anchor, OldLogprobs.NEVER
     )
 
 
 def kl_anchor_logprobs(inputs: LossInputs, settings: P3OLossSettings) -> Optional[torch.Tensor]:
-    """log π_a of the KL term where it is not π_b (None: π_b everywhere). ``"proximal"``: π_old. ``"auto"``: π_old
-    on the rows another model wrote (``inputs.other_model_rows``), π_b on the policy's own."""
-    if settings.kl_anchor == "behavior":
+    """log π_a of the KL term where it is not π_b (None: π_b everywhere, or no KL term). ``"proximal"``: π_old.
+    ``"auto"``: π_old on the rows another model wrote (``inputs.other_model_rows``), π_b on the policy's own."""
+    if settings.kl_anchor in ("behavior", "none"):
         return None
     if settings.kl_anchor == "proximal":
         return inputs.old_logprobs
@@ -203,6 +206,7 @@ def kl_anchor_logprobs(inputs: LossInputs, settings: P3OLossSettings) -> Optiona
 
 
 def _p3o(inputs: LossInputs, settings: P3OLossSettings, cap: bool = True, behavior_kl: bool = True) -> LossOutput:
+    behavior_kl = behavior_kl and settings.kl_anchor != "none"
     loss, metrics = p3o_loss(
         inputs.logprobs,
         inputs.behavior_logprobs,
