@@ -262,8 +262,8 @@ def aim_quotes(g: Grid, name: str, seeds: int) -> List[str]:
 
 def readme_standing(root: str) -> Optional[str]:
     """README's sentence on the complete confirmation set (None while it is partial)."""
-    g = load(root, BENCH_CONFIRMATION, GRIDS["sorting", "confirmation"])
-    seeds = len(GRIDS["sorting", "confirmation"].seeds)
+    g = load(root, BENCH_CONFIRMATION, GRIDS["sorting", "staleness-confirmation"])
+    seeds = len(GRIDS["sorting", "staleness-confirmation"].seeds)
     if g is None or g.note or len(complete(g, seeds)) < len(g.regimes):
         return None
     regimes = list(g.regimes)
@@ -279,7 +279,7 @@ def confirmation_quotes(g: Optional[Grid]) -> List[str]:
     if g is None:
         return ["The confirmation set has not run yet"]
     out = [g.note] if g.note else []
-    seeds = len(GRIDS["sorting", "confirmation"].seeds)
+    seeds = len(GRIDS["sorting", "staleness-confirmation"].seeds)
     out += matrix_quotes(g, complete(g, seeds))
     if not complete(g, seeds):
         return out + ["No regime of the confirmation set has all its trials yet, so it confirms nothing so far"]
@@ -359,9 +359,9 @@ def quotes(root: str) -> List[str]:
         COLLAPSE_RULE,
         *choice_quotes(dev),
         *diagnostics_quotes(dev),
-        *aim_quotes(dev, "development", len(GRIDS["sorting", "development"].seeds)),
+        *aim_quotes(dev, "development", len(GRIDS["sorting", "staleness-development"].seeds)),
         *curve_quotes(root, BENCH_DEVELOPMENT, DEVELOPMENT_FIGURES, list(dev.regimes), "seeds 0-2"),
-        *confirmation_quotes(load(root, BENCH_CONFIRMATION, GRIDS["sorting", "confirmation"])),
+        *confirmation_quotes(load(root, BENCH_CONFIRMATION, GRIDS["sorting", "staleness-confirmation"])),
     ]
 
 
@@ -415,10 +415,10 @@ _SUMMARY_START = "confirmation set below says whether that holds on seeds and re
 
 def confirmation_section(root: str) -> str:
     """The confirmation section's text after its introduction, from the committed set (partial or complete)."""
-    g = load(root, BENCH_CONFIRMATION, GRIDS["sorting", "confirmation"])
+    g = load(root, BENCH_CONFIRMATION, GRIDS["sorting", "staleness-confirmation"])
     if g is None:
         return "The confirmation set has not run yet.\n"
-    seeds = len(GRIDS["sorting", "confirmation"].seeds)
+    seeds = len(GRIDS["sorting", "staleness-confirmation"].seeds)
     done = complete(g, seeds)
     matrix = matrix_quotes(g, done)
     parts = ([g.note] if g.note else []) + ["\n".join(q for q in matrix if q.startswith("|"))]
@@ -470,8 +470,8 @@ def copy_figures(root: str) -> List[str]:
 
 def confirmation_summary(root: str) -> Optional[str]:
     """The page summary's sentence on the confirmation set's standing (None before any regime has finished)."""
-    g = load(root, BENCH_CONFIRMATION, GRIDS["sorting", "confirmation"])
-    seeds = len(GRIDS["sorting", "confirmation"].seeds)
+    g = load(root, BENCH_CONFIRMATION, GRIDS["sorting", "staleness-confirmation"])
+    seeds = len(GRIDS["sorting", "staleness-confirmation"].seeds)
     if g is None or not complete(g, seeds):
         return None
     aim = aim_quotes(g, "confirmation", seeds)

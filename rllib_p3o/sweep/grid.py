@@ -8,6 +8,7 @@ can change in a reused actor); a method is a set of `RESETTABLE_KEYS` overrides.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
@@ -98,6 +99,22 @@ METHODS: Dict[str, Dict[str, Any]] = {
         "ess_scope": "source",
     },
 }
+# Why P3O's default fell below its start on data another model recorded (offline_weaker, read then as the policy's own
+# lagging data): the two terms that act only on the policy's own rows, each on and off. Every form reads the recording
+# as the policy's own (``offline_provenance="policy"``, as before provenance), with the trust region on or off and
+# the KL term anchored at the recorder (π_b), at π_old, or absent; P3O's default reads it as another model's (no trust
+# region, KL toward π_old: equal to ``p3o_own_free_prox`` in what it computes, with another source id).
+_OWN = {"offline_provenance": "policy", "ess_scope": "version"}
+ABLATION_METHODS: Tuple[str, ...] = tuple(
+    f"p3o_own_{region}_{anchor}" for region in ("clip", "free") for anchor in ("recorder", "prox", "nokl")
+)
+for _region, _trust in (("clip", "ess_clip"), ("free", "none")):
+    for _anchor, _kl in (("recorder", "behavior"), ("prox", "proximal"), ("nokl", "none")):
+        METHODS[f"p3o_own_{_region}_{_anchor}"] = {
+            "loss": "p3o",
+            "loss_config": {"kl_estimator": "k3_is", "kl_anchor": _kl, "trust_region": _trust},
+            **_OWN,
+        }
 # Every registered loss is a method too, under its own name with its default settings (a new file in
 # `rllib_p3o/core/losses/` is then usable as ``rllib-p3o sweep --methods NAME``); a named bundle above wins.
 for _loss in LOSSES:
@@ -127,9 +144,10 @@ BENCH_METHODS: Tuple[str, ...] = (
     "cispo",
 )
 # Keys a method may set: each gets a `tune.sample_from` that reads the trial's method.
-METHOD_KEYS: Tuple[str, ...] = ("loss", "loss_config", "ess_scope")
-# A method that does not name a key trains with this value (the paper's ESS scope, as the grids were measured).
-DEFAULTS: Dict[str, Any] = {"loss": "p3o", "loss_config": {}, "ess_scope": "batch"}
+METHOD_KEYS: Tuple[str, ...] = ("loss", "loss_config", "ess_scope", "offline_provenance")
+# A method that does not name a key trains with this value (the paper's ESS scope, as the grids were measured;
+# offline data read by their recorded provenance).
+DEFAULTS: Dict[str, Any] = {"loss": "p3o", "loss_config": {}, "ess_scope": "batch", "offline_provenance": "auto"}
 # Tune search keys (not P3OConfig settings: `P3O.reset_config` ignores them): the trial's (method, seed, lr peak)
 # cell, and its method's name.
 CELL = "sweep_cell"
@@ -143,9 +161,10 @@ def lr_schedule(peak: float) -> List[List[float]]:
     return [[0, min(1e-5, peak)], [WARMUP_SAMPLES, peak]]
 
 
-def method_value(key: str, spec: Any) -> Any:
-    """``tune.sample_from`` function: the trial's method's value of ``key`` (its default when the method has none)."""
-    return METHODS[spec.config[CELL][0]].get(key, DEFAULTS[key])
+def method_value(key: str, defaults: Dict[str, Any], spec: Any) -> Any:
+    """``tune.sample_from`` function: the trial's method's value of ``key`` (``defaults``' when the method has none,
+    else `DEFAULTS`')."""
+    return METHODS[spec.config[CELL][0]].get(key, {**DEFAULTS, **defaults}[key])
 
 
 def cell_value(index: int, spec: Any) -> Any:
@@ -230,9 +249,11 @@ class Prepared:
 
 
 # What a regime's batches hold, as far as a loss can tell (`canonical_method`): rows another model wrote, rows the
-# learner has moved from since they were sampled (stale async rows, a batch's second optimizer step, offline data),
-# several policy versions in one minibatch (async), and more than one optimizer step per batch.
+# learner has moved from since they were sampled (stale async rows, a batch's second optimizer step, offline data
+# of the policy's own lineage), several policy versions in one minibatch (async), and more than one optimizer step
+# per batch; and whether they are offline rows (whose provenance a method may override, ``offline_provenance``).
 OTHER_MODEL_ROWS, LAGGING_ROWS, VERSIONS, MULTI_STEP = "other_model_rows", "lagging_rows", "versions", "multi_step"
+OFFLINE_ROWS = "offline_rows"
 
 
 @dataclass(frozen=True)
@@ -267,8 +288,11 @@ def _calls_in_flight(name: str, calls: int) -> "Regime":
 
 
 def _offline(recording: Callable[[Prepared], str]) -> Callable[[P3OConfig, Prepared], P3OConfig]:
-    """Offline-only training on a recording, read once in recorded order."""
-    return lambda c, p: c.training(offline_fraction=1.0).offline_data(
+    """Offline-only training on a recording (a grid with `Grid.recording_per_seed` gives each trial its seed's,
+    `seed_recording`)."""
+    # Read in the trial's process: every trial of a stage opens its own inputs (`P3O.reset_config`), which costs Ray
+    # Data a pipeline per trial; the batches are the same (tests/test_offline.py).
+    return lambda c, p: c.training(offline_fraction=1.0, offline_reader="in_process").offline_data(
         input_=[recording(p)],
         # A small dataset on 2 cores: one reader, one preprocessing actor (Ray Data's defaults start many).
         input_read_method_kwargs={"override_num_blocks": 1},
@@ -315,11 +339,11 @@ REGIMES: Dict[str, Regime] = {
         ),
         Regime(
             "offline_stale",
-            "offline only: trajectories recorded by the frozen base policy (staler as the "
-            "learner improves), read once in recorded order",
+            "offline only: trajectories recorded by the frozen base policy (staler as the learner improves; the "
+            "policy's own lineage, so its own lagging data)",
             _offline(lambda p: p.stale_recording),
             needs=("stale_recording",),
-            traits=frozenset({LAGGING_ROWS}),
+            traits=frozenset({LAGGING_ROWS, OFFLINE_ROWS}),
         ),
         # The claims bench's regimes (with `temperature_1.2`, `behavior_*` and `offline_stale` above).
         Regime(
@@ -371,11 +395,11 @@ REGIMES: Dict[str, Regime] = {
         ),
         Regime(
             "offline_weaker",
-            "offline only: trajectories recorded by the frozen weaker checkpoint (another recording than "
-            "offline_stale's, from a worse policy), read once in recorded order",
+            "offline only: trajectories recorded by the frozen weaker checkpoint (another model's data: its "
+            "fingerprint is not the policy's lineage)",
             _offline(lambda p: p.weaker_recording),
             needs=("weaker_recording",),
-            traits=frozenset({LAGGING_ROWS}),
+            traits=frozenset({OTHER_MODEL_ROWS, OFFLINE_ROWS}),
         ),
     )
 }
@@ -414,7 +438,42 @@ BENCH_REGIME_METHODS: Dict[str, Tuple[str, ...]] = {
 _CLIP_AGAINST_OLD = ("grpo_tis", "grpo_seq_mask", "decoupled_ppo")
 
 
-def canonical_method(method: str, regime: Regime) -> Tuple[Any, ...]:
+def method_traits(method: str, regime: Regime, defaults: Optional[Dict[str, Any]] = None) -> FrozenSet[str]:
+    """The regime's traits as ``method`` sees its rows: a method (or a grid's `Grid.method_defaults`) that says whose
+    offline data they are (``offline_provenance``) reads a recording as the policy's own lagging rows or as another
+    model's."""
+    provenance = METHODS[method].get("offline_provenance", {**DEFAULTS, **(defaults or {})}["offline_provenance"])
+    if OFFLINE_ROWS not in regime.traits or provenance == "auto":
+        return regime.traits
+    own = provenance == "policy"
+    return (regime.traits - {LAGGING_ROWS, OTHER_MODEL_ROWS}) | {LAGGING_ROWS if own else OTHER_MODEL_ROWS}
+
+
+# The learning-rate families: every method's peak lr is chosen per family, in the family's lr regime, and used in
+# every regime of the family (`lr_family`): one policy version of the policy's own data; the policy's own data several
+# versions old (stale async rows, later optimizer steps, its own recordings); another model's data (live or recorded).
+ON_POLICY_FAMILY, OWN_STALE_FAMILY, OTHER_MODEL_FAMILY = "on_policy", "own_stale", "other_model"
+LR_FAMILY_REGIMES: Dict[str, str] = {
+    ON_POLICY_FAMILY: "on_policy",
+    OWN_STALE_FAMILY: "async_staleness_4",
+    OTHER_MODEL_FAMILY: "offline_weaker",
+}
+
+
+def lr_family(regime: str) -> str:
+    """The lr family of a regime, by what its batches hold (`Regime.traits`): another model's rows first."""
+    traits = REGIMES[regime].traits
+    if OTHER_MODEL_ROWS in traits:
+        return OTHER_MODEL_FAMILY
+    return OWN_STALE_FAMILY if LAGGING_ROWS in traits else ON_POLICY_FAMILY
+
+
+def family_key(method: str, family: str) -> str:
+    """A method's peak lr in a family, as `lr_choice.json` keys it: ``method@family``."""
+    return f"{method}@{family}"
+
+
+def canonical_method(method: str, regime: Regime, defaults: Optional[Dict[str, Any]] = None) -> Tuple[Any, ...]:
     """What ``method`` computes in ``regime``: its loss, its settings (defaults filled in) and ESS scope, with every
     setting the regime's batches cannot tell apart replaced by its equivalent. Two methods with the same canonical form
     in a regime run the same trial, bit for bit (the grid runs it once; `Grid.same_run_as`):
@@ -429,7 +488,7 @@ def canonical_method(method: str, regime: Regime) -> Tuple[Any, ...]:
     spec = METHODS[method]
     loss = get_loss(spec.get("loss", DEFAULTS["loss"]))
     settings = dataclasses.asdict(loss.make_settings(spec.get("loss_config", DEFAULTS["loss_config"])))
-    traits = regime.traits
+    traits = method_traits(method, regime, defaults)
     scope = spec.get("ess_scope", DEFAULTS["ess_scope"]) if loss.ess_scoped else None
     if scope == "version" and VERSIONS not in traits:
         scope = "source"
@@ -478,6 +537,14 @@ class Grid:
     lr_choice_from: Optional[str] = None
     # Methods added in some regimes only (at the lr of their `LR_FROM` twin).
     regime_methods: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+    # Each method's peak lr chosen per lr family (`lr_family`), in the family's regime among ``lr_regimes``; the lr
+    # stage's bracket extends downward too while a method's best is its lowest peak.
+    lr_per_family: bool = False
+    # Offline regimes read the recording their trial's seed made (`seed_recording`), so a seed changes the data too.
+    recording_per_seed: bool = False
+    # Method keys (`METHOD_KEYS`) for the methods that do not name them, over `DEFAULTS`: a round measured before a
+    # setting existed keeps what it ran (the staleness round read every recording as the policy's own).
+    method_defaults: Dict[str, Any] = field(default_factory=dict)
 
     def methods_in(self, regime: str) -> Tuple[str, ...]:
         """The methods a regime's stage reports: every regime's, then its own."""
@@ -489,9 +556,9 @@ class Grid:
         ``dedupe`` is off, always ``method``."""
         if not self.dedupe:
             return method
-        form = canonical_method(method, REGIMES[regime])
+        form = canonical_method(method, REGIMES[regime], self.method_defaults)
         for other in methods if methods is not None else self.methods_in(regime):
-            if canonical_method(other, REGIMES[regime]) == form:
+            if canonical_method(other, REGIMES[regime], self.method_defaults) == form:
                 return other
         return method
 
@@ -522,11 +589,21 @@ class Grid:
         return regime_cells + self.lr_cells()
 
 
+# The rounds measured before offline provenance and shuffled offline reads existed keep what they ran: every recording
+# read as the policy's own, in file order, every seed alike.
+AS_MEASURED_BEFORE_PROVENANCE = dict(method_defaults={"offline_provenance": "policy"}, extra={"offline_shuffle": False})
 # The demo task's sweep (the easy control; its table is in docs/results/claims-sweep.md).
 QUICK = Grid(
     regimes=("on_policy_4_steps", "temperature_1.2"), methods=("p3o", "grpo_eps0.2"), seeds=(0,), iterations=15
 )
-FULL = Grid(regimes=DEMO_REGIMES, methods=DEMO_METHODS, seeds=(0, 1, 2), iterations=40, lr_peaks=(2e-4, 5e-4, 1e-3))
+FULL = Grid(
+    regimes=DEMO_REGIMES,
+    methods=DEMO_METHODS,
+    seeds=(0, 1, 2),
+    iterations=40,
+    lr_peaks=(2e-4, 5e-4, 1e-3),
+    **AS_MEASURED_BEFORE_PROVENANCE,
+)
 # The claims bench (the sorting task; docs/results/claims.md), one optimizer step per rollout batch: stage (a) every
 # method at 3 peaks × 2 seeds on-policy, stage (b) every regime × method at the method's best peak × 3 seeds (plus
 # the ESS-per-source variants where two models write the data).
@@ -548,6 +625,7 @@ BENCH_FULL = Grid(
     lr_per_method=True,
     collapse_from="best",
     regime_methods=BENCH_REGIME_METHODS,
+    **AS_MEASURED_BEFORE_PROVENANCE,
 )
 # Its smoke test: the whole pipeline (lr stage per method, then the regime stages) on a few cells, ≤ 10 min.
 BENCH_QUICK = Grid(
@@ -606,6 +684,7 @@ BENCH_DEVELOPMENT = Grid(
     lr_extend=True,
     collapse_from="best",
     dedupe=True,
+    **AS_MEASURED_BEFORE_PROVENANCE,
 )
 # The confirmation set: every regime of the bench and three harder variants, seeds 3-5, run once after the default was
 # committed; P3O's chosen default, the paper's reference form and every baseline, at the development set's lr.
@@ -632,6 +711,7 @@ BENCH_CONFIRMATION = Grid(
     collapse_from="best",
     dedupe=True,
     lr_choice_from="results/bench-development/lr_choice.json",
+    **AS_MEASURED_BEFORE_PROVENANCE,
 )
 # The bench's async regime with and without in-flight weight updates (docs/results/inflight.md): P3O's default and
 # GRPO-clip, seeds 0-2, at the development set's lr choice.
@@ -644,21 +724,91 @@ BENCH_INFLIGHT = Grid(
     target=0.7,
     collapse_from="best",
     lr_choice_from="results/bench-development/lr_choice.json",
+    **AS_MEASURED_BEFORE_PROVENANCE,
 )
+# Data another model recorded (docs/results/provenance.md): offline files read by their provenance, every method's lr
+# chosen per lr family (on-policy, the policy's own stale data, another model's data) with a bracket that holds each
+# method's best, seeds that change the data (a recording per seed, the rows in a seed's order), and in offline_weaker
+# the ablation that says which of P3O's terms held it back there. The development set: seeds 0-2 in each family's
+# regime; the confirmation set: every regime of the bench, seeds 6-8, after the development set's choices were
+# committed.
+PROVENANCE_METHODS: Tuple[str, ...] = (DEFAULT_METHOD, "p3o_clip", "p3o_reference") + BASELINES
+LR_FROM.update({m: DEFAULT_METHOD for m in ABLATION_METHODS})
+PROVENANCE_DEVELOPMENT = Grid(
+    regimes=tuple(LR_FAMILY_REGIMES.values()),
+    methods=PROVENANCE_METHODS,
+    seeds=(0, 1, 2),
+    iterations=30,
+    task="sorting",
+    target=0.7,
+    lr_peaks=(2.5e-4, 5e-4, 1e-3),
+    lr_methods=PROVENANCE_METHODS,
+    lr_seeds=(0, 1),
+    lr_regimes=tuple(LR_FAMILY_REGIMES.values()),
+    lr_per_method=True,
+    lr_per_family=True,
+    lr_extend=True,
+    collapse_from="best",
+    dedupe=True,
+    recording_per_seed=True,
+    regime_methods={"offline_weaker": ABLATION_METHODS},
+)
+PROVENANCE_CONFIRMATION = Grid(
+    regimes=CONFIRMATION_REGIMES,
+    methods=PROVENANCE_METHODS,
+    seeds=(6, 7, 8),
+    iterations=30,
+    task="sorting",
+    target=0.7,
+    collapse_from="best",
+    dedupe=True,
+    recording_per_seed=True,
+    lr_choice_from="results/bench-provenance-development/lr_choice.json",
+)
+# Rounds of the claims bench's development and confirmation sets, the latest first (``rllib-p3o sweep --round``).
+ROUNDS: Tuple[str, ...] = ("provenance", "staleness")
 GRIDS: Dict[Tuple[str, str], Grid] = {
     ("arithmetic", "quick"): QUICK,
     ("arithmetic", "full"): FULL,
     ("sorting", "quick"): BENCH_QUICK,
     ("sorting", "full"): BENCH_FULL,
-    ("sorting", "development"): BENCH_DEVELOPMENT,
-    ("sorting", "confirmation"): BENCH_CONFIRMATION,
+    ("sorting", "development"): PROVENANCE_DEVELOPMENT,
+    ("sorting", "confirmation"): PROVENANCE_CONFIRMATION,
+    ("sorting", "staleness-development"): BENCH_DEVELOPMENT,
+    ("sorting", "staleness-confirmation"): BENCH_CONFIRMATION,
     ("sorting", "inflight"): BENCH_INFLIGHT,
 }
 
 
-def regime_config(regime: Regime, prepared: Prepared, grid: Grid) -> P3OConfig:
+def seed_recording(recording: str, seed: int) -> str:
+    """The recording a trial with ``seed`` trains on, in a grid with `Grid.recording_per_seed` (`rllib_p3o.sweep.prep`
+    makes one per seed under the regime's recording folder)."""
+    return os.path.join(recording, f"seed{int(seed)}")
+
+
+def seed_inputs(regime: Regime, prepared: Prepared, grid: Grid) -> Optional[Dict[int, Any]]:
+    """Each seed's offline input (``offline_data(input_=...)``) in an offline regime of a grid with
+    `Grid.recording_per_seed`; None elsewhere (every trial reads what the regime's config names)."""
+    if not grid.recording_per_seed or not any(n.endswith("_recording") for n in regime.needs):
+        return None
+    seeds = sorted(set(grid.seeds) | set(grid.lr_seeds))
+    return {s: regime_config(regime, prepared, grid, seed=s).input_ for s in seeds}
+
+
+def regime_config(regime: Regime, prepared: Prepared, grid: Grid, seed: Optional[int] = None) -> P3OConfig:
     """The task's config (64 prompts × 8 completions per iteration, held-out eval every ``eval_interval``),
-    changed by ``regime``."""
+    changed by ``regime``; an offline regime of a grid with `Grid.recording_per_seed` reads ``seed``'s recording
+    (the grid's first seed's when None)."""
+    if grid.recording_per_seed:
+        seed = grid.seeds[0] if seed is None else seed
+        prepared = dataclasses.replace(
+            prepared,
+            **{
+                name: seed_recording(getattr(prepared, name), seed)
+                for name in regime.needs
+                if name.endswith("_recording") and getattr(prepared, name)
+            },
+        )
     task = TASKS[grid.task]
     config = task.config(prepared.base_model, eval_interval=grid.eval_interval, **grid.extra)
     # Prompts by path and the reward by import path: Tune saves every trial's config (with rows, ~0.7 MB each),

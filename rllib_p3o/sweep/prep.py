@@ -5,7 +5,9 @@
 - ``weaker_model``: an earlier checkpoint of the same pretraining (`Task.weaker_pretrain_steps`);
 - ``stale_recording``: trajectory Parquet sampled by the frozen base policy (an "older policy" for every trial:
   the further a trial's policy moves, the staler these data are for it);
-- ``weaker_recording``: the same, sampled by the frozen weaker model (another recording, of a worse policy);
+- ``weaker_recording``: the same, sampled by the frozen weaker model (another model's data);
+  with `Grid.recording_per_seed` each is a folder of recordings, ``seed<s>/`` sampled with seed ``s`` for every seed
+  the grid trains (`seed_recording`), so that a trial's seed changes the data it trains on;
 - ``stronger_model``: the base model RL-trained with P3O and the task's config until its held-out accuracy
   reaches `Task.stronger_heldout`.
 
@@ -21,7 +23,7 @@ import os
 from typing import Callable, Optional
 
 from rllib_p3o.core import metrics
-from rllib_p3o.sweep.grid import TASKS, Grid, Prepared, Task, lr_schedule
+from rllib_p3o.sweep.grid import TASKS, Grid, Prepared, Task, lr_schedule, seed_recording
 
 STAMP = "prepared.json"
 
@@ -49,15 +51,31 @@ def prepare(
         done["weaker_model"] = task.build_model(
             os.path.join(prep_dir, "weaker_model"), seed=0, pretrain_steps=task.weaker_pretrain_steps
         )
-    if ({"stale_recording", "stronger_model"} & needs) - set(done):
+    if "stronger_model" in needs and "stronger_model" not in done:
         done.update(_record_then_train(task, base_model, prep_dir, grid, say))
+    if "stale_recording" in needs and "stale_recording" not in done:
+        path = os.path.join(prep_dir, "stale_recording")
+        say(f"[prep] stale recording: {grid.iterations} iterations sampled by the frozen base policy → {path}")
+        _record(task, base_model, _seed0(path, grid), grid)
+        done["stale_recording"] = path
     if "weaker_recording" in needs and "weaker_recording" not in done:
         if "weaker_model" not in done:
             done["weaker_model"] = task.build_model(
                 os.path.join(prep_dir, "weaker_model"), seed=0, pretrain_steps=task.weaker_pretrain_steps
             )
         say(f"[prep] weaker recording: {grid.iterations} iterations sampled by the frozen weaker model")
-        done["weaker_recording"] = _record(task, done["weaker_model"], os.path.join(prep_dir, "weaker_recording"), grid)
+        path = os.path.join(prep_dir, "weaker_recording")
+        _record(task, done["weaker_model"], _seed0(path, grid), grid)
+        done["weaker_recording"] = path
+    if grid.recording_per_seed:  # every seed's recording (seed 0's came with the folder)
+        for key, model in (("stale_recording", base_model), ("weaker_recording", done.get("weaker_model"))):
+            if key not in needs:
+                continue
+            for seed in sorted(set(grid.seeds) | set(grid.lr_seeds)):
+                path = seed_recording(done[key], seed)
+                if not os.path.isdir(path) or not os.listdir(path):
+                    say(f"[prep] {key.replace('_', ' ')}, seed {seed}: {grid.iterations} iterations → {path}")
+                    _record(task, model, path, grid, seed=seed)
     with open(stamp, "w") as f:
         json.dump(done, f, indent=2)
     return Prepared(**{k: done.get(k) for k in Prepared.__dataclass_fields__})
@@ -73,10 +91,17 @@ def _moved_with(prep_dir: str, done: dict) -> dict:
     return out
 
 
-def _record(task: Task, model: str, recording: str, grid: Grid) -> str:
-    """``grid.iterations`` iterations of trajectories sampled by ``model``, frozen (``lr=0``), written to
-    ``recording``; returns its path."""
+def _seed0(path: str, grid: Grid) -> str:
+    """Where a regime's one recording goes: the folder itself, or its seed-0 recording with `Grid.recording_per_seed`
+    (the same rows as a one-recording grid's: its config's seed is 0)."""
+    return seed_recording(path, 0) if grid.recording_per_seed else path
+
+
+def _record(task: Task, model: str, recording: str, grid: Grid, seed: int = 0) -> str:
+    """``grid.iterations`` iterations of trajectories sampled by ``model``, frozen (``lr=0``), with ``seed`` (its
+    prompts' order and samples), written to ``recording``; returns its path."""
     frozen = task.config(model, lr=0.0, eval_interval=0, record_rollouts=recording, **grid.extra)
+    frozen.debugging(seed=seed)
     frozen.environment(env_config={**frozen.env_config, "reward_fn": task.reward_fn})
     frozen.fault_tolerance(restart_failed_env_runners=False)
     algo = frozen.build_algo()
@@ -89,7 +114,8 @@ def _record(task: Task, model: str, recording: str, grid: Grid) -> str:
 
 
 def _record_then_train(task: Task, base_model: str, prep_dir: str, grid: Grid, say: Callable[[str], None]) -> dict:
-    recording = os.path.join(prep_dir, "stale_recording")
+    folder = os.path.join(prep_dir, "stale_recording")
+    recording = _seed0(folder, grid)
     stronger = os.path.join(prep_dir, "stronger_model")
     frozen = task.config(base_model, lr=0.0, eval_interval=0, record_rollouts=recording, **grid.extra)
     frozen.environment(env_config={**frozen.env_config, "reward_fn": task.reward_fn})
@@ -114,4 +140,4 @@ def _record_then_train(task: Task, base_model: str, prep_dir: str, grid: Grid, s
         algo.export_hf(stronger)
     finally:
         algo.stop()
-    return {"stale_recording": recording, "stronger_model": stronger, "stronger_heldout": heldout}
+    return {"stale_recording": folder, "stronger_model": stronger, "stronger_heldout": heldout}

@@ -28,7 +28,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -39,18 +39,23 @@ from rllib_p3o.sweep import failures, report
 from rllib_p3o.sweep.grid import (
     CELL,
     GRIDS,
+    LR_FAMILY_REGIMES,
     LR_FROM,
     METHOD,
     METHOD_KEYS,
     METHODS,
     REGIMES,
+    ROUNDS,
     TASKS,
     Grid,
     Prepared,
     cell_value,
+    family_key,
+    lr_family,
     lr_schedule,
     method_value,
     regime_config,
+    seed_inputs,
 )
 
 LR_CHOICE = "lr_choice.json"
@@ -171,11 +176,19 @@ def stage_parallelism(config, parallel: int) -> Tuple[int, Optional[int]]:
 
 
 def run_stage(
-    out: str, stage: str, config, cells: List[tuple], iterations: int, say=print, parallel: int = 1
+    out: str,
+    stage: str,
+    config,
+    cells: List[tuple],
+    iterations: int,
+    say=print,
+    parallel: int = 1,
+    overrides: Optional[Dict[str, Any]] = None,
 ) -> pd.DataFrame:
     """Run the trials of ``cells`` ((method, seed, lr peak) each) that have not finished yet as one Tune experiment
     ``<out>/<stage>``, ``parallel`` at a time (`stage_parallelism`), each running trial's actor reused by the next;
-    returns the rows of every finished trial of the cells.
+    returns the rows of every finished trial of the cells. ``overrides``: config keys each trial sets beyond its
+    method's (`trial_overrides`).
 
     Resume: a finished trial's rows are in ``<out>/trials/<stage>/`` (written when it ended), so a rerun, in this
     or another process, on this machine or from a copy of that folder, runs only the cells without them."""
@@ -203,7 +216,7 @@ def run_stage(
         )
         for attempt in range(failures.MAX_INFRA_RETRIES + 1):
             progress = StageProgress(out, stage, len(todo), config.train_batch_rows, iterations, attempt)
-            _fit_stage(out, stage, config, todo, concurrent, progress)
+            _fit_stage(out, stage, config, todo, concurrent, progress, overrides)
             todo = sorted(set(progress.infra_failed))
             if not todo:
                 break
@@ -220,14 +233,22 @@ def run_stage(
     return rows
 
 
-def _fit_stage(out: str, stage: str, config, cells: List[tuple], concurrent: int, progress: StageProgress) -> None:
+def _fit_stage(
+    out: str,
+    stage: str,
+    config,
+    cells: List[tuple],
+    concurrent: int,
+    progress: StageProgress,
+    overrides: Optional[Dict[str, Any]] = None,
+) -> None:
     """One Tune experiment ``<out>/<stage>`` over ``cells``, its trials' files written by ``progress``."""
     path = os.path.join(out, stage)
     if os.path.isdir(path):
         shutil.rmtree(path)  # an interrupted experiment's Tune files: its finished trials are saved under trials/
     tune.Tuner(
         "P3O",
-        param_space=stage_space(config, cells),
+        param_space=stage_space(config, cells, overrides),
         tune_config=tune.TuneConfig(
             reuse_actors=True,
             max_concurrent_trials=concurrent,
@@ -265,15 +286,36 @@ def _cell(config: Dict) -> tuple:
     return method, int(seed), float(lr)
 
 
-def stage_space(config, cells: List[tuple]) -> Dict:
-    """Tune's param space: the regime's config as a dict, a grid over the (method, seed, lr peak) cells."""
+def seed_input(inputs: Dict[int, Any], spec: Any) -> Any:
+    """``tune.sample_from`` function: the offline input of the trial's seed (`rllib_p3o.sweep.grid.seed_inputs`)."""
+    return inputs[int(spec.config[CELL][1])]
+
+
+def trial_overrides(grid: Grid, regime: str, prepared: Prepared) -> Dict[str, Any]:
+    """Config keys a stage's trials set beyond their methods': the grid's own defaults for what a method does not
+    name (`Grid.method_defaults`: a round's as it was measured), and each seed's offline input where the grid gives
+    every seed its own recording (`rllib_p3o.sweep.grid.seed_inputs`)."""
+    overrides: Dict[str, Any] = {
+        key: tune.sample_from(functools.partial(method_value, key, grid.method_defaults))
+        for key in grid.method_defaults
+    }
+    inputs = seed_inputs(REGIMES[regime], prepared, grid)
+    if inputs:
+        overrides["input_"] = tune.sample_from(functools.partial(seed_input, inputs))
+    return overrides
+
+
+def stage_space(config, cells: List[tuple], overrides: Optional[Dict[str, Any]] = None) -> Dict:
+    """Tune's param space: the regime's config as a dict, a grid over the (method, seed, lr peak) cells, each trial's
+    method's settings, seed and lr, and ``overrides`` (`trial_overrides`)."""
     space = config.to_dict()
     space[CELL] = tune.grid_search([list(c) for c in cells])
     space[METHOD] = tune.sample_from(functools.partial(cell_value, 0))
     for key in METHOD_KEYS:
-        space[key] = tune.sample_from(functools.partial(method_value, key))
+        space[key] = tune.sample_from(functools.partial(method_value, key, {}))
     space["seed"] = tune.sample_from(functools.partial(cell_value, 1))
     space["lr"] = tune.sample_from(lambda spec: lr_schedule(spec.config[CELL][2]))
+    space.update(overrides or {})
     return space
 
 
@@ -285,18 +327,56 @@ def lr_stage_name(regime: str) -> str:
 MAX_LR_EXTENSIONS = 3
 
 
+def lr_groups(grid: Grid) -> Dict[Optional[str], Tuple[str, ...]]:
+    """The lr regimes each choice is made over: one per lr family (`Grid.lr_per_family`: ``{family: (its regime,)}``,
+    for the families whose regime is among the grid's lr regimes), else ``{None: grid.lr_regimes}``."""
+    if not grid.lr_per_family:
+        return {None: tuple(grid.lr_regimes)}
+    return {f: (r,) for f, r in LR_FAMILY_REGIMES.items() if r in grid.lr_regimes}
+
+
 def choose_lr(
     out: str, grid: Grid, prepared: Prepared, say=print, parallel: int = 1
 ) -> Tuple[Union[float, Dict[str, float]], pd.DataFrame]:
-    """The lr stage (or the given lr, or another grid's choice): each method's best peak (``lr_per_method``), or the
-    peak whose worse method does best; with the lr stage's rows. With ``lr_extend`` the bracket grows upward (the
-    top peak doubled, for the methods whose best it is) until every method's best peak is inside it."""
+    """The lr stage (or the given lr, or another grid's choice): each method's best peak (``lr_per_method``; per lr
+    family with ``lr_per_family``, keyed ``method@family``), or the peak whose worse method does best; with the lr
+    stage's rows. With ``lr_extend`` the bracket grows upward (the top peak doubled, for the methods whose best it
+    is) until every method's best peak is inside it; with ``lr_per_family`` downward too (the bottom peak halved)."""
     if grid.lr_choice_from:
         path = _repository_path(grid.lr_choice_from)
         say(f"[lr] peak lr per method from {path}")
         return json.load(open(path))["lr_peak"], pd.DataFrame()
     if not grid.lr_peaks:
         return grid.default_lr, pd.DataFrame()
+    lr_peak: Dict[str, float] = {}
+    everything: Dict[str, Any] = {"families": {}}
+    all_curves = []
+    for family, regimes in lr_groups(grid).items():
+        peaks, curves, choice = _lr_bracket(out, grid, prepared, regimes, say, parallel)
+        all_curves.append(curves)
+        chosen = _with_shared_runs(choice["lr_peak"], grid, regimes[0])
+        if family is None:
+            everything.update(choice, lr_peak=chosen, peaks=peaks)
+            lr_peak = chosen
+            continue
+        lr_peak.update({family_key(m, family): p for m, p in chosen.items()})
+        everything["families"][family] = {"regime": regimes[0], "peaks": peaks, "scores": choice.get("scores", {})}
+        everything["why"] = choice["why"].replace("over the lr stage's regimes", "in each lr family's regime")
+    if grid.lr_per_family:
+        everything["lr_peak"] = lr_peak
+    else:
+        everything.pop("families")
+    with open(os.path.join(out, LR_CHOICE), "w") as f:
+        json.dump(everything, f, indent=2)
+    say(f"[lr] chosen peak lr {everything['lr_peak']} ({everything['why']})")
+    return everything["lr_peak"], report.concat(all_curves)
+
+
+def _lr_bracket(
+    out: str, grid: Grid, prepared: Prepared, regimes: Tuple[str, ...], say, parallel: int
+) -> Tuple[List[float], pd.DataFrame, Dict]:
+    """The lr stage in ``regimes`` over the grid's peaks, extended while a method's best is at an end of the bracket
+    (`choose_lr`): the peaks tried, the stage's rows and the choice."""
     peaks = [float(p) for p in grid.lr_peaks]
 
     def stage(cells_at: List[float], methods: Tuple[str, ...]) -> pd.DataFrame:
@@ -310,27 +390,30 @@ def choose_lr(
                     grid.iterations,
                     say,
                     parallel,
+                    overrides=trial_overrides(grid, r, prepared),
                 )
-                for r in grid.lr_regimes
+                for r in regimes
             ]
         )
 
     curves = stage(peaks, grid.lr_methods)
     choice = lr_choice(curves, grid, peaks)
+    where = ", ".join(regimes)
     for _ in range(MAX_LR_EXTENSIONS if grid.lr_extend and grid.lr_per_method else 0):
         at_top = tuple(m for m, p in choice["lr_peak"].items() if np.isclose(p, peaks[-1]))
-        if not at_top:
+        at_bottom = tuple(m for m in choice["lr_peak"] if _best_at_bottom(choice, m, peaks)) * grid.lr_per_family
+        if not at_top and not at_bottom:
             break
-        peaks.append(2 * peaks[-1])
-        say(f"[lr] best peak at the top of the bracket for {', '.join(at_top)}: extending it to {peaks[-1]:g}")
-        curves = report.concat([curves, stage(peaks[-1:], at_top)])
+        if at_top:
+            peaks.append(2 * peaks[-1])
+            say(f"[lr] {where}: best peak at the top of the bracket for {', '.join(at_top)}: adding {peaks[-1]:g}")
+            curves = report.concat([curves, stage(peaks[-1:], at_top)])
+        if at_bottom:
+            peaks.insert(0, peaks[0] / 2)
+            say(f"[lr] {where}: best peak at the bottom of the bracket for {', '.join(at_bottom)}: adding {peaks[0]:g}")
+            curves = report.concat([curves, stage(peaks[:1], at_bottom)])
         choice = lr_choice(curves, grid, peaks)
-    choice["lr_peak"] = _with_shared_runs(choice["lr_peak"], grid)
-    choice["peaks"] = peaks
-    with open(os.path.join(out, LR_CHOICE), "w") as f:
-        json.dump(choice, f, indent=2)
-    say(f"[lr] chosen peak lr {choice['lr_peak']} ({choice['why']})")
-    return choice["lr_peak"], curves
+    return peaks, curves, choice
 
 
 def _repository_path(path: str) -> str:
@@ -339,12 +422,22 @@ def _repository_path(path: str) -> str:
     return path if os.path.isabs(path) else os.path.join(REPOSITORY, path)
 
 
-def _with_shared_runs(lr_peak: Union[float, Dict[str, float]], grid: Grid) -> Union[float, Dict[str, float]]:
-    """Every lr method's peak, a method that shares another's trials in the lr regime (`Grid.same_run_as`) at that
-    method's."""
+def _best_at_bottom(choice: Dict, method: str, peaks: List[float]) -> bool:
+    """Whether ``method``'s best peak is the bracket's lowest and better than the next one: a tie there (a method that
+    learns nothing at any peak, where ties go to the smaller peak) is no reason to try a lower one."""
+    scores = choice.get("scores", {}).get(method, {})
+    low, next_up = scores.get(f"{peaks[0]:g}"), scores.get(f"{peaks[1]:g}") if len(peaks) > 1 else None
+    return np.isclose(choice["lr_peak"][method], peaks[0]) and low is not None and (next_up is None or low > next_up)
+
+
+def _with_shared_runs(
+    lr_peak: Union[float, Dict[str, float]], grid: Grid, regime: Optional[str] = None
+) -> Union[float, Dict[str, float]]:
+    """Every lr method's peak, a method that shares another's trials in the lr regime (``regime``, by default the
+    grid's first; `Grid.same_run_as`) at that method's."""
     if not isinstance(lr_peak, dict):
         return lr_peak
-    regime = grid.lr_regimes[0]
+    regime = regime or grid.lr_regimes[0]
     return {
         m: lr_peak[grid.same_run_as(regime, m, grid.lr_methods)]
         for m in grid.lr_methods
@@ -379,10 +472,16 @@ def lr_choice(curves: pd.DataFrame, grid: Grid, peaks: Optional[List[float]] = N
 StageRows = Callable[[str, List[tuple]], pd.DataFrame]
 
 
-def method_peak(lr_peak: Union[float, Dict[str, float]], method: str) -> float:
-    """A method's peak lr: the one peak of the grid, the method's own best, or that of its `LR_FROM` twin."""
+def method_peak(lr_peak: Union[float, Dict[str, float]], method: str, regime: Optional[str] = None) -> float:
+    """A method's peak lr: the one peak of the grid, the method's own best (in ``regime``'s lr family where the
+    choice was made per family, `Grid.lr_per_family`), or that of its `LR_FROM` twin."""
     if not isinstance(lr_peak, dict):
         return float(lr_peak)
+    if regime is not None:
+        family = lr_family(regime)
+        for name in (method, LR_FROM.get(method)):
+            if name and family_key(name, family) in lr_peak:
+                return float(lr_peak[family_key(name, family)])
     return float(lr_peak[method] if method in lr_peak else lr_peak[LR_FROM[method]])
 
 
@@ -395,7 +494,7 @@ def regime_frames(
     rows under its own name, with the other's in ``same_run_as``."""
     frames = []
     for name in grid.regimes:
-        cells = [(m, int(s), method_peak(lr_peak, m)) for m in grid.runs_in(name) for s in grid.seeds]
+        cells = [(m, int(s), method_peak(lr_peak, m, name)) for m in grid.runs_in(name) for s in grid.seeds]
         shared = lr_curves[lr_curves[report.STAGE] == lr_stage_name(name)] if len(lr_curves) else lr_curves
         regime = []
         if len(shared):
@@ -427,7 +526,9 @@ def run_sweep(out: str, grid: Grid, *, base_model: Optional[str] = None, say=pri
 
     def run(name: str, cells: List[tuple]) -> pd.DataFrame:
         config = regime_config(REGIMES[name], prepared, grid)
-        return run_stage(out, name, config, cells, grid.iterations, say, parallel)
+        return run_stage(
+            out, name, config, cells, grid.iterations, say, parallel, overrides=trial_overrides(grid, name, prepared)
+        )
 
     curves = report.concat([lr_curves, *regime_frames(grid, lr_peak, lr_curves, run)])
     curves.to_csv(os.path.join(out, report.CURVES_CSV), index=False)
@@ -459,17 +560,26 @@ def report_saved(out: str, grid: Grid) -> Dict:
         lr_peak = json.load(open(_repository_path(grid.lr_choice_from)))["lr_peak"]
     elif grid.lr_peaks:
         chosen = os.path.join(out, LR_CHOICE)
-        peaks = json.load(open(chosen)).get("peaks", list(grid.lr_peaks)) if os.path.exists(chosen) else None
-        peaks = [float(p) for p in (peaks or grid.lr_peaks)]
-        # The bracket's own peaks are counted (a missing one holds the choice back); an extension's, read as saved.
-        lr_curves = report.concat(
-            [saved(lr_stage_name(r), lr_cells(grid, r)) for r in grid.lr_regimes]
-            + [_extension_rows(out, lr_stage_name(r), grid.lr_peaks) for r in grid.lr_regimes]
-        )
-        if not counts["missing"]:
-            lr_peak = _with_shared_runs(lr_choice(lr_curves, grid, peaks)["lr_peak"], grid)
-        else:
-            lr_peak = None
+        written = json.load(open(chosen)) if os.path.exists(chosen) else {}
+        lr_peak, frames = {}, []
+        for family, regimes in lr_groups(grid).items():
+            tried = written.get("peaks") if family is None else written.get("families", {}).get(family, {}).get("peaks")
+            peaks = [float(p) for p in (tried or grid.lr_peaks)]
+            # The bracket's own peaks are counted (a missing one holds the choice back); an extension's, read as saved.
+            curves = report.concat(
+                [saved(lr_stage_name(r), lr_cells(grid, r)) for r in regimes]
+                + [_extension_rows(out, lr_stage_name(r), grid.lr_peaks) for r in regimes]
+            )
+            frames.append(curves)
+            if counts["missing"] or lr_peak is None:
+                lr_peak = None
+                continue
+            choice = _with_shared_runs(lr_choice(curves, grid, peaks)["lr_peak"], grid, regimes[0])
+            if family is None:
+                lr_peak = choice
+            else:
+                lr_peak.update({family_key(m, family): p for m, p in choice.items()})
+        lr_curves = report.concat(frames)
     if lr_peak is None:
         frames = [lr_curves]
         counts["missing"] = grid.num_trials() - counts["finished"]
@@ -541,16 +651,21 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--development",
         action="store_true",
-        help="the claims bench's development set for P3O under staleness (sorting only; {} trials or more: the lr "
-        "stage extends its bracket while a method's best peak is its top)".format(
-            GRIDS["sorting", "development"].num_trials()
+        help="the claims bench's development set of --round (sorting only). provenance (the default): offline data "
+        "read by their provenance, each method's lr chosen per lr family and the ablation in offline_weaker ({} trials "
+        "or more: the lr stage extends its bracket while a method's best peak is at an end); staleness: P3O under "
+        "staleness ({} trials or more)".format(
+            GRIDS["sorting", "development"].num_trials(), GRIDS["sorting", "staleness-development"].num_trials()
         ),
     )
     size.add_argument(
         "--confirmation",
         action="store_true",
-        help="the claims bench's confirmation set (sorting only; {} trials at the development set's committed lr "
-        "choice, results/bench-development/lr_choice.json)".format(GRIDS["sorting", "confirmation"].num_trials()),
+        help="the claims bench's confirmation set of --round (sorting only), at its development set's committed lr "
+        "choice: provenance {} trials (results/bench-provenance-development/lr_choice.json), staleness {} "
+        "(results/bench-development/lr_choice.json)".format(
+            GRIDS["sorting", "confirmation"].num_trials(), GRIDS["sorting", "staleness-confirmation"].num_trials()
+        ),
     )
     size.add_argument(
         "--inflight",
@@ -570,6 +685,13 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="trials of a sync stage run at once, sharing the cores (each gets cores / N threads); async stages run "
         "one at a time. Results do not depend on it beyond float rounding",
+    )
+    parser.add_argument(
+        "--round",
+        choices=ROUNDS,
+        default=ROUNDS[0],
+        help="which round's --development or --confirmation set: %(default)s (the latest: data another model "
+        "recorded, docs/results/provenance.md) or staleness (docs/results/staleness.md)",
     )
     parser.add_argument("--regimes", nargs="+", choices=sorted(REGIMES))
     parser.add_argument("--methods", nargs="+", choices=sorted(METHODS))
@@ -605,6 +727,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 def _grid(args: argparse.Namespace) -> Grid:
     """The task's quick or full grid with the regimes, methods, seeds, iterations and lr the arguments name."""
     size = next((k for k in ("quick", "development", "confirmation", "inflight") if getattr(args, k)), "full")
+    if size in ("development", "confirmation") and getattr(args, "round", ROUNDS[0]) != ROUNDS[0]:
+        size = f"{args.round}-{size}"
     grid = GRIDS[args.task, size]
     changes = {
         k: tuple(v) for k, v in (("regimes", args.regimes), ("methods", args.methods), ("seeds", args.seeds)) if v
