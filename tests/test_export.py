@@ -11,6 +11,7 @@ import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rllib_p3o.data.provenance import fingerprint, lineage
 from rllib_p3o.driver import export as export_cli
 from rllib_p3o.driver.export import OutputNotEmpty, export
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
@@ -55,6 +56,8 @@ def test_export_writes_the_base_directory_with_the_trained_weights(base, dtype, 
     with open(os.path.join(out, "config.json")) as f:
         assert json.load(f)["dtype"] == dtype  # what save_pretrained would record
     assert sorted(f for f in os.listdir(out) if "safetensors" in f) == ["model.safetensors"]
+    # Its lineage: a run that starts from the export reads the recordings of the run that trained it as its own.
+    assert lineage(out) == {fingerprint(out), fingerprint(model)} and fingerprint(out) != fingerprint(model)
     AutoTokenizer.from_pretrained(out)
     exported = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
     theirs, mine = exported.state_dict(), module.lm.state_dict()

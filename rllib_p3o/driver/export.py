@@ -33,6 +33,7 @@ import tempfile
 from typing import Any, Dict, Optional, Tuple
 
 from rllib_p3o.core import storage
+from rllib_p3o.data.provenance import write_lineage
 
 MODULE_DIR = os.path.join("learner_group", "learner", "rl_module", "default_policy")
 # Files RLlib's Checkpointable writes into every component's directory.
@@ -193,6 +194,7 @@ def write_over_base(source: str, out: str) -> bool:
     with open(os.path.join(out, CONFIG), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     save_torch_state_dict(weights, out, metadata={"format": "pt"})
+    write_lineage(out, base_dir)  # (the base's own lineage file, copied above, is replaced by the longer one)
     return True
 
 

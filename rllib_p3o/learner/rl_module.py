@@ -25,6 +25,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from rllib_p3o.core import lora
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.precision import MODEL_DTYPE_PRECISION, RolloutWeights, autocast_dtype, compute_dtype
+from rllib_p3o.data.provenance import write_lineage
 from rllib_p3o.learner.compute import (  # noqa: F401  (re-exported: the names' old home)
     HEAD_CHUNKING_MIN_BYTES,
     LONGEST_ROW_POSITIONS,
@@ -228,4 +229,6 @@ class HFCausalLMRLModule(TorchRLModule):
             AutoTokenizer.from_pretrained(tokenizer_from or self.model_path).save_pretrained(path)
         except (OSError, ValueError) as e:
             logger.warning("No tokenizer saved with the model at %s: %s", path, e)
+        # The models this one was trained from: a run that starts from it reads their recordings as its own.
+        write_lineage(path, self.model_path)
         return path
