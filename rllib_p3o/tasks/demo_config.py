@@ -6,6 +6,7 @@ from typing import Any
 
 from rllib_p3o.p3o import P3OConfig
 from rllib_p3o.tasks.arithmetic import ArithmeticTask, arithmetic_reward
+from rllib_p3o.tasks.task_config import task_config
 
 
 def demo_config(model_path: str, **training: Any) -> P3OConfig:
@@ -21,29 +22,5 @@ def demo_config(model_path: str, **training: Any) -> P3OConfig:
     steps move every weight by ~lr, which at full lr can wreck a small model before any learning happens.
     """
     task = ArithmeticTask()
-    options = dict(
-        model=model_path,
-        loss="p3o",
-        group_size=8,
-        prompts_per_step=64,
-        max_tokens=3,
-        lr=[[0, 1e-5], [5120, 5e-4]],
-        minibatch_size=256,
-        eval_interval=5,
-        eval_max_prompts=200,
-    )
-    options.update(training)
-    return (
-        P3OConfig()
-        .environment(
-            env_config={
-                "dataset": task.train_rows(),
-                "eval_dataset": task.heldout_rows(),
-                "reward_fn": arithmetic_reward,
-            }
-        )
-        .training(**options)
-        .env_runners(num_env_runners=1)
-        .learners(num_learners=0)
-        .debugging(seed=0)
-    )
+    options = {"max_tokens": 3, "minibatch_size": 256, **training}
+    return task_config(model_path, task.train_rows(), task.heldout_rows(), arithmetic_reward, **options)
