@@ -14,8 +14,9 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from rllib_p3o.core.losses import LOSSES, get_loss
 from rllib_p3o.p3o import P3OConfig
+from rllib_p3o.tasks.addition import AdditionTask
 from rllib_p3o.tasks.arithmetic import ArithmeticTask
-from rllib_p3o.tasks.bench_config import EVAL_SAMPLES_PER_PROMPT, bench_config
+from rllib_p3o.tasks.bench_config import EVAL_SAMPLES_PER_PROMPT, addition_config, bench_config
 from rllib_p3o.tasks.demo_config import demo_config
 from rllib_p3o.tasks.sorting import SortingTask
 
@@ -208,6 +209,17 @@ def _build_sorting_model(path: str, **kw: Any) -> str:
     return build_sorting_model(path, **kw)
 
 
+def _addition_task() -> Tuple[List[dict], List[dict]]:
+    task = AdditionTask()
+    return task.train_rows(), task.heldout_rows()
+
+
+def _build_addition_model(path: str, **kw: Any) -> str:
+    from rllib_p3o.tasks.addition import build_addition_model
+
+    return build_addition_model(path, **kw)
+
+
 TASKS: Dict[str, Task] = {
     t.name: t
     for t in (
@@ -227,6 +239,16 @@ TASKS: Dict[str, Task] = {
             "rllib_p3o.tasks.sorting:sorting_reward",
             _build_sorting_model,
             bench_config,
+            f"held-out accuracy (avg@{EVAL_SAMPLES_PER_PROMPT}, T = 1)",
+            weaker_pretrain_steps=500,
+            stronger_heldout=0.7,
+        ),
+        Task(
+            "addition",
+            _addition_task,
+            "rllib_p3o.tasks.addition:addition_reward",
+            _build_addition_model,
+            addition_config,
             f"held-out accuracy (avg@{EVAL_SAMPLES_PER_PROMPT}, T = 1)",
             weaker_pretrain_steps=500,
             stronger_heldout=0.7,
