@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import pathlib
 import sys
+import textwrap
 from typing import List, Optional, Sequence
 
 from rllib_p3o.core.losses import LOSSES
@@ -83,13 +84,21 @@ def _default_repr(s: Setting) -> str:
 def signature_module() -> str:
     """The source of `rllib_p3o.driver.training_signature`: ``TrainingSignature.training`` with one keyword argument
     per setting (its declared type, RLlib's ``NotProvided`` as default: unset keys keep their value) and a docstring
-    listing each with its group, type and default."""
+    listing each with its group, type, default and help text (what ``help()`` and IDEs show)."""
     params, doc = [], []
     for group in GROUPS:
         doc.append(f"            {group.capitalize()}:")
         for s in in_group(group):
             params.append(f"        {s.keyword}: {s.type} = NotProvided,")
-            doc.append(f"                {s.keyword} ({s.type}, default {_default_repr(s)})")
+            doc.extend(
+                textwrap.wrap(
+                    f"{s.keyword} ({s.type}, default {_default_repr(s)}): {s.help}",
+                    width=116,
+                    initial_indent=" " * 16,
+                    subsequent_indent=" " * 20,
+                    break_on_hyphens=False,
+                )
+            )
     body = "\n".join(params)
     settings_doc = "\n".join(doc)
     used = sorted(n for n in ("Any", "Dict", "List", "Optional", "Tuple", "Union") if n == "Any" or n + "[" in body)
@@ -123,7 +132,7 @@ class TrainingSignature:
         (``model``, ``behavior_models``' models, ``offline_rescore_model``, ``record_rollouts``) are resolved here,
         where the script runs.
 
-        P3O's settings (group, then key (type, default)):
+        P3O's settings (group, then key (type, default): what it does):
 
 {settings_doc}
         """

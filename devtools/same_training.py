@@ -2,7 +2,7 @@
 its training values and per-iteration times written as JSON; two such files compared.
 
     python -m devtools.same_training run OUT.json [--model-dir runs/demo/base_model] [--iterations 10]
-        [--loss-config '{"trust_region": "none"}'] [--training '{"ess_scope": "source"}']
+        [--loss-config '{"trust_region": "none"}'] [--training '{"kl_ref_coeff": 0.1}']
     python -m devtools.same_training compare BEFORE.json AFTER.json [BEFORE2.json AFTER2.json ...]
 
 ``run`` builds `rllib_p3o.tasks.demo_config` (one vLLM runner, a local learner; no Tune) with the settings given, so

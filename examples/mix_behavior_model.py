@@ -26,7 +26,7 @@ import os
 
 from _common import add_run_args, run_tuner, start, stop_at, write_summary
 
-from rllib_p3o.core.losses import LOSSES
+from rllib_p3o.core.losses import LOSSES, get_loss
 
 
 def briefly_trained(model: str, path: str, heldout_target: float, max_iterations: int = 400) -> str:
@@ -74,8 +74,8 @@ def main() -> None:
         "--ess-scope",
         choices=["batch", "source", "version"],
         default="version",
-        help="one ESS per data source and policy version (the default), per data source, or one for the whole batch "
-        "(the paper's)",
+        help="P3O's ess_scope (loss_config): one ESS per data source and policy version (the default), per data source, "
+        "or one for the whole batch (the paper's)",
     )
     parser.add_argument("--loss", choices=sorted(LOSSES), default="p3o", help="grpo: the PPO-clip baseline")
     args = parser.parse_args()
@@ -100,7 +100,8 @@ def main() -> None:
         other = os.path.join(out, "behavior_base")  # a frozen copy: the policy's own directory is never written
         shutil.copytree(model, other, dirs_exist_ok=True)
     behavior = {"model": other, "name": args.behavior, "samples": args.samples}
-    config = demo_config(model, behavior_models=[behavior], ess_scope=args.ess_scope, loss=args.loss)
+    scope = {"ess_scope": args.ess_scope} if get_loss(args.loss).ess_scoped else {}
+    config = demo_config(model, behavior_models=[behavior], loss=args.loss, loss_config=scope)
     df, summary = run_tuner(config, "mix", out, stop_at(0.95, args.time_limit, args.iterations))
     for name in (POLICY, behavior_source_name(behavior)):
         for metric in (metrics.REWARD_MEAN, metrics.ESS, metrics.CAP_FRACTION):

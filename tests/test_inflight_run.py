@@ -28,7 +28,7 @@ def _config(model, record_dir, **training):
         async_sampling=True,
         inflight_weight_updates=True,
         max_staleness=4,
-        ess_scope="version",
+        loss_config={"ess_scope": "version"},
         record_rollouts=str(record_dir),
     )
     return tiny_config(model, starts_with_digit, **{**settings, **training})

@@ -7,6 +7,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_p3o import P3OConfig
 from rllib_p3o.core import metrics as m
+from rllib_p3o.core.losses import get_loss
 from rllib_p3o.data.batching import pad_records, to_multi_agent_batch
 from rllib_p3o.learner.rl_module import load_causal_lm
 from rllib_p3o.runner.env import TextEnv
@@ -42,7 +43,13 @@ def _learner_group(model_path, num_learners, loss="p3o", ess_scope="batch"):
     # grad_clip so RLlib logs the (pre-clip) global gradient norm; 1e6 never clips.
     config = (
         P3OConfig()
-        .training(model=model_path, loss=loss, lr=3e-3, grad_clip=1e6, ess_scope=ess_scope)
+        .training(
+            model=model_path,
+            loss=loss,
+            lr=3e-3,
+            grad_clip=1e6,
+            loss_config={"ess_scope": ess_scope} if get_loss(loss).ess_scoped else {},
+        )
         .learners(num_learners=num_learners)
     )
     return config.build_learner_group(spaces=SPACES)
@@ -161,7 +168,7 @@ def test_reference_kl_uses_the_frozen_initial_model(ray_session, tiny_model):
 
 def test_unknown_ess_scope_is_refused(tiny_model):
     with pytest.raises(ValueError, match="ess_scope must be one of"):
-        P3OConfig().training(model=tiny_model, ess_scope="token").validate()
+        P3OConfig().training(model=tiny_model, loss_config={"ess_scope": "token"}).validate()
 
 
 def test_bad_heldout_sampling_settings_are_refused(tiny_model):

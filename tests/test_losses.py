@@ -52,7 +52,7 @@ def test_grpo_settings_come_from_loss_config_and_are_validated_by_the_loss():
         P3OConfig().training(model="/m", loss="grpo", loss_config={"clip_low": 1.5}).validate()
     with pytest.raises(
         ValueError,
-        match=r"loss 'p3o' has no setting 'clip_low' \(its settings: kl_anchor, kl_estimator, trust_region\)",
+        match=r"loss 'p3o' has no setting 'clip_low' \(its settings: ess_scope, kl_anchor, kl_estimator, trust_region\)",
     ):
         P3OConfig().training(model="/m", loss="p3o", loss_config={"clip_low": 0.2}).validate()
 
@@ -111,7 +111,8 @@ def test_every_registered_loss_is_a_sweep_method_by_its_name():
         "kl_estimator": "k3_is",
         "kl_anchor": "behavior",
         "trust_region": "none",
-    }  # bundles stay
+        "ess_scope": "batch",
+    }  # bundles stay (as the grids ran them: one ESS per batch)
 
 
 def test_the_papers_reference_form_is_one_setting_away():

@@ -11,7 +11,7 @@ import pytest
 from devtools.reference import REFERENCE, SIGNATURE, reference_markdown, render_page, signature_module
 from rllib_p3o import P3OConfig
 from rllib_p3o.core.losses import LOSSES
-from rllib_p3o.core.settings import GROUPS, SETTINGS, P3OSettings
+from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, SETTINGS, P3OSettings
 from rllib_p3o.driver.trial_reuse import RESETTABLE_KEYS
 
 
@@ -49,8 +49,8 @@ def test_the_config_takes_its_defaults_and_keys_from_the_declarations():
 
 def test_validation_checks_each_declared_choice_and_minimum():
     for key, value, match in [
-        ("ess_scope", "tokens", "ess_scope must be one of batch, source, version, got 'tokens'"),
         ("logprobs_mode", "soft", "logprobs_mode must be one of processed, raw"),
+        ("loss_config", {"ess_scope": "tokens"}, "ess_scope must be one of batch, source, version, got 'tokens'"),
         ("group_size", 1, "group_size must be >= 2, got 1"),
         ("num_threads_per_env_runner", 0, "num_threads_per_env_runner must be >= 1"),
     ]:
@@ -66,7 +66,7 @@ def test_the_reset_list_is_derived_from_the_declarations():
     assert "group_size" not in RESETTABLE_KEYS  # the runners' prompt groups: new runners
 
 
-def test_help_and_the_signature_of_training_list_every_setting_with_its_type_and_default():
+def test_help_and_the_signature_of_training_list_every_setting_with_its_type_default_and_help():
     assert SIGNATURE.read_text() == signature_module(), "training_signature.py is stale: run `make reference`"
     parameters = inspect.signature(P3OConfig.training).parameters
     text = pydoc.render_doc(P3OConfig.training)
@@ -74,7 +74,9 @@ def test_help_and_the_signature_of_training_list_every_setting_with_its_type_and
         assert parameters[s.keyword].kind is inspect.Parameter.KEYWORD_ONLY, s.keyword
         assert parameters[s.keyword].annotation == s.type, s.keyword
         default = repr(s.default()) if not isinstance(s.default(), str) else f'"{s.default()}"'
-        assert f"{s.keyword} ({s.type}, default {default})" in text, s.keyword
+        assert f"{s.keyword} ({s.type}, default {default}): " in text, s.keyword
+        # ... and what it does: its help text, as the configuration reference gives it (wrapped)
+        assert " ".join(s.help.split()[:8]) in " ".join(text.split()), s.keyword
     assert "**kwargs" in text  # RLlib's own keys (lr, ...) pass through
 
 
@@ -116,6 +118,29 @@ def test_env_config_paths_are_resolved_where_the_script_runs(tmp_path, monkeypat
 
 
 def test_removed_keys_are_refused():
-    for key, value in (("clip_low", 0.3), ("model_dtype", "bfloat16")):
+    for key, value in (("clip_low", 0.3), ("model_dtype", "bfloat16"), ("ess_scope", "source")):
         with pytest.raises(TypeError, match=key):
             P3OConfig().training(**{key: value})
+
+
+def test_each_default_is_declared_once_and_read_alike_by_the_function_the_registry_the_sweep_and_the_reference():
+    """P3O's defaults live in `P3OLossSettings`: the exported `p3o_loss`'s keyword defaults, the registered loss's
+    settings, the sweep's method defaults and its default method, and the configuration reference all read them."""
+    from rllib_p3o.core.losses import get_loss
+    from rllib_p3o.core.losses.p3o import P3OLossSettings, p3o_loss
+    from rllib_p3o.sweep.grid import DEFAULT_METHOD, DEFAULTS, METHODS
+
+    declared = P3OLossSettings()
+    params = inspect.signature(p3o_loss).parameters
+    for name in ("kl_estimator", "trust_region"):
+        assert params[name].default == getattr(declared, name), name
+    assert get_loss("p3o").make_settings({}) == declared
+    assert get_loss("p3o").ess_scope_of(declared) == declared.ess_scope
+    assert get_loss(METHODS[DEFAULT_METHOD]["loss"]).make_settings(METHODS[DEFAULT_METHOD]["loss_config"]) == declared
+    assert DEFAULTS == {key: BY_KEYWORD[key].default() for key in DEFAULTS}
+    reference = open(os.path.join(os.path.dirname(__file__), "..", "docs", "reference", "configuration.md")).read()
+    row = next(line for line in reference.splitlines() if line.startswith("| `p3o` |"))
+    for field in dataclasses.fields(P3OLossSettings):
+        assert f"`{field.name}={getattr(declared, field.name)!r}`" in row, field.name
+    for setting in SETTINGS:  # every top-level setting's default, as the reference lists it
+        assert f"`{setting.keyword}`" in reference, setting.keyword

@@ -205,8 +205,8 @@ def _regime_batch(traits, rows=8, tokens=6, seed=0):
 def _method_gradient(method, batch):
     spec = sweep_grid.METHODS[method]
     loss = get_loss(spec.get("loss", "p3o"))
-    scope = spec.get("ess_scope", sweep_grid.DEFAULTS["ess_scope"])
-    groups, n = row_groups.ess_groups(scope, batch["source"], batch["lag"]) if loss.ess_scoped else (None, 0)
+    settings = loss.make_settings(spec.get("loss_config", {}))
+    groups, n = row_groups.ess_groups(loss.ess_scope_of(settings), batch["source"], batch["lag"])
     other = row_groups.other_model_rows(batch["source"])
     logp = batch["logp"].clone().requires_grad_(True)
     inputs = LossInputs(
@@ -220,7 +220,7 @@ def _method_gradient(method, batch):
         other_model_rows=other if bool(other.any()) else None,
         lagging=row_groups.lagging_rows(batch["source"], batch["lag"]),
     )
-    out = loss.fn(inputs, loss.make_settings(spec.get("loss_config", {})))
+    out = loss.fn(inputs, settings)
     out.loss.backward()
     return float(out.loss.detach()), logp.grad
 

@@ -150,7 +150,7 @@ def candidate_quotes() -> List[str]:
         rows.append(
             [
                 f"`{m}`",
-                f"`{spec.get('ess_scope', 'batch')}`",
+                f"`{config.get('ess_scope', 'batch')}`",
                 f"`{config.get('trust_region', 'none')}`",
                 f"`{config.get('kl_estimator')}` toward `{config.get('kl_anchor')}`",
             ]

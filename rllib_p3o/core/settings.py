@@ -30,7 +30,6 @@ PRECISION = "precision"
 RESOURCES = "resources"
 GROUPS: Tuple[str, ...] = (MODEL, LOSSES_GROUP, SAMPLING, SYNC, EVALUATION, OFFLINE, PRECISION, RESOURCES)
 
-ESS_SCOPES = ("batch", "source", "version")
 # With in-flight weight updates, a running sequence's prefix KV after a load (`rllib_p3o.runner.inflight`).
 INFLIGHT_KV_CACHE = ("recompute", "keep")
 # How a setting that names files is resolved (`setting(path=...)`).
@@ -127,20 +126,6 @@ class P3OSettings:
         group=LOSSES_GROUP,
         resettable=True,
         help="Entropy bonus weight (0 = off; computing entropy needs the full vocabulary per token).",
-    )
-    ess_scope: str = setting(
-        "version",
-        group=LOSSES_GROUP,
-        resettable=True,
-        choices=ESS_SCOPES,
-        help="Over which tokens P3O's ESS is taken. \"version\" (the default, chosen on the claims bench's development "
-        "set): one ESS per data source and policy version of the optimizer step's minibatch across all learners (the "
-        "policy's own rollouts by how many optimizer steps behind their sampling weights are, each behavior model, "
-        "each offline source), so a stale version's rows are capped and pulled by their own mismatch instead of "
-        'being diluted by fresher rows; equal to "source" where every row of a source is of one version (sync '
-        'sampling). "source": one ESS per data source; with one source (on-policy or async data alone, one version) '
-        "it is the paper's ESS. \"batch\" (the paper's): all valid tokens of the minibatch, one ESS for everything, so "
-        "a mixture's most off-policy part lowers the cap of all of it.",
     )
     max_consecutive_nonfinite_steps: int = setting(
         3,

@@ -99,6 +99,7 @@ class P3OTorchLearner(TorchLearner):
         # The objective (`rllib_p3o.core.losses`) and its settings, resolved once (validated with the config).
         self._loss = get_loss(self.config.loss)
         self._loss_settings = self.config.loss_settings()
+        self._ess_scope = self._loss.ess_scope_of(self._loss_settings)
         self._measure_mismatch = False  # set at the start of each update, for its first minibatch
         # Optimizer steps applied since the current update began: a row sampled by the weights at the update's start
         # is that many steps behind them at the next minibatch (`_row_lag`).
@@ -208,7 +209,7 @@ class P3OTorchLearner(TorchLearner):
     def compute_loss_for_module(
         self, *, module_id: ModuleID, config: "AlgorithmConfig", batch: Dict[str, Any], fwd_out: Dict[str, TensorType]
     ) -> TensorType:
-        """``config`` is a `P3OConfig`: its ``loss`` (with ``loss_config``), ``ess_scope`` and coefficients choose the
+        """``config`` is a `P3OConfig`: its ``loss`` (with ``loss_config``, its ``ess_scope`` among them) and coefficients choose the
         objective."""
         logp = fwd_out[TOKEN_LOGP]
         mask = batch[Columns.COMPLETION_MASK].bool()
@@ -222,7 +223,7 @@ class P3OTorchLearner(TorchLearner):
         if ref_logp is None and config.kl_ref_coeff > 0:
             ref_logp = self._reference_logprobs(module_id, config, batch)
         lag = self._row_lag(batch)
-        groups, num_groups = self._ess_groups(config, batch, lag) if self._loss.ess_scoped else (None, 0)
+        groups, num_groups = self._ess_groups(batch, lag) if self._loss.ess_scoped else (None, 0)
         loss, ess, stats = compute_loss(
             self._loss,
             self._loss_settings,
@@ -287,14 +288,14 @@ class P3OTorchLearner(TorchLearner):
             return None
         return row_groups.lagging_rows(batch[Columns.SOURCE_ID], lag)
 
-    @staticmethod
     def _ess_groups(
-        config: "AlgorithmConfig", batch: Dict[str, Any], lag: Optional[torch.Tensor] = None
+        self, batch: Dict[str, Any], lag: Optional[torch.Tensor] = None
     ) -> Tuple[Optional[torch.Tensor], int]:
-        """Each row's ESS group for ``config.ess_scope`` (`row_groups.ess_groups`); ``(None, 0)`` for "batch"."""
+        """Each row's ESS group for the scope the loss asks for (`LossSpec.ess_scope_of` its settings,
+        `row_groups.ess_groups`); ``(None, 0)`` for "batch"."""
         if Columns.SOURCE_ID not in batch:
             return None, 0
-        return row_groups.ess_groups(config.ess_scope, batch[Columns.SOURCE_ID], lag)
+        return row_groups.ess_groups(self._ess_scope, batch[Columns.SOURCE_ID], lag)
 
     def _log_groups(self, module_id, column, label, logp, batch, mask, ess, own_cap: bool = False) -> None:
         """Diagnostics per value of ``column``: per source (the policy, offline data, each behavior model) or

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from rllib_p3o.core.losses import LOSSES, get_loss
+from rllib_p3o.core.settings import BY_KEYWORD
 from rllib_p3o.p3o import P3OConfig
 from rllib_p3o.tasks.addition import AdditionTask
 from rllib_p3o.tasks.arithmetic import ArithmeticTask
@@ -24,7 +25,9 @@ from rllib_p3o.tasks.sorting import SortingTask
 # The demo sweep's P3O and its ablations were measured with P3O's KL as it was then (and as the paper writes it): the
 # plain k3 toward π_b; they stay so, so that its table reproduces. Every P3O form of the earlier grids names its trust
 # region ("none", as it was measured), so that its name keeps its meaning whatever P3O's default.
-_NONE = {"trust_region": "none"}
+# The earlier grids ran every P3O form with one ESS per batch unless the form named another scope, so those forms name
+# it ("batch"), whatever P3O's default scope.
+_NONE = {"trust_region": "none", "ess_scope": "batch"}
 _K3_TO_BEHAVIOR = {"kl_estimator": "k3", "kl_anchor": "behavior", **_NONE}
 METHODS: Dict[str, Dict[str, Any]] = {
     "p3o": {"loss": "p3o", "loss_config": _K3_TO_BEHAVIOR},
@@ -32,7 +35,7 @@ METHODS: Dict[str, Dict[str, Any]] = {
     "grpo_eps0.4": {"loss": "grpo", "loss_config": {"clip_low": 0.4, "clip_high": 0.4}},
     "grpo_eps0.6": {"loss": "grpo", "loss_config": {"clip_low": 0.6, "clip_high": 0.6}},
     "p3o_no_cap": {"loss": "p3o_no_cap", "loss_config": _K3_TO_BEHAVIOR},
-    "p3o_no_kl": {"loss": "p3o_no_kl"},
+    "p3o_no_kl": {"loss": "p3o_no_kl", "loss_config": {"ess_scope": "batch"}},
     # The baselines peers ship (π_old recomputed by the learner; see the losses guide), at verl's defaults.
     "grpo_tis_eps0.2": {"loss": "grpo_tis", "loss_config": {"clip_low": 0.2, "clip_high": 0.2}},
     "grpo_tis_eps0.4": {"loss": "grpo_tis", "loss_config": {"clip_low": 0.4, "clip_high": 0.4}},
@@ -47,57 +50,63 @@ METHODS: Dict[str, Dict[str, Any]] = {
     "p3o_k3_is": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "behavior", **_NONE}},
     "p3o_k3_is_prox": {"loss": "p3o", "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal", **_NONE}},
     # ... each with one ESS per source of rows (the policy's own, each behavior model, offline data).
-    "p3o_k3_src": {"loss": "p3o", "loss_config": _K3_TO_BEHAVIOR, "ess_scope": "source"},
+    "p3o_k3_src": {"loss": "p3o", "loss_config": {**_K3_TO_BEHAVIOR, "ess_scope": "source"}},
     "p3o_k3_is_src": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "behavior", **_NONE},
-        "ess_scope": "source",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "behavior", **_NONE, "ess_scope": "source"},
     },
     "p3o_k3_is_prox_src": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal", **_NONE},
-        "ess_scope": "source",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "proximal", **_NONE, "ess_scope": "source"},
     },
     # P3O's defaults in 0.2, spelled out (the claims bench's full grid, results/bench): k3_is, anchored at π_b on the
     # policy's own rows and at π_old on another model's, one ESS per source.
     "p3o_default": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", **_NONE},
-        "ess_scope": "source",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", **_NONE, "ess_scope": "source"},
     },
     # The paper's reference implementation (FeynRL `algs/P3O/p3o.py`): the clamped k3 toward π_b, one ESS per batch.
     "p3o_reference": {
         "loss": "p3o",
         "loss_config": {"kl_estimator": "k3_clamped", "kl_anchor": "behavior", **_NONE},
-        "ess_scope": "batch",
     },
     # Candidates against multi-version staleness (docs/results/claims.md, the development set): P3O as in 0.2 (named
     # by what it is, so that its name keeps its meaning when the default changes), with one ESS per source and policy
     # version, and/or with a trust region on lagging tokens from the ESS itself.
     "p3o_source": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", "trust_region": "none"},
-        "ess_scope": "source",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", "trust_region": "none", "ess_scope": "source"},
     },
     "p3o_version": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", **_NONE},
-        "ess_scope": "version",
+        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", "trust_region": "none", "ess_scope": "version"},
     },
     "p3o_clip": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", "trust_region": "ess_clip"},
-        "ess_scope": "source",
+        "loss_config": {
+            "kl_estimator": "k3_is",
+            "kl_anchor": "auto",
+            "trust_region": "ess_clip",
+            "ess_scope": "source",
+        },
     },
     "p3o_clip_version": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", "trust_region": "ess_clip"},
-        "ess_scope": "version",
+        "loss_config": {
+            "kl_estimator": "k3_is",
+            "kl_anchor": "auto",
+            "trust_region": "ess_clip",
+            "ess_scope": "version",
+        },
     },
     "p3o_band": {
         "loss": "p3o",
-        "loss_config": {"kl_estimator": "k3_is", "kl_anchor": "auto", "trust_region": "ess_band"},
-        "ess_scope": "source",
+        "loss_config": {
+            "kl_estimator": "k3_is",
+            "kl_anchor": "auto",
+            "trust_region": "ess_band",
+            "ess_scope": "source",
+        },
     },
 }
 # Why P3O's default fell below its start on data another model recorded (offline_weaker, read then as the policy's own
@@ -105,7 +114,7 @@ METHODS: Dict[str, Dict[str, Any]] = {
 # as the policy's own (``offline_provenance="policy"``, as before provenance), with the trust region on or off and
 # the KL term anchored at the recorder (π_b), at π_old, or absent; P3O's default reads it as another model's (no trust
 # region, KL toward π_old: equal to ``p3o_own_free_prox`` in what it computes, with another source id).
-_OWN = {"offline_provenance": "policy", "ess_scope": "version"}
+_OWN = {"offline_provenance": "policy"}
 ABLATION_METHODS: Tuple[str, ...] = tuple(
     f"p3o_own_{region}_{anchor}" for region in ("clip", "free") for anchor in ("recorder", "prox", "nokl")
 )
@@ -113,7 +122,7 @@ for _region, _trust in (("clip", "ess_clip"), ("free", "none")):
     for _anchor, _kl in (("recorder", "behavior"), ("prox", "proximal"), ("nokl", "none")):
         METHODS[f"p3o_own_{_region}_{_anchor}"] = {
             "loss": "p3o",
-            "loss_config": {"kl_estimator": "k3_is", "kl_anchor": _kl, "trust_region": _trust},
+            "loss_config": {"kl_estimator": "k3_is", "kl_anchor": _kl, "trust_region": _trust, "ess_scope": "version"},
             **_OWN,
         }
 # Every registered loss is a method too, under its own name with its default settings (a new file in
@@ -145,10 +154,10 @@ BENCH_METHODS: Tuple[str, ...] = (
     "cispo",
 )
 # Keys a method may set: each gets a `tune.sample_from` that reads the trial's method.
-METHOD_KEYS: Tuple[str, ...] = ("loss", "loss_config", "ess_scope", "offline_provenance")
-# A method that does not name a key trains with this value (the paper's ESS scope, as the grids were measured;
-# offline data read by their recorded provenance).
-DEFAULTS: Dict[str, Any] = {"loss": "p3o", "loss_config": {}, "ess_scope": "batch", "offline_provenance": "auto"}
+METHOD_KEYS: Tuple[str, ...] = ("loss", "loss_config", "offline_provenance")
+# A method that does not name a key trains with the setting's own default (`rllib_p3o.core.settings`): P3O's loss with
+# its own settings' defaults (`P3OLossSettings`), offline data read by their recorded provenance.
+DEFAULTS: Dict[str, Any] = {key: BY_KEYWORD[key].default() for key in METHOD_KEYS}
 # Tune search keys (not P3OConfig settings: `P3O.reset_config` ignores them): the trial's (method, seed, lr peak)
 # cell, and its method's name.
 CELL = "sweep_cell"
@@ -511,7 +520,7 @@ def canonical_method(method: str, regime: Regime, defaults: Optional[Dict[str, A
     loss = get_loss(spec.get("loss", DEFAULTS["loss"]))
     settings = dataclasses.asdict(loss.make_settings(spec.get("loss_config", DEFAULTS["loss_config"])))
     traits = method_traits(method, regime, defaults)
-    scope = spec.get("ess_scope", DEFAULTS["ess_scope"]) if loss.ess_scoped else None
+    scope = settings.pop("ess_scope", None) if loss.ess_scoped else None
     if scope == "version" and VERSIONS not in traits:
         scope = "source"
     if scope == "source" and OTHER_MODEL_ROWS not in traits:

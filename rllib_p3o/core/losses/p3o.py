@@ -15,7 +15,7 @@ learner: π_old for the KL anchor ``"proximal"`` always, for ``"auto"`` only whe
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -47,6 +47,10 @@ REFERENCE_KL_ANCHOR = "behavior"
 DEFAULT_KL_ESTIMATOR = "k3_is"
 DEFAULT_KL_ANCHOR = "auto"
 DEFAULT_TRUST_REGION = "ess_clip"  # chosen on the claims bench's development set (docs/results/staleness.md)
+# Over which tokens the ESS is taken (`rllib_p3o.learner.row_groups.ess_groups`): the minibatch, each data source of
+# it, or each (source, policy version). "version" was chosen with the trust region (docs/results/staleness.md).
+ESS_SCOPES = ("batch", "source", "version")
+DEFAULT_ESS_SCOPE = "version"
 
 
 def p3o_loss(
@@ -65,7 +69,7 @@ def p3o_loss(
     behavior_kl: bool = True,
     kl_estimator: str = DEFAULT_KL_ESTIMATOR,
     anchor_logprobs: Optional[torch.Tensor] = None,
-    trust_region: str = "none",
+    trust_region: str = DEFAULT_TRUST_REGION,
     lagging: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Metrics]:
     """The batch-adaptive P3O loss (``cap=False`` / ``behavior_kl=False``: its ablations, `rllib_p3o.core.losses`).
@@ -102,7 +106,8 @@ def p3o_loss(
     applied to P3O's detached weight); ``ε_t`` is the coefficient of variation of the ratios of the token's ESS
     group, so the band is the spread the data show, with no coefficient. Fresh tokens (sampled by the current
     weights: their ratios carry only the sampler's mismatch) and other models' tokens are never masked. The KL term
-    acts on every token. ``"none"`` (the default): ``m_t = 1``.
+    acts on every token. ``"none"``: ``m_t = 1``. The default is the registered loss's
+    (`DEFAULT_TRUST_REGION`); without ``lagging`` no token lags, and every trust region is ``"none"``.
 
     Returns ``(loss, metrics)`` where loss is this rank's share (see module docstring) and metrics are global
     token-means: ``loss``, ``pg_loss``, ``ess`` (of the whole batch), ``ratio_mean``, ``ratio_max``,
@@ -160,18 +165,28 @@ class P3OLossSettings:
     the learner's weights at the start of the iteration, everywhere; one forward pass per update) or ``"none"`` (no
     KL term at all: ``p3o_no_kl``'s objective, with this setting's trust region). The paper's
     reference implementation is ``loss="p3o_reference"`` (``kl_estimator="k3_clamped", kl_anchor="behavior",
-    trust_region="none"`` with ``ess_scope="batch"``).
+    trust_region="none", ess_scope="batch"``).
 
     ``trust_region``: what bounds the policy-gradient term on *lagging* tokens, the policy's own tokens sampled by
     weights the learner has moved from since (stale async rows, every optimizer step after a batch's first, offline
     data): ``"ess_clip"`` (the default: no gradient on a lagging token whose ratio is outside ``1 ± sqrt(1/ESS - 1)``
     on the side its advantage pushes toward, one coefficient of variation of its ESS group's ratios), ``"ess_band"``
     (the same with the band ``[ESS, 1/ESS]``) or ``"none"`` (the paper's: only the cap); see `p3o_loss`. Fresh rows
-    (on-policy, a batch's first optimizer step) and rows another model wrote are never clipped."""
+    (on-policy, a batch's first optimizer step) and rows another model wrote are never clipped.
+
+    ``ess_scope``: over which tokens the ESS is taken. ``"version"`` (the default, chosen on the claims bench's
+    development set): one ESS per data source and policy version of the optimizer step's minibatch across all learners
+    (the policy's own rollouts by how many optimizer steps behind their sampling weights are, each behavior model, each
+    offline source), so a stale version's rows are capped and pulled by their own mismatch instead of being diluted by
+    fresher rows; equal to ``"source"`` where every row of a source is of one version (sync sampling). ``"source"``:
+    one ESS per data source; with one source (on-policy or async data alone, one version) it is the paper's ESS.
+    ``"batch"`` (the paper's): all valid tokens of the minibatch, one ESS for everything, so a mixture's most
+    off-policy part lowers the cap of all of it."""
 
     kl_estimator: str = DEFAULT_KL_ESTIMATOR
     kl_anchor: str = DEFAULT_KL_ANCHOR
     trust_region: str = DEFAULT_TRUST_REGION
+    ess_scope: str = DEFAULT_ESS_SCOPE
 
     def __post_init__(self) -> None:
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -180,6 +195,29 @@ class P3OLossSettings:
             raise ValueError(f"kl_anchor must be one of {', '.join(KL_ANCHORS)}, got {self.kl_anchor!r}")
         if self.trust_region not in TRUST_REGIONS:
             raise ValueError(f"trust_region must be one of {', '.join(TRUST_REGIONS)}, got {self.trust_region!r}")
+        check_ess_scope(self.ess_scope)
+
+
+def check_ess_scope(scope: str) -> None:
+    """ValueError unless ``scope`` is one of `ESS_SCOPES`."""
+    if scope not in ESS_SCOPES:
+        raise ValueError(f"ess_scope must be one of {', '.join(ESS_SCOPES)}, got {scope!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class P3OScopeSettings:
+    """The settings of P3O's ablation without a KL term (``p3o_no_kl``): only which tokens its ESS is taken over
+    (``ess_scope``, as `P3OLossSettings`')."""
+
+    ess_scope: str = DEFAULT_ESS_SCOPE
+
+    def __post_init__(self) -> None:
+        check_ess_scope(self.ess_scope)
+
+
+def settings_ess_scope(settings: Any) -> str:
+    """What an ESS-scoped P3O loss asks of the learner: the ESS groups of its ``ess_scope`` setting."""
+    return settings.ess_scope
 
 
 def old_logprobs_needed(settings: P3OLossSettings) -> OldLogprobs:
@@ -227,7 +265,10 @@ def _p3o(inputs: LossInputs, settings: P3OLossSettings, cap: bool = True, behavi
 
 # How the P3O losses with a KL term register: their settings, ESS per group, π_old as the KL anchor needs it.
 _WITH_KL = dict(
-    settings=P3OLossSettings, ess_scoped=True, old_logprobs=old_logprobs_needed, needs_untruncated_sampling=True
+    settings=P3OLossSettings,
+    ess_scope=settings_ess_scope,
+    old_logprobs=old_logprobs_needed,
+    needs_untruncated_sampling=True,
 )
 
 
@@ -246,8 +287,8 @@ def p3o_no_cap(inputs: LossInputs, settings: P3OLossSettings) -> LossOutput:
     return _p3o(inputs, settings, cap=False)
 
 
-@register_loss("p3o_no_kl", ess_scoped=True, needs_untruncated_sampling=True)
-def p3o_no_kl(inputs: LossInputs, settings: NoSettings) -> LossOutput:
+@register_loss("p3o_no_kl", settings=P3OScopeSettings, ess_scope=settings_ess_scope, needs_untruncated_sampling=True)
+def p3o_no_kl(inputs: LossInputs, settings: P3OScopeSettings) -> LossOutput:
     """Ablation of P3O without the KL term: ``ℓ_t = -sg(min(r_t, ESS))·logπθ_t·A_t``.
 
     Only the ESS cap adapts to the batch; nothing pulls the policy toward the behavior policy."""
@@ -256,14 +297,16 @@ def p3o_no_kl(inputs: LossInputs, settings: NoSettings) -> LossOutput:
 
 # The paper's reference implementation (FeynRL `algs/P3O/p3o.py`): the k3 toward π_b with its exponent clamped to ±10,
 # the cap only, one ESS per batch.
-PAPER_SETTINGS = P3OLossSettings(kl_estimator="k3_clamped", kl_anchor="behavior", trust_region="none")
+PAPER_SETTINGS = P3OLossSettings(
+    kl_estimator="k3_clamped", kl_anchor="behavior", trust_region="none", ess_scope="batch"
+)
 
 
 @register_loss("p3o_reference", needs_untruncated_sampling=True)
 def p3o_reference(inputs: LossInputs, settings: NoSettings) -> LossOutput:
     """The paper's reference implementation, one setting away from the default (``loss="p3o_reference"``):
     ``ℓ_t = -sg(min(r_t, ESS))·logπθ_t·A_t + (1 - ESS)·k3_clamped(πθ, π_b)_t`` with one ESS over the whole batch
-    (not ESS-scoped: ``ess_scope`` does not apply), no trust region. The same as ``loss="p3o"`` with
-    ``loss_config={"kl_estimator": "k3_clamped", "kl_anchor": "behavior", "trust_region": "none"}`` and
-    ``ess_scope="batch"``."""
+    (not ESS-scoped: it has no ``ess_scope``), no trust region. The same as ``loss="p3o"`` with
+    ``loss_config={"kl_estimator": "k3_clamped", "kl_anchor": "behavior", "trust_region": "none", "ess_scope":
+    "batch"}``."""
     return _p3o(inputs, PAPER_SETTINGS)

@@ -47,7 +47,7 @@ class LossInputs:
     kl_ref_coeff: float = 0.0
     entropy: Optional[torch.Tensor] = None  # per-token entropy (with entropy_coeff > 0)
     entropy_coeff: float = 0.0
-    # [B] (per row) or [B, T] (per token) group index, for ess_scope="source" or "version" (ESS-scoped losses)
+    # [B] (per row) or [B, T] (per token) group index, for a loss whose ess_scope is "source" or "version"
     ess_groups: Optional[torch.Tensor] = None
     num_ess_groups: int = 0
     # log π_old: the learner's policy before this update, recomputed once per update (losses registered with
@@ -82,20 +82,31 @@ LossFn = Callable[[LossInputs, Any], LossOutput]
 
 
 class LossSpec(NamedTuple):
-    """A registered loss: its function, its settings dataclass, whether it takes ``ess_groups``, and when it needs
-    ``old_logprobs`` (`OldLogprobs`, or a function of the loss's settings returning one: P3O's depends on its KL
-    anchor); the learner asks `old_logprobs_needed` and reads none of a loss's settings itself."""
+    """A registered loss: its function, its settings dataclass, over which tokens it wants its ESS groups (``ess_scope``:
+    a function of its settings, None for a loss that takes no ``ess_groups``), and when it needs ``old_logprobs``
+    (`OldLogprobs`, or a function of the loss's settings returning one: P3O's depends on its KL anchor); the learner
+    asks `ess_scope_of` and `old_logprobs_needed` and reads none of a loss's settings itself."""
 
     name: str
     fn: LossFn
     settings: Type[Any]
-    ess_scoped: bool
+    ess_scope: Optional[Callable[[Any], str]]
     old_logprobs: Union[OldLogprobs, Callable[[Any], OldLogprobs]] = OldLogprobs.NEVER
     # The loss's statistics (P3O's ESS, cap and KL) read the behavior log-probs as those of the distribution the
     # learner's log-probs are of: under top-p/top-k truncation the learner renormalizes over the sampler's recorded
     # kept sets, and the config refuses truncation without them (``kept_set_cap=0``: the truncated distribution's
     # log-probs are higher than any untruncated policy's, so even fresh samples would look off-policy).
     needs_untruncated_sampling: bool = False
+
+    @property
+    def ess_scoped(self) -> bool:
+        """Whether the loss takes ESS groups (``inputs.ess_groups``) at all."""
+        return self.ess_scope is not None
+
+    def ess_scope_of(self, settings: Any) -> str:
+        """The ESS groups the learner computes for this loss with these settings: ``"batch"`` (none: one ESS),
+        ``"source"`` or ``"version"`` (`rllib_p3o.learner.row_groups.ess_groups`)."""
+        return self.ess_scope(settings) if self.ess_scope is not None else "batch"
 
     def old_logprobs_needed(self, settings: Any) -> OldLogprobs:
         """When the learner must compute ``old_logprobs`` for this loss with these settings."""
@@ -129,14 +140,15 @@ LOSSES: Dict[str, LossSpec] = {}
 def register_loss(
     name: str,
     settings: Type[Any] = NoSettings,
-    ess_scoped: bool = False,
+    ess_scope: Optional[Callable[[Any], str]] = None,
     old_logprobs: Union[OldLogprobs, Callable[[Any], OldLogprobs]] = OldLogprobs.NEVER,
     needs_untruncated_sampling: bool = False,
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn(inputs, settings) -> LossOutput`` under ``name``.
 
-    ``settings``: the loss's frozen settings dataclass (defaults = the loss's defaults). ``ess_scoped``: the loss
-    uses ``inputs.ess_groups`` (``ess_scope`` "source" or "version"), so the learner computes them. ``old_logprobs``:
+    ``settings``: the loss's frozen settings dataclass (defaults = the loss's defaults). ``ess_scope``: for a loss
+    that uses ``inputs.ess_groups``, a function ``settings -> "batch" | "source" | "version"`` (the scope is one of
+    the loss's settings), so the learner computes them. ``old_logprobs``:
     when the loss reads ``inputs.old_logprobs``, which the learner then computes before the update (one forward pass):
     an `OldLogprobs`, or a function ``settings -> OldLogprobs`` when that depends on the loss's settings.
     ``needs_untruncated_sampling``: the config refuses top-p/top-k sampling with this loss unless the kept sets are
@@ -150,7 +162,7 @@ def register_loss(
             name,
             fn,
             settings,
-            ess_scoped,
+            ess_scope,
             OldLogprobs(old_logprobs) if not callable(old_logprobs) else old_logprobs,
             needs_untruncated_sampling,
         )
