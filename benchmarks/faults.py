@@ -36,28 +36,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(model: str, record_dir: str, num_env_runners: int):
-    from rllib_p3o import P3OConfig
-    from rllib_p3o.tasks import ArithmeticTask
+    from rllib_p3o.tasks.scenarios import tiny_run
 
     def starts_with_digit(prompts, completions, **_):
         return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
 
-    return (
-        P3OConfig()
-        .environment(env_config={"dataset": ArithmeticTask().train_rows()[:40], "reward_fn": starts_with_digit})
-        .training(
-            model=model,
-            group_size=4,
-            prompts_per_step=4,
-            max_tokens=2,
-            lr=1e-3,
-            eval_interval=0,
-            record_rollouts=record_dir,
-        )
-        .env_runners(num_env_runners=num_env_runners)
-        .fault_tolerance(restart_failed_env_runners=True)
-        .debugging(seed=0)
+    config = tiny_run(
+        model,
+        starts_with_digit,
+        rows=40,
+        prompts_per_step=4,
+        num_env_runners=num_env_runners,
+        record_rollouts=record_dir,
     )
+    return config.fault_tolerance(restart_failed_env_runners=True)
 
 
 def _prompt_accounting(record_dir: str, group_size: int = 4) -> dict:

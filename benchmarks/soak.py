@@ -63,36 +63,23 @@ def memory(pid: int, with_children: bool = False) -> Dict[str, float]:
 
 
 def config(mode: str, policy: str, behavior: str, record_dir: str):
-    from rllib_p3o import P3OConfig
-    from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
+    from rllib_p3o.tasks.scenarios import tiny_run
 
-    task = ArithmeticTask()
     extra = {"async_sampling": True, "max_staleness": 2} if mode == "async" else {}
-    return (
-        P3OConfig()
-        .environment(
-            env_config={
-                "dataset": task.train_rows(),
-                "eval_dataset": task.heldout_rows(),
-                "reward_fn": arithmetic_reward,
-            }
-        )
-        .training(
-            model=policy,
-            group_size=4,
-            prompts_per_step=4,
-            max_tokens=3,
-            lr=1e-4,
-            eval_interval=25,
-            eval_max_prompts=16,
-            behavior_models=[{"model": behavior, "name": "frozen", "samples": 2}],
-            record_rollouts=record_dir,
-            **extra,
-        )
-        .env_runners(num_env_runners=1)
-        .learners(num_learners=1)
-        .debugging(seed=0)
+    config = tiny_run(
+        policy,
+        rows=None,
+        eval_rows=None,
+        prompts_per_step=4,
+        max_tokens=3,
+        lr=1e-4,
+        eval_interval=25,
+        eval_max_prompts=16,
+        behavior_models=[{"model": behavior, "name": "frozen", "samples": 2}],
+        record_rollouts=record_dir,
+        **extra,
     )
+    return config.learners(num_learners=1)
 
 
 def soak(mode: str, policy: str, behavior: str, iterations: int, every: int) -> Dict[str, Any]:

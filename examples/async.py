@@ -6,8 +6,8 @@ Trains the demo base model with ``async_sampling=True`` through ``tune.Tuner`` a
 staleness and dropped samples; writes runs/async/summary.json and a plot. On 2 CPU cores the runner and the
 learner share the cores, so overlap buys less than on a GPU node (see benchmarks/async_vs_sync.py).
 
-The config is the demo's (`rllib_p3o.tasks.demo_config`) plus the two async options, spelled out as a
-``P3OConfig()`` chain, the way the README's usage builds one.
+The config is the demo's (`rllib_p3o.tasks.demo_config`) plus the two async options
+(`rllib_p3o.tasks.scenarios.async_demo_run`): ``demo_config(model, async_sampling=True, max_staleness=2)``.
 """
 
 from __future__ import annotations
@@ -25,38 +25,13 @@ def main() -> None:
     args = parser.parse_args()
     out = os.path.abspath(args.out)
 
-    from rllib_p3o import P3OConfig
     from rllib_p3o.core import metrics
     from rllib_p3o.driver.progress import plot_training_curves
-    from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
+    from rllib_p3o.tasks.scenarios import async_demo_run
 
     model = start(out)
-    task = ArithmeticTask()
-    config = (
-        P3OConfig()
-        .environment(
-            env_config={
-                "dataset": task.train_rows(),
-                "eval_dataset": task.heldout_rows(),
-                "reward_fn": arithmetic_reward,
-            }
-        )
-        .training(
-            model=model,
-            loss="p3o",
-            group_size=8,
-            prompts_per_step=64,
-            max_tokens=3,
-            lr=[[0, 1e-5], [5120, 5e-4]],  # linear warm-up over the first 10 iterations
-            minibatch_size=256,
-            eval_interval=5,
-            async_sampling=True,
-            max_staleness=args.max_staleness,
-        )
-        .env_runners(num_env_runners=1)  # one vLLM engine, generating while the learner updates
-        .learners(num_learners=0)  # the learner in the driver (Tune's trial actor)
-        .debugging(seed=0)
-    )
+    # One vLLM engine generating while the learner (in Tune's trial actor) updates.
+    config = async_demo_run(model, max_staleness=args.max_staleness)
     df, summary = run_tuner(config, "async", out, stop_at(0.95, args.time_limit, args.iterations))
     summary["staleness_mean"] = float(df[metrics.column(metrics.P3O, metrics.STALENESS_MEAN)].mean())
     summary["dropped_stale_samples"] = int(

@@ -16,9 +16,8 @@ import ray
 from ray import tune
 
 import rllib_p3o  # noqa: F401  (registers "P3O" with Tune)
-from rllib_p3o import P3OConfig
 from rllib_p3o.driver.progress import IterationPrinter
-from rllib_p3o.tasks import ArithmeticTask
+from rllib_p3o.tasks.scenarios import tiny_run
 
 NAME = "readme_style"
 
@@ -61,14 +60,7 @@ def main() -> int:
     if args.restore:
         tuner = tune.Tuner.restore(os.path.join(args.storage, NAME), trainable="P3O", resume_errored=True)
     else:
-        task = ArithmeticTask()
-        config = (
-            P3OConfig()
-            .environment(env_config={"dataset": task.train_rows()[:64], "reward_fn": make_reward(flag)})
-            .training(model=args.model, group_size=4, prompts_per_step=4, max_tokens=2, lr=args.lr, eval_interval=0)
-            .env_runners(num_env_runners=1)
-            .debugging(seed=0)
-        )
+        config = tiny_run(args.model, make_reward(flag), rows=64, prompts_per_step=4, lr=args.lr)
         checkpoints = (
             tune.CheckpointConfig()
             if args.no_checkpoints
