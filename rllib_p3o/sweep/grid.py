@@ -796,6 +796,35 @@ PROVENANCE_CONFIRMATION = Grid(
     recording_per_seed=True,
     lr_choice_from="results/bench-provenance-development/lr_choice.json",
 )
+# The second bench task (docs/results/addition.md): every method of the sorting bench, its lr chosen per lr family by
+# the same rule on the task's own development seeds (0-2), then a confirmation set on seeds 3-5 in the task's regimes:
+# the sorting bench's, and in-flight weight updates, which its completions (~27 tokens) are long enough to span.
+ADDITION_REGIMES: Tuple[str, ...] = (
+    "async_staleness_8",
+    "four_steps_per_batch",
+    "offline_weaker",
+    "async_4_in_flight",
+    "async_staleness_4",
+    "async_staleness_4_inflight",
+    "offline_stale",
+    "two_steps_per_batch",
+    "behavior_weaker",
+    "temperature_1.2",
+    "on_policy",
+)
+ADDITION_DEVELOPMENT = Grid(**{**PROVENANCE_DEVELOPMENT.__dict__, "task": "addition", "regime_methods": {}})
+ADDITION_CONFIRMATION = Grid(
+    regimes=ADDITION_REGIMES,
+    methods=PROVENANCE_METHODS,
+    seeds=(3, 4, 5),
+    iterations=30,
+    task="addition",
+    target=0.7,
+    collapse_from="best",
+    dedupe=True,
+    recording_per_seed=True,
+    lr_choice_from="results/bench-addition-development/lr_choice.json",
+)
 # Rounds of the claims bench's development and confirmation sets, the latest first (``rllib-p3o sweep --round``).
 ROUNDS: Tuple[str, ...] = ("provenance", "staleness")
 GRIDS: Dict[Tuple[str, str], Grid] = {
@@ -808,6 +837,8 @@ GRIDS: Dict[Tuple[str, str], Grid] = {
     ("sorting", "staleness-development"): BENCH_DEVELOPMENT,
     ("sorting", "staleness-confirmation"): BENCH_CONFIRMATION,
     ("sorting", "inflight"): BENCH_INFLIGHT,
+    ("addition", "development"): ADDITION_DEVELOPMENT,
+    ("addition", "confirmation"): ADDITION_CONFIRMATION,
 }
 
 

@@ -630,7 +630,8 @@ def _parser() -> argparse.ArgumentParser:
         "--task",
         choices=sorted(TASKS),
         default="arithmetic",
-        help="arithmetic: the demo's task (the easy control); sorting: the claims bench",
+        help="arithmetic: the demo's task (the easy control); sorting: the claims bench; addition: the claims bench's "
+        "second task (3-digit sums with the carries written out: docs/results/addition.md)",
     )
     size = parser.add_mutually_exclusive_group()
     size.add_argument(
@@ -651,20 +652,26 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--development",
         action="store_true",
-        help="the claims bench's development set of --round (sorting only). provenance (the default): offline data "
+        help="the claims bench's development set (--task addition: the second task's, {} trials or more); with --task "
+        "sorting, of --round: provenance (the default): offline data "
         "read by their provenance, each method's lr chosen per lr family and the ablation in offline_weaker ({} trials "
         "or more: the lr stage extends its bracket while a method's best peak is at an end); staleness: P3O under "
         "staleness ({} trials or more)".format(
-            GRIDS["sorting", "development"].num_trials(), GRIDS["sorting", "staleness-development"].num_trials()
+            GRIDS["addition", "development"].num_trials(),
+            GRIDS["sorting", "development"].num_trials(),
+            GRIDS["sorting", "staleness-development"].num_trials(),
         ),
     )
     size.add_argument(
         "--confirmation",
         action="store_true",
-        help="the claims bench's confirmation set of --round (sorting only), at its development set's committed lr "
-        "choice: provenance {} trials (results/bench-provenance-development/lr_choice.json), staleness {} "
-        "(results/bench-development/lr_choice.json)".format(
-            GRIDS["sorting", "confirmation"].num_trials(), GRIDS["sorting", "staleness-confirmation"].num_trials()
+        help="the claims bench's confirmation set, at its development set's committed lr choice: --task addition {} "
+        "trials (results/bench-addition-development/lr_choice.json); --task sorting, of --round: provenance {} trials "
+        "(results/bench-provenance-development/lr_choice.json), staleness {} (results/bench-development/"
+        "lr_choice.json)".format(
+            GRIDS["addition", "confirmation"].num_trials(),
+            GRIDS["sorting", "confirmation"].num_trials(),
+            GRIDS["sorting", "staleness-confirmation"].num_trials(),
         ),
     )
     size.add_argument(
@@ -710,8 +717,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse (exit 2) an ``--out`` on object storage and a ``--parallel`` below 1."""
-    if (args.development or args.confirmation or args.inflight) and args.task != "sorting":
-        parser.error("--development, --confirmation and --inflight are grids of the claims bench: add --task sorting")
+    size = next((k for k in ("quick", "development", "confirmation", "inflight") if getattr(args, k)), "full")
+    if (args.task, _size_key(args)) not in GRIDS:
+        have = sorted({k[1] for k in GRIDS if k[0] == args.task and "-" not in k[1]})
+        parser.error(f"--task {args.task} has no --{size} grid (its grids: {', '.join('--' + h for h in have)})")
     if storage.is_uri(args.out) and storage.uri_scheme(args.out) != "file":
         # The prepared models must be local directories (vLLM and transformers load them), and a resumed sweep reads
         # its per-trial files back: an object store cannot hold either. Refused rather than written to "./s3:".
@@ -724,12 +733,17 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--parallel must be >= 1, got {args.parallel}")
 
 
-def _grid(args: argparse.Namespace) -> Grid:
-    """The task's quick or full grid with the regimes, methods, seeds, iterations and lr the arguments name."""
+def _size_key(args: argparse.Namespace) -> str:
+    """The grid the size flags name (``--round`` picks the claims bench's earlier development/confirmation sets)."""
     size = next((k for k in ("quick", "development", "confirmation", "inflight") if getattr(args, k)), "full")
     if size in ("development", "confirmation") and getattr(args, "round", ROUNDS[0]) != ROUNDS[0]:
         size = f"{args.round}-{size}"
-    grid = GRIDS[args.task, size]
+    return size
+
+
+def _grid(args: argparse.Namespace) -> Grid:
+    """The task's quick or full grid with the regimes, methods, seeds, iterations and lr the arguments name."""
+    grid = GRIDS[args.task, _size_key(args)]
     changes = {
         k: tuple(v) for k, v in (("regimes", args.regimes), ("methods", args.methods), ("seeds", args.seeds)) if v
     }

@@ -16,7 +16,10 @@ How it differs from the sorting task (`rllib_p3o.tasks.sorting`), and why both a
 The base model (`build_addition_model`) is pretrained like the sorting task's: it has seen the format with the right
 computation only for ``correct_fraction`` of the lines; the others carry one slip (a carry dropped, or a column's
 sum off by one), and their sum follows from the slip, so it adds sloppily and RL has to make the carries right.
-Held-out pairs never appear in pretraining or RL prompts.
+Held-out pairs never appear in pretraining or RL prompts. With 2,500 steps and ``correct_fraction`` 0.2 it answers
+0.32 of the held-out sums right when it samples at T = 1 (avg@4); on-policy P3O at a peak lr of 5e-4 took it to 0.89
+in 30 iterations (one seed, before the bench: with 1,500 steps it started at 0.36 and reached only 0.77; at 1e-3 it
+fell back to 0.41). The bench's pages give the measured spread.
 """
 
 from __future__ import annotations
@@ -142,7 +145,7 @@ def build_addition_model(
     path: str,
     *,
     task: Optional[AdditionTask] = None,
-    pretrain_steps: int = 1500,
+    pretrain_steps: int = 2500,
     seed: int = 0,
     format_fraction: float = 0.5,
     correct_fraction: float = 0.2,
