@@ -26,6 +26,10 @@ def test_infrastructure_failures_are_told_from_training_failures():
     assert not failures.is_infrastructure_failure(_task_error(NonFiniteStepError("3 steps skipped")))
     assert not failures.is_infrastructure_failure(ValueError("bad config"))
     assert not failures.is_infrastructure_failure(None)
+    # A runner alive but late on a busy machine (seen in a development grid beside a test run): retried, not a collapse.
+    late = RuntimeError("EnvRunner 1 did not return its 64 prompt groups within sample_timeout_s=60.0.")
+    assert failures.is_infrastructure_failure(_task_error(late))
+    assert not failures.is_infrastructure_failure(RuntimeError("async sampling produced no usable samples"))
     assert failures.summary_line("Traceback\n  ...\nActorDiedError: gone\n") == "ActorDiedError: gone"
 
 

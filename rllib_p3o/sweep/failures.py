@@ -34,6 +34,13 @@ INFRA_ERROR_TYPES = (
     "OutOfMemoryError",
     "RaySystemError",
 )
+# The driver's own timeouts on a runner that is alive but late (`rllib_p3o.driver.sampler`,
+# `rllib_p3o.driver.weight_sync`): on a machine that other work slows down, they say how busy it was, not what the
+# method did.
+TIMEOUT_TEXTS = (
+    "prompt groups within sample_timeout_s",
+    "did not finish loading weights within weight_sync_timeout_s",
+)
 # The same failures as their text says them, for an error Tune could only keep as a traceback.
 INFRA_ERROR_TEXTS = (
     "The actor died unexpectedly",
@@ -41,6 +48,7 @@ INFRA_ERROR_TEXTS = (
     "Connection closed by peer",
     "node has died",
     "was killed by the memory monitor",
+    *TIMEOUT_TEXTS,
     *INFRA_ERROR_TYPES,
 )
 

@@ -842,6 +842,10 @@ GRIDS: Dict[Tuple[str, str], Grid] = {
 }
 
 
+# Seconds a sweep's trial waits for a runner's samples (`regime_config`).
+SAMPLE_TIMEOUT_S = 900.0
+
+
 def seed_recording(recording: str, seed: int) -> str:
     """The recording a trial with ``seed`` trains on, in a grid with `Grid.recording_per_seed` (`rllib_p3o.sweep.prep`
     makes one per seed under the regime's recording folder)."""
@@ -873,6 +877,9 @@ def regime_config(regime: Regime, prepared: Prepared, grid: Grid, seed: Optional
         )
     task = TASKS[grid.task]
     config = task.config(prepared.base_model, eval_interval=grid.eval_interval, **grid.extra)
+    # A trial waits for a late runner rather than fail: on a machine other work slows down, RLlib's 60 s can pass
+    # while the runner is still generating (a timeout is retried as an infrastructure failure, not the method's).
+    config.env_runners(sample_timeout_s=max(config.sample_timeout_s or 0, SAMPLE_TIMEOUT_S))
     # Prompts by path and the reward by import path: Tune saves every trial's config (with rows, ~0.7 MB each),
     # and a reused actor compares configs.
     config.environment(
