@@ -100,15 +100,16 @@ BATCH_KEYS = ("rows", "prompt", "mean_completion", "max_completion")
 # Qwen2.5's settings beside the sizes.
 QWEN25 = dict(tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768)
 
+# Every path but "default" keeps the chunked LM head (fused_head="off", the only one before issue 64).
 PATHS: Dict[str, Dict[str, Any]] = {
-    "buckets_64": dict(length_buckets=64, pack_sequences=False),
-    "padded": dict(length_buckets=False, pack_sequences=False),
-    "buckets_measured": dict(length_buckets="measure", pack_sequences=False),
+    "buckets_64": dict(length_buckets=64, pack_sequences=False, fused_head="off"),
+    "padded": dict(length_buckets=False, pack_sequences=False, fused_head="off"),
+    "buckets_measured": dict(length_buckets="measure", pack_sequences=False, fused_head="off"),
     "default": dict(),
-    "packed": dict(pack_sequences=True),
-    "compiled": dict(length_buckets=False, pack_sequences=False, compile=True),
-    "packed_compiled": dict(pack_sequences=True, compile=True),
-    "packed_flex": dict(pack_sequences=True, attn="flex_attention"),
+    "packed": dict(pack_sequences=True, fused_head="off"),
+    "compiled": dict(length_buckets=False, pack_sequences=False, compile=True, fused_head="off"),
+    "packed_compiled": dict(pack_sequences=True, compile=True, fused_head="off"),
+    "packed_flex": dict(pack_sequences=True, attn="flex_attention", fused_head="off"),
 }
 DEFAULT_PATHS = ("buckets_64", "padded", "buckets_measured", "packed", "compiled", "packed_compiled")
 
@@ -525,7 +526,9 @@ def head_variant(model: torch.nn.Module, spec: Dict[str, Any], device: torch.dev
     upstream = torch.randn(rows, width - 1, generator=g).to(device)
     core = None
     if not spec["fused"]:
-        core = TokenLogprobs(model, chunk_size=HEAD_CHUNK_ROWS, length_buckets=False, pack_sequences=False)
+        core = TokenLogprobs(
+            model, chunk_size=HEAD_CHUNK_ROWS, length_buckets=False, pack_sequences=False, fused_head="off"
+        )
         core.prepare(device)
         assert core.chunked_head_ok
 

@@ -23,6 +23,7 @@ class TrainingSignature:
         trust_remote_code: bool = NotProvided,
         lora: Optional[Dict[str, Any]] = NotProvided,
         logprob_chunk_size: int = NotProvided,
+        fused_head: str = NotProvided,
         loss: str = NotProvided,
         loss_config: Dict[str, Any] = NotProvided,
         kl_ref_coeff: float = NotProvided,
@@ -85,6 +86,7 @@ class TrainingSignature:
                 trust_remote_code (bool, default False)
                 lora (Optional[Dict[str, Any]], default None)
                 logprob_chunk_size (int, default 8)
+                fused_head (str, default "auto")
             Losses:
                 loss (str, default "p3o")
                 loss_config (Dict[str, Any], default {})
