@@ -90,6 +90,12 @@ PACKING_CHECK_ATOL_HALF = 5e-2
 # Measured call costs, per device and model (`TokenLogprobs._cache_key`).
 _CALL_COST_CACHE: Dict[Tuple[Any, ...], Optional[float]] = {}
 
+# Why fused_head="on" cannot run where entropies are asked for.
+ENTROPY_REFUSAL = (
+    "fused_head='on' computes log-probs only, and an entropy bonus needs each token's entropy over the whole "
+    "vocabulary; use fused_head='auto' (the chunked head where entropies are asked for) or 'off'"
+)
+
 
 def validate_options(model_config: Mapping[str, Any]) -> None:
     """ValueError for a bad ``length_buckets``, ``pack_sequences``, ``compile`` or ``fused_head`` in an RLModule
@@ -105,13 +111,6 @@ def validate_options(model_config: Mapping[str, Any]) -> None:
         raise ValueError(f"fused_head must be one of {', '.join(map(repr, FUSED_HEAD_MODES))}, got {fused!r}")
     if fused == "on" and model_config.get("compute_entropy"):
         raise ValueError(ENTROPY_REFUSAL)
-
-
-# Why fused_head="on" cannot run where entropies are asked for.
-ENTROPY_REFUSAL = (
-    "fused_head='on' computes log-probs only, and an entropy bonus needs each token's entropy over the whole "
-    "vocabulary; use fused_head='auto' (the chunked head where entropies are asked for) or 'off'"
-)
 
 
 def is_right_padded(attention_mask: torch.Tensor) -> bool:
