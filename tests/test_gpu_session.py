@@ -74,7 +74,8 @@ def test_the_flex_stage_writes_each_case_before_the_next_starts(bench, monkeypat
     run_until_killed(bench, ["--flex", "--shape", "tiny", "--device", "cpu", "--out", str(out)])
     assert seen == [0, 1, 3, 4]  # each case on disk before the next starts; the 5th case killed
     cases = json.loads(out.read_text())["cases"]
-    # tests/test_flex_packing.py's case first, then the check shape's: the learner's packing check first.
+    # tests/test_flex_packing.py's case first, then at the check shape the learner's packing check's rows and what
+    # that check decides under flex attention, then the test's rows.
     order = ["tiny_hd64/float32/test", "tiny/float32/packing_check", "tiny/float32/learner_packing_check"]
     assert list(cases) == order + ["tiny/float32/test"]
     assert cases.pop("tiny/float32/learner_packing_check") == {"packing": True}
