@@ -307,6 +307,7 @@ class P3OConfig(TrainingSignature, AlgorithmConfig):
             "rollout_fp8_simulated": self.rollout_weights.fp8_simulated,
             "trust_remote_code": self.trust_remote_code,
             "logprob_chunk_size": self.logprob_chunk_size,
+            "fused_head": self.fused_head,
             "compute_entropy": self.entropy_coeff > 0,
             "lora": self.lora,
         }

@@ -1,6 +1,7 @@
 """`benchmarks/learner_gpu.py` runs where only torch and transformers are installed: here at the tiny shape on CPU,
 in a subprocess where importing Ray or vLLM fails (a meta-path finder refuses them), as on a GPU machine without
-them. And with Ray installed, ``import rllib_p3o`` still registers "P3O" with Tune."""
+them; `benchmarks/gpu_session.sh --rehearse` refuses to write into results/. And with Ray installed,
+``import rllib_p3o`` still registers "P3O" with Tune."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "learner_gpu.py")
+SESSION = os.path.join(ROOT, "benchmarks", "gpu_session.sh")
 
 # Python run with -c: Ray and vLLM cannot be imported, then the code given.
 WITHOUT_RAY = textwrap.dedent(
@@ -55,7 +57,7 @@ def test_the_package_imports_without_ray_and_says_what_needs_it():
 
 def test_the_benchmark_runs_every_path_and_the_check_without_ray(tmp_path):
     out, check = tmp_path / "tiny.json", tmp_path / "check.json"
-    paths = ["buckets_64", "padded", "buckets_measured", "default", "packed"]
+    paths = ["buckets_64", "padded", "buckets_measured", "default", "packed", "packed_fused"]
     proc = _run_without_ray(
         f"""
         import runpy
@@ -70,17 +72,38 @@ def test_the_benchmark_runs_every_path_and_the_check_without_ray(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["ray_importable"] is False and report["peak_flops"] is None  # a CPU: no MFU
-    assert report["batch"]["rows"] == 6 and "6*N" in report["mfu_formula"]
-    assert sorted(report["paths"]) == sorted(paths)
-    for name, record in report["paths"].items():
+    assert report["rows"] == [6] and "6*N" in report["mfu_formula"]
+    batch = report["batches"]["6"]
+    assert batch["batch"]["rows"] == 6
+    assert sorted(batch["paths"]) == sorted(paths)
+    for name, record in batch["paths"].items():
         assert "error" not in record, (name, record.get("traceback"))
         assert record["s_per_step"] > 0 and len(record["step_s"]) == 2 and record["real_tokens_per_s"] > 0
-    assert report["paths"]["padded"]["forward_passes"] == 1
-    assert report["paths"]["packed"]["packing"] is True
-    assert report["paths"]["packed"]["token_positions"] < report["paths"]["padded"]["token_positions"]
-    assert report["paths"]["default"]["packing"] is False  # a CPU keeps the bucket plan
+        assert record["peak_memory_gib"] > 0
+    assert batch["paths"]["padded"]["forward_passes"] == 1
+    assert batch["paths"]["packed"]["packing"] is True
+    assert batch["paths"]["packed"]["token_positions"] < batch["paths"]["padded"]["token_positions"]
+    assert batch["paths"]["default"]["packing"] is False  # a CPU keeps the bucket plan
+    assert batch["paths"]["packed"]["lm_head"] == "chunked" and batch["paths"]["packed_fused"]["lm_head"] == "fused"
+    assert batch["paths"]["default"]["lm_head"] == "chunked"  # the tiny shape's logits are far below 64 MiB
+    assert set(batch["fused_vs_chunked"]) == {"packed"} and batch["fused_vs_chunked"]["packed"]["time_ratio"] > 0
     result = json.loads(check.read_text())
-    assert result["pass"] == {"packed_float32": True, "packed_bf16": True, "losses": True}, result
+    assert result["pass"] == {
+        "packed_float32": True,
+        "packed_bf16": True,
+        "fused_head_float32": True,
+        "fused_head_bf16": True,
+        "losses": True,
+    }, result
+    assert result["fused_vs_chunked_head_float32"]["logp_max_abs_diff"] < 1e-5
+
+
+def test_a_rehearsal_does_not_write_into_results():
+    env = {**os.environ, "OUT": "results/benchmarks/learner_gpu_h200"}
+    proc = subprocess.run(["bash", SESSION, "--rehearse"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and "a rehearsal does not write into results/" in proc.stderr
+    bad = subprocess.run(["bash", SESSION, "--no-such-flag"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage:" in bad.stderr
 
 
 def test_import_rllib_p3o_registers_p3o_with_tune():

@@ -22,6 +22,7 @@ from rllib_p3o.core.settings import (
 )
 from rllib_p3o.core.sources import behavior_sample_counts
 from rllib_p3o.data.provenance import AUTO, PROVENANCE_CHOICES
+from rllib_p3o.learner.compute import ENTROPY_REFUSAL
 from rllib_p3o.learner.compute import validate_options as validate_module_options
 
 # A group's rules: a `P3OConfig` (typed loosely: the config's module imports this one) -> its problems.
@@ -38,11 +39,20 @@ def problems(config: Any, group: str) -> List[str]:
 def _model(config: Any) -> Iterator[str]:
     if not config.policy_model:
         yield "P3OConfig needs a policy model: .training(model='/path/to/hf-causal-lm')."
+    own = config._model_config if isinstance(config._model_config, dict) else {}
     try:
         # The user's own keys: the merged model_config would build P3O's part from settings not yet validated.
-        validate_module_options(config._model_config if isinstance(config._model_config, dict) else {})
+        validate_module_options(own)
     except ValueError as e:
         yield f"rl_module model_config: {e}"
+    yield from _fused_head_with_entropy(own.get("fused_head", config.fused_head), config.entropy_coeff)
+
+
+def _fused_head_with_entropy(fused_head: Any, entropy_coeff: Any) -> Iterator[str]:
+    """``fused_head="on"`` (the setting, or the model_config key over it) computes no entropy: refused with an
+    entropy bonus, which needs each token's entropy over the vocabulary ("auto" keeps the chunked head for it)."""
+    if fused_head == "on" and isinstance(entropy_coeff, (int, float)) and entropy_coeff > 0:
+        yield f"entropy_coeff={entropy_coeff}: {ENTROPY_REFUSAL}."
 
 
 def _losses(config: Any) -> Iterator[str]:

@@ -15,9 +15,14 @@ batch ``input_ids`` [B, T] with ``attention_mask`` [B, T], ``token_logp`` [B, T-
   the device before first use (`measure_call_cost`, counted twice: `planned_call_cost`; cached per device and
   model in this process), a failed or timed-out measurement counting as infinite (one padded pass); ``"measure"`` measures on any device, a number
   sets it, ``False`` runs every batch padded.
-- **The LM head**: the full-vocabulary logits are the largest activation of LM training (B·T·V floats), so the
-  head, log-softmax and gather run per chunk of ``chunk_size`` sequences under activation checkpointing once the
-  batch's float32 logits pass ``HEAD_CHUNKING_MIN_BYTES``; below that, once.
+- **The LM head**: the full-vocabulary logits are the largest activation of LM training (B·T·V floats). The chunked
+  head runs the head, log-softmax and gather per chunk of ``chunk_size`` sequences under activation checkpointing
+  once the batch's float32 logits pass ``HEAD_CHUNKING_MIN_BYTES``; below that, once. The fused head
+  (``fused_head``, `rllib_p3o.learner.fused_head`) computes the log-probs from the hidden states and the head's
+  weight a token chunk at a time and never holds the logits of all tokens: ``"on"`` wherever it can serve the model
+  (`fused_head_refusal`: a plain ``nn.Linear`` head whose output, soft-capped as the config says, is the model's
+  logits; refused otherwise, and with entropies), ``"auto"`` (default) where it can serve and the chunked head
+  would chunk, ``"off"`` never.
 - **Top-k/top-p sampling** (``kept_ids``, the sampler's kept set of each target, `rllib_p3o.core.columns.Columns`):
   each target's log-prob is renormalized over its kept set (`kept_set_logprobs`), so that the learner's log-prob and
   the sampler's processed log-prob are of the same truncated distribution.
@@ -43,6 +48,8 @@ from torch.utils.checkpoint import checkpoint
 
 from rllib_p3o.core.columns import KEPT_OVERFLOW
 from rllib_p3o.core.losses import LossInputs, LossOutput, LossSpec
+from rllib_p3o.core.settings import DEFAULT_FUSED_HEAD, FUSED_HEAD_MODES
+from rllib_p3o.learner.fused_head import DEFAULT_CHUNK_TOKENS, fused_token_logprobs
 from rllib_p3o.learner.length_buckets import (
     DEFAULT_CALL_COST_TOKENS,
     MEASURE_BUDGET_S,
@@ -83,15 +90,27 @@ PACKING_CHECK_ATOL_HALF = 5e-2
 # Measured call costs, per device and model (`TokenLogprobs._cache_key`).
 _CALL_COST_CACHE: Dict[Tuple[Any, ...], Optional[float]] = {}
 
+# Why fused_head="on" cannot run where entropies are asked for.
+ENTROPY_REFUSAL = (
+    "fused_head='on' computes log-probs only, and an entropy bonus needs each token's entropy over the whole "
+    "vocabulary; use fused_head='auto' (the chunked head where entropies are asked for) or 'off'"
+)
+
 
 def validate_options(model_config: Mapping[str, Any]) -> None:
-    """ValueError for a bad ``length_buckets``, ``pack_sequences`` or ``compile`` in an RLModule ``model_config``."""
+    """ValueError for a bad ``length_buckets``, ``pack_sequences``, ``compile`` or ``fused_head`` in an RLModule
+    ``model_config``, or ``fused_head="on"`` with ``compute_entropy`` (the fused head computes no entropy)."""
     bucket_call_cost(model_config.get("length_buckets", True))
     pack = model_config.get("pack_sequences", "auto")
     if not (pack is True or pack is False or pack == "auto"):
         raise ValueError(f"pack_sequences must be 'auto', True or False, got {pack!r}")
     if not isinstance(model_config.get("compile", False), bool):
         raise ValueError(f"compile must be True or False, got {model_config.get('compile')!r}")
+    fused = model_config.get("fused_head", DEFAULT_FUSED_HEAD)
+    if not isinstance(fused, str) or fused not in FUSED_HEAD_MODES:
+        raise ValueError(f"fused_head must be one of {', '.join(map(repr, FUSED_HEAD_MODES))}, got {fused!r}")
+    if fused == "on" and model_config.get("compute_entropy"):
+        raise ValueError(ENTROPY_REFUSAL)
 
 
 def is_right_padded(attention_mask: torch.Tensor) -> bool:
@@ -171,11 +190,19 @@ class TokenLogprobs:
         length_buckets: Union[bool, float, str] = True,
         pack_sequences: Union[bool, str] = "auto",
         compile: bool = False,
+        fused_head: str = DEFAULT_FUSED_HEAD,
         measure_budget_s: float = MEASURE_BUDGET_S,
         clock: Callable[[], float] = time.perf_counter,
         name: str = "model",
     ) -> None:
-        validate_options({"length_buckets": length_buckets, "pack_sequences": pack_sequences, "compile": compile})
+        validate_options(
+            {
+                "length_buckets": length_buckets,
+                "pack_sequences": pack_sequences,
+                "compile": compile,
+                "fused_head": fused_head,
+            }
+        )
         self.lm = lm
         self.autocast = autocast
         self.chunk_size = int(chunk_size)
@@ -188,6 +215,18 @@ class TokenLogprobs:
         self.head_chunking_min_bytes = HEAD_CHUNKING_MIN_BYTES
         self._softcap = getattr(self.causal_lm().config, "final_logit_softcapping", None)
         self.chunked_head_ok = self._check_chunked_head()
+        self.fused_head = fused_head
+        self.fused_chunk_tokens = DEFAULT_CHUNK_TOKENS
+        # Why the fused head cannot serve this model (None: it can); "on" refuses such a model, "auto" keeps the
+        # chunked head for it.
+        self.fused_head_refusal = self._fused_head_refusal()
+        if self.fused_head_refusal and fused_head == "on":
+            raise ValueError(
+                f"fused_head='on' cannot serve {name}: {self.fused_head_refusal}; use fused_head='auto' (the chunked "
+                "head where the fused one cannot serve) or 'off'"
+            )
+        if self.fused_head_refusal and fused_head == "auto":
+            logger.info("The chunked LM head for %s: %s.", name, self.fused_head_refusal)
         self.packing = False  # resolved per device by `prepare`
         self._call_cost: Optional[float] = None
         self._call_cost_set = False  # set through `bucket_call_cost`: never measured over
@@ -252,6 +291,7 @@ class TokenLogprobs:
             self.autocast,
             self.compile,
             checkpointing,
+            self.fused_head,
         )
 
     def _measure_call_cost(self, device: torch.device) -> Optional[float]:
@@ -448,6 +488,8 @@ class TokenLogprobs:
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         if self.chunked_head_ok:
             hidden = lm.base_model(**inputs).last_hidden_state[:, :-1]
+            if self.uses_fused_head(hidden.shape[0] * hidden.shape[1], with_entropy):
+                return {TOKEN_LOGP: self._fused_head(hidden, targets, kept_ids)}
             head = self._head_from_hidden
             vocab = lm.get_output_embeddings().weight.shape[0]
         else:
@@ -476,6 +518,61 @@ class TokenLogprobs:
     ):
         logits = self.causal_lm().get_output_embeddings()(hidden)
         return head_from_logits(_softcap(logits, self._softcap), targets, with_entropy, kept_ids)
+
+    def uses_fused_head(self, tokens: int, with_entropy: bool = False) -> bool:
+        """Whether a forward pass over ``tokens`` target positions takes the fused head (``fused_head``): "on" always
+        (refusing entropies), "auto" where the chunked head would chunk (the float32 logits of those tokens reach
+        ``head_chunking_min_bytes``) and no entropy is asked for, never under "off" or where the fused head cannot
+        serve the model (`fused_head_refusal`)."""
+        if self.fused_head == "off" or self.fused_head_refusal is not None:
+            return False
+        if with_entropy:
+            if self.fused_head == "on":
+                raise ValueError(ENTROPY_REFUSAL)
+            return False
+        if self.fused_head == "on":
+            return True
+        vocab = self.causal_lm().get_output_embeddings().weight.shape[0]
+        return 4 * tokens * vocab >= self.head_chunking_min_bytes
+
+    def _fused_head(
+        self, hidden: torch.Tensor, targets: torch.Tensor, kept_ids: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        """Token log-probs [rows, width] from ``hidden`` [rows, width, H] by the fused head (`fused_token_logprobs`:
+        ``fused_chunk_tokens`` tokens at a time, the model's soft-cap), renormalized over ``kept_ids`` where given."""
+        head = self.causal_lm().get_output_embeddings()
+        logp = fused_token_logprobs(
+            hidden.reshape(-1, hidden.shape[-1]),
+            head.weight,
+            targets.reshape(-1),
+            bias=head.bias,
+            kept_ids=None if kept_ids is None else kept_ids.reshape(-1, kept_ids.shape[-1]),
+            chunk_tokens=self.fused_chunk_tokens,
+            softcap=self._softcap,
+        )
+        return logp.view(targets.shape)
+
+    def _fused_head_refusal(self) -> Optional[str]:
+        """Why the fused head cannot stand in for this model's head, or None. It reads the head's weight and bias and
+        applies ``cap·tanh(x / cap)`` itself, so it needs (1) the model's logits to be ``lm_head(h)`` soft-capped by
+        ``final_logit_softcapping`` (`_check_chunked_head`: a logit scale or another soft-cap fails it) and (2) the
+        head to be a plain ``nn.Linear`` without hooks (an adapter, a quantized layer or a hook adds what the
+        weight alone does not hold)."""
+        if not self.chunked_head_ok:
+            return (
+                "its logits are not lm_head(last hidden state), soft-capped as cap·tanh(x / cap) by "
+                "final_logit_softcapping where set, as checked on the model at start (its forward scales or "
+                "soft-caps them otherwise, or it has no separable backbone)"
+            )
+        head = self.causal_lm().get_output_embeddings()
+        if type(head) is not torch.nn.Linear:
+            return (
+                f"its LM head is a {type(head).__module__}.{type(head).__qualname__}, not a plain torch.nn.Linear "
+                "(the fused head reads the weight and bias alone, which would skip what that layer adds)"
+            )
+        if head._forward_hooks or head._forward_pre_hooks:
+            return "its LM head has forward hooks, which the fused head would skip"
+        return None
 
     @torch.no_grad()
     def _check_chunked_head(self) -> bool:

@@ -25,6 +25,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from rllib_p3o.core import lora
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.precision import MODEL_DTYPE_PRECISION, RolloutWeights, autocast_dtype, compute_dtype
+from rllib_p3o.core.settings import DEFAULT_FUSED_HEAD
 from rllib_p3o.data.provenance import write_lineage
 from rllib_p3o.learner.compute import (  # noqa: F401  (re-exported: the names' old home)
     HEAD_CHUNKING_MIN_BYTES,
@@ -34,6 +35,7 @@ from rllib_p3o.learner.compute import (  # noqa: F401  (re-exported: the names' 
     TOKEN_LOGP,
     TOKEN_POSITIONS,
     TokenLogprobs,
+    validate_options,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,7 +60,9 @@ class HFCausalLMRLModule(TorchRLModule):
     autocast), ``rollout_dtype`` and ``rollout_fp8_simulated`` (how the engines hold the weights, for
     `rollout_logprobs`), ``trust_remote_code`` (False), ``logprob_chunk_size`` (sequences per LM-head chunk, 8),
     ``compute_entropy`` (False; needed only for an entropy bonus), ``gradient_checkpointing`` (False),
-    ``length_buckets`` (True), ``pack_sequences`` ("auto"), ``compile`` (False) (`rllib_p3o.learner.compute`), ``lora``
+    ``length_buckets`` (True), ``pack_sequences`` ("auto"), ``compile`` (False), ``fused_head`` ("auto": the fused LM
+    head where it serves the model and the logits would be chunked; "on" refused with ``compute_entropy``)
+    (`rllib_p3o.learner.compute`), ``lora``
     (None, or a validated `rllib_p3o.core.lora` spec: ``self.lm`` is then a peft model whose adapter alone trains; the
     module state, the weight sync and checkpoints hold the adapter only, and the frozen base doubles as the
     reference model).
@@ -68,6 +72,7 @@ class HFCausalLMRLModule(TorchRLModule):
         cfg = dict(self.model_config or {})
         if not cfg.get("model"):
             raise ValueError("HFCausalLMRLModule needs model_config['model']: a Hugging Face causal-LM directory.")
+        validate_options(cfg)  # before the model loads: e.g. fused_head="on" with compute_entropy
         self.model_path: str = cfg["model"]
         dtype = cfg.get("dtype", "float32")
         self.lm = load_causal_lm(self.model_path, dtype, cfg.get("trust_remote_code", False))
@@ -94,6 +99,7 @@ class HFCausalLMRLModule(TorchRLModule):
             length_buckets=cfg.get("length_buckets", True),
             pack_sequences=cfg.get("pack_sequences", "auto"),
             compile=bool(cfg.get("compile", False)),
+            fused_head=cfg.get("fused_head", DEFAULT_FUSED_HEAD),
             name=self.model_path,
         )
 
