@@ -259,7 +259,7 @@ TASKS: Dict[str, Task] = {
             _build_addition_model,
             addition_config,
             f"held-out accuracy (avg@{EVAL_SAMPLES_PER_PROMPT}, T = 1)",
-            weaker_pretrain_steps=500,
+            weaker_pretrain_steps=800,  # a third of its pretraining, as the sorting task's weaker model
             stronger_heldout=0.7,
         ),
     )
