@@ -393,6 +393,7 @@ class P3O(Algorithm):
         config: P3OConfig = self.config
         # Tune's `Trainable.reset` replaces ``self.config`` with the next trial's dict before `reset_config` runs.
         self._config_in_use = config
+        learner_health.shut_down_at_exit(self.learner_group)  # a script that never calls stop() still ends
         runners = self._runners
         self._weight_sync = WeightSync(
             self.learner_group,
