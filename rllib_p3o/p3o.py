@@ -40,6 +40,8 @@ current, verified weights in `restore_env_runners` before they sample (docs: "Fa
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import time
@@ -67,7 +69,7 @@ from typing_extensions import Self
 
 from rllib_p3o.core import metrics, quiet
 from rllib_p3o.core.columns import Columns
-from rllib_p3o.core.config_error import ConfigError
+from rllib_p3o.core.config_error import ConfigError, UnknownSettingError, unknown_keyword_message
 from rllib_p3o.core.losses import get_loss
 from rllib_p3o.core.precision import RolloutWeights, compute_dtype, param_dtype
 from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, SETTINGS
@@ -159,6 +161,9 @@ class P3OConfig(TrainingSignature, AlgorithmConfig):
         model = settings.get("model", NotProvided)
         if model is not NotProvided and not isinstance(model, (str, os.PathLike)) and model is not None:
             kwargs["model"] = settings.pop("model")  # RLlib's own (old-stack) model dict
+        unknown = sorted(set(kwargs) - _rllib_training_keywords())
+        if unknown:  # before RLlib's TypeError, which names the keyword without the ones it is near
+            raise UnknownSettingError(unknown_keyword_message("training", unknown[0], _training_keywords()))
         AlgorithmConfig.training(self, **kwargs)  # RLlib's own (TrainingSignature is first in the MRO)
         for key, value in settings.items():
             if value is NotProvided:
@@ -322,6 +327,17 @@ class P3OConfig(TrainingSignature, AlgorithmConfig):
 
 # RLlib's learning-rate figure of the default optimizer, under learners/<module>/.
 LEARNING_RATE = "default_optimizer_learning_rate"
+
+
+@functools.lru_cache(maxsize=None)
+def _rllib_training_keywords() -> frozenset:
+    """The keywords RLlib's own ``AlgorithmConfig.training`` takes."""
+    return frozenset(inspect.signature(AlgorithmConfig.training).parameters) - {"self"}
+
+
+def _training_keywords() -> frozenset:
+    """Every keyword ``P3OConfig.training`` takes: P3O's settings and RLlib's."""
+    return frozenset(BY_KEYWORD) | _rllib_training_keywords()
 
 
 class P3O(Algorithm):

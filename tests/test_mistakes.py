@@ -84,6 +84,21 @@ def test_a_model_path_that_is_neither_a_directory_nor_a_hub_id_says_so(tmp_path,
     assert config.env_config["dataset"] == str(tmp_path / "train.jsonl")
 
 
+# -- keywords --------------------------------------------------------------------------------------------------------
+
+
+def test_a_misspelled_training_keyword_names_the_one_it_is_nearest_in_one_line():
+    """Issue 63: it was an 11-line TypeError of RLlib's without a did-you-mean (an env_config typo had one)."""
+    from rllib_p3o.driver.one_line_errors import config_error_in, one_line
+
+    with pytest.raises(TypeError, match=r"keyword argument 'grup_size' \(did you mean 'group_size'\?\)") as e:
+        P3OConfig().training(grup_size=8)  # one of P3O's settings
+    assert one_line(config_error_in(e.value)).startswith("UnknownSettingError: P3OConfig.training() got an unexpected")
+    with pytest.raises(TypeError, match=r"keyword argument 'minibatch_sise' \(did you mean 'minibatch_size' or"):
+        P3OConfig().training(minibatch_sise=64)  # one of RLlib's
+    assert P3OConfig().training(lr=1e-3, group_size=4).group_size == 4
+
+
 # -- divergence ------------------------------------------------------------------------------------------------------
 
 
