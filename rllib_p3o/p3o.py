@@ -410,6 +410,7 @@ class P3O(Algorithm):
         # Tune's `Trainable.reset` replaces ``self.config`` with the next trial's dict before `reset_config` runs.
         self._config_in_use = config
         learner_health.shut_down_at_exit(self.learner_group)  # a script that never calls stop() still ends
+        self._token_rate = metrics.TokenRate()
         runners = self._runners
         self._weight_sync = WeightSync(
             self.learner_group,
@@ -578,6 +579,9 @@ class P3O(Algorithm):
             offline_rows_skipped=skipped,
             offline_files=files,
         )
+        if records:  # generated tokens per second of the last iterations (their time, without evaluations)
+            seconds = sum(v for k, v in timings.items() if k != metrics.TIME_EVAL_S)
+            step[metrics.RECENT_TOKENS_PER_S] = self._token_rate.add(step[metrics.GENERATED_TOKENS], seconds)
         step.update(
             {
                 metrics.SKIPPED_NONFINITE_STEPS: self._run.skipped_nonfinite,

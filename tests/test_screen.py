@@ -35,6 +35,32 @@ def test_the_readme_quick_start_shows_the_run_on_one_quiet_screen(tmp_path):
     assert not noise, "\n".join(noise)
 
 
+def test_the_status_table_shows_the_datas_age_and_with_async_updates_what_spans_versions_and_what_was_dropped(
+    capsys,
+):
+    """Issue 63: with in-flight weight updates the table had no data-age or spanning column. The trial's config
+    (Tune's ``trial.config``) decides the columns; the results are a stand-in for P3O's."""
+    from types import SimpleNamespace
+
+    from rllib_p3o.core import metrics as m
+    from rllib_p3o.driver.progress import IterationPrinter
+
+    def screen(config, p3o):
+        printer = IterationPrinter()
+        printer.on_trial_result(0, [], SimpleNamespace(config=config), {"training_iteration": 1, "p3o": p3o})
+        header, row = capsys.readouterr().out.splitlines()
+        return dict(zip(header.replace("w/o signal", "w/o_signal").split(), row.split()))
+
+    fresh = {m.STALENESS_MEAN: 0.0, m.STALENESS_MAX: 0, m.SPANNING_VERSIONS_SHARE: 0.0}
+    assert screen({}, fresh)["age"] == "0.0/0" and not {"spanning", "dropped"} & set(screen({}, fresh))
+    stale = {m.STALENESS_MEAN: 1.4, m.STALENESS_MAX: 2, m.SPANNING_VERSIONS_SHARE: 0.36, m.DROPPED_STALE_SAMPLES: 40}
+    async_only = screen({"async_sampling": True}, stale)
+    assert (async_only["age"], async_only["dropped"]) == ("1.4/2", "40") and "spanning" not in async_only
+    inflight = screen({"async_sampling": True, "inflight_weight_updates": True}, stale)
+    assert (inflight["age"], inflight["spanning"], inflight["dropped"]) == ("1.4/2", "0.36", "40")
+    assert screen({}, {})["age"] == "-"  # offline data has no weights version
+
+
 def test_the_libraries_are_quiet_by_default_and_one_setting_brings_them_back():
     import subprocess
     import sys
