@@ -85,6 +85,20 @@ def test_the_libraries_are_quiet_by_default_and_one_setting_brings_them_back():
     assert (vllm_level, log_level) == ("None", "WARN") and int(rllib_level) < 40, verbose.stdout + verbose.stderr
 
 
+def test_the_page_explains_rays_core_worker_line_where_nothing_filters_it_and_how_to_hide_it():
+    """Issue 63: in a script that builds the algorithm itself the line comes from the script's own process (Ray's
+    C++ core), which no Python filter reaches: the page says what it is and what to do."""
+    import re
+
+    from rllib_p3o.core.quiet import SKIP_WORKER_LINES
+
+    with open(os.path.join(ROOT, "docs", "getting-started.md")) as f:
+        page = " ".join(f.read().split())
+    line = "has constructor arguments in the object store and max_restarts > 0"
+    assert line in page and "RAY_BACKEND_LOG_LEVEL=fatal" in page and "ray-project/ray#53727" in page
+    assert re.search(SKIP_WORKER_LINES, line)  # from a worker (Tune's trial) it is left off the screen
+
+
 def test_the_workers_cpp_notices_on_success_are_left_off_the_screen_even_with_ray_imported_first():
     """Ray's notice about actors with max_restarts > 0 and arguments in the object store (RLlib's runners) and torch's
     NUMA note from vLLM's CPU worker: lines the driver drops from the workers' output; other lines still show."""

@@ -237,6 +237,32 @@ class IterationPrinter(tune.Callback):
         print(self.row(result, stop.get("training_iteration") if isinstance(stop, dict) else None), flush=True)
 
 
+# How `heldout_summary` begins, for a script's screen and for the tests that read it.
+HELDOUT_SUMMARY = "held-out reward"
+
+
+def heldout_summary(result: Any) -> str:
+    """The line a script prints after ``Tuner.fit()``: the held-out reward of the trial's latest evaluation (a Tune
+    ``Result``), with what it is of. An evaluation runs at the start of an iteration, of the first one and then
+    every ``eval_interval`` iterations, so the latest is of the policy some updates before the end, and in a run
+    shorter than ``eval_interval`` it is the base model's: the top-level ``heldout_reward`` alone does not say so."""
+    iterations = int((result.metrics or {}).get("training_iteration") or 0)
+    column = metrics.column(metrics.P3O, metrics.HELDOUT_REWARD_MEAN)
+    frame = result.metrics_dataframe
+    if frame is None or column not in frame or frame[column].isna().all():
+        return (
+            f"{HELDOUT_SUMMARY}: none (no evaluation in the run's {iterations} iterations: eval_dataset, eval_interval)"
+        )
+    latest = frame.dropna(subset=[column]).iloc[-1]
+    value, updates = float(latest[column]), int(latest["training_iteration"]) - 1  # taken before that iteration's
+    if updates == 0:
+        return (
+            f"{HELDOUT_SUMMARY} {value:.3f} of the base model, before any update: the run's {iterations} iteration(s) "
+            "held no later evaluation (one at the start of every eval_interval-th iteration)"
+        )
+    return f"{HELDOUT_SUMMARY} {value:.3f} after {updates} of the run's {iterations} iterations (its latest evaluation)"
+
+
 def offline_provenance_line(p3o_result: Dict) -> str:
     """The first screen's line on whose data the offline files are (`rllib_p3o.data.provenance`)."""
     own = int(p3o_result.get(metrics.OFFLINE_FILES_POLICY) or 0)
