@@ -70,11 +70,18 @@ def test_the_command_line_reports_an_interrupted_run_with_its_resume_command_and
 
     from rllib_p3o.cli.train import _report
 
-    stopped = SimpleNamespace(error=None, checkpoint=None, path="/runs/demo/trial", metrics={"training_iteration": 13})
+    saved = SimpleNamespace(path="/runs/demo/trial/checkpoint_000010")
+    stopped = SimpleNamespace(error=None, checkpoint=saved, path="/runs/demo/trial", metrics={"training_iteration": 13})
     assert _report(stopped, None, resume="rllib-p3o train demo.yaml --resume") == INTERRUPTED_EXIT_STATUS
     assert capsys.readouterr().err.startswith(
         "Run INTERRUPTED after 13 iterations; continue it with: rllib-p3o train demo.yaml --resume\n"
     )
+    # Before its first checkpoint there is nothing to resume: the command says so, and how to run it again.
+    early = SimpleNamespace(**{**vars(stopped), "checkpoint": None, "metrics": {"training_iteration": 3}})
+    assert _report(early, None, resume="rllib-p3o train demo.yaml --set run.name=a --resume") == 130
+    err = capsys.readouterr().err
+    assert "after 3 iterations; before its first checkpoint (" in err and "checkpoint_at_end does not run" in err
+    assert err.splitlines()[0].endswith("run it again: rllib-p3o train demo.yaml --set run.name=a"), err
     finished = SimpleNamespace(**{**vars(stopped), "metrics": {"training_iteration": 40, "done": True}})
     assert _report(finished, None) == 0 and "Finished after 40 iterations" in capsys.readouterr().out
 
