@@ -84,7 +84,7 @@ class IterationPrinter(tune.Callback):
     """A status table with one row every ``every`` iterations: the iteration, elapsed time and the longest time left,
     train reward, held-out reward (the latest evaluation), ESS, tokens/s (generated tokens per second over the last
     iterations: `rllib_p3o.core.metrics.RECENT_TOKENS_PER_S`), the age of the policy's data in weight versions
-    (``age``: mean/largest; 0/0 in sync mode), the share of groups without signal, the completions no reward
+    (``age``: mean/largest; 0.0/0 in sync mode), the share of groups without signal, the completions no reward
     function scored (``unscored``; the first iteration with any prints a warning above its row) and where the
     iteration's time went. With ``async_sampling`` (the trial's config says it), the samples dropped as too stale
     (``dropped``); with ``inflight_weight_updates``, the share of completions whose tokens span weight versions
