@@ -21,10 +21,10 @@ reference), and ``run`` says how Tune runs it:
 
 ``--set SECTION.KEY=VALUE`` overrides one key (the value is read as YAML: ``--set training.lr=1e-5``,
 ``--set run.stop.training_iteration=2``). A section's keys, from the file or ``--set``, are read as the types their
-settings declare (`typed_section`: ``1e-5``, a string to YAML, is a float for ``lr``). Paths are relative to the working directory (made absolute before Ray
-starts), and ``"module:function"`` strings work where the config takes callables (``reward_fn``) or datasets: the
-module is imported from the working directory first, as ``python -m`` would, and Ray ships such a module to the
-workers (`modules_from_working_directory`).
+settings declare (`typed_section`: ``1e-5``, a string to YAML, is a float for ``lr``). Paths are relative to the
+working directory (made absolute before Ray starts), and ``"module:function"`` strings work where the config takes
+callables (``reward_fn``) or datasets: the module is imported from the working directory first, as ``python -m``
+would, and Ray ships such a module to the workers (`modules_from_working_directory`).
 ``--resume`` continues the experiment from its latest checkpoint when it exists (``tune.Tuner.restore``), with the
 ``--set`` items the run started with (kept in its experiment directory: `record_overrides`).
 
