@@ -171,6 +171,12 @@ def test_train_runs_the_demo_yaml_and_export_writes_a_model_transformers_loads(
     assert any(row[:1] == ["iter"] for row in rows), captured.out  # the status table's header
     assert [row[0] for row in rows if row and row[0].isdigit()] == ["1", "2"], captured.out  # a row per iteration
     (trial,) = glob.glob(os.path.join(storage, "demo", "P3O_*"))
+    from rllib_p3o.cli.train import recorded_overrides
+
+    assert recorded_overrides(os.path.join(storage, "demo"))[:2] == [
+        f"training.model={tiny_model}",
+        f"run.storage_path={storage}",
+    ]
     assert glob.glob(os.path.join(trial, "events.out.tfevents.*")), os.listdir(trial)  # TensorBoard (tensorboardX)
     assert glob.glob(os.path.join(trial, "wandb", "offline-run-*")), os.listdir(trial)  # W&B, offline
     assert len(pq.read_table(os.path.join(trial, "completions", "iter_000002.parquet"))) == 8

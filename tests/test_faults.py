@@ -6,6 +6,7 @@ import collections
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -391,7 +392,9 @@ def test_a_dead_learner_ends_the_script_with_its_error_and_leaves_no_learner_beh
         proc.kill()
     screen = "".join(lines) + rest
     assert proc.returncode == status, screen[-4000:]
-    assert "LearnerDiedError: A learner actor died during the update of iteration 2: learner 1 of 2" in screen
+    # Learner 1, which was killed, is named (learner 0 too when it was found dead as well, under load).
+    died = r"LearnerDiedError: A learner actor died during the update of iteration 2: [^\n]*learner 1 of 2 \("
+    assert re.search(died, screen), screen[-4000:]
     assert "Started a local Ray instance" not in rest, screen[-4000:]  # not at exit, after Ray's own shutdown
     assert ended_after < 120, ended_after
 
