@@ -40,6 +40,8 @@ current, verified weights in `restore_env_runners` before they sample (docs: "Fa
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import time
@@ -67,7 +69,7 @@ from typing_extensions import Self
 
 from rllib_p3o.core import metrics, quiet
 from rllib_p3o.core.columns import Columns
-from rllib_p3o.core.config_error import ConfigError
+from rllib_p3o.core.config_error import ConfigError, UnknownSettingError, unknown_keyword_message
 from rllib_p3o.core.losses import get_loss
 from rllib_p3o.core.precision import RolloutWeights, compute_dtype, param_dtype
 from rllib_p3o.core.settings import BY_KEYWORD, GROUPS, SETTINGS
@@ -159,6 +161,9 @@ class P3OConfig(TrainingSignature, AlgorithmConfig):
         model = settings.get("model", NotProvided)
         if model is not NotProvided and not isinstance(model, (str, os.PathLike)) and model is not None:
             kwargs["model"] = settings.pop("model")  # RLlib's own (old-stack) model dict
+        unknown = sorted(set(kwargs) - _rllib_training_keywords())
+        if unknown:  # before RLlib's TypeError, which names the keyword without the ones it is near
+            raise UnknownSettingError(unknown_keyword_message("training", unknown[0], _training_keywords()))
         AlgorithmConfig.training(self, **kwargs)  # RLlib's own (TrainingSignature is first in the MRO)
         for key, value in settings.items():
             if value is NotProvided:
@@ -325,6 +330,17 @@ class P3OConfig(TrainingSignature, AlgorithmConfig):
 LEARNING_RATE = "default_optimizer_learning_rate"
 
 
+@functools.lru_cache(maxsize=None)
+def _rllib_training_keywords() -> frozenset:
+    """The keywords RLlib's own ``AlgorithmConfig.training`` takes."""
+    return frozenset(inspect.signature(AlgorithmConfig.training).parameters) - {"self"}
+
+
+def _training_keywords() -> frozenset:
+    """Every keyword ``P3OConfig.training`` takes: P3O's settings and RLlib's."""
+    return frozenset(BY_KEYWORD) | _rllib_training_keywords()
+
+
 class P3O(Algorithm):
     """The P3O algorithm; see the module docstring for one training step."""
 
@@ -394,6 +410,8 @@ class P3O(Algorithm):
         config: P3OConfig = self.config
         # Tune's `Trainable.reset` replaces ``self.config`` with the next trial's dict before `reset_config` runs.
         self._config_in_use = config
+        learner_health.shut_down_at_exit(self.learner_group)  # a script that never calls stop() still ends
+        self._token_rate = metrics.TokenRate()
         runners = self._runners
         self._weight_sync = WeightSync(
             self.learner_group,
@@ -562,6 +580,9 @@ class P3O(Algorithm):
             offline_rows_skipped=skipped,
             offline_files=files,
         )
+        if records:  # generated tokens per second of the last iterations (their time, without evaluations)
+            seconds = sum(v for k, v in timings.items() if k != metrics.TIME_EVAL_S)
+            step[metrics.RECENT_TOKENS_PER_S] = self._token_rate.add(step[metrics.GENERATED_TOKENS], seconds)
         step.update(
             {
                 metrics.SKIPPED_NONFINITE_STEPS: self._run.skipped_nonfinite,

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rllib_p3o.cli import main
+from rllib_p3o.cli.train import ConfigFileError, build_config, read_config_file
 from rllib_p3o.cli.validate import detect_kind
 from rllib_p3o.driver.export import CheckpointNotFound, module_dir
 
@@ -78,6 +79,68 @@ def test_validate_tells_prompt_parquet_from_trajectories(tmp_path, tiny_model, c
     assert "behavior_logprobs" in capsys.readouterr().out
 
 
+# -- train's config file: --set, --resume, the first line (issue 63) -------------------------------------------------
+
+
+def test_set_values_are_read_as_their_declared_types_and_a_wrong_type_names_the_setting(tiny_model):
+    """The README's ``--set training.lr=1e-4``: YAML reads 1e-4 as a string, RLlib refused it as a schedule."""
+    overrides = [f"training.model={tiny_model}", "training.lr=1e-4", "training.group_size=4"]
+    config = build_config(read_config_file(DEMO_YAML, overrides), DEMO_YAML, overrides)
+    assert (config.lr, config.group_size) == (1e-4, 4) and isinstance(config.lr, float)
+    for item, message in (
+        ("training.lr=fast", "training.lr is 'fast', a string; training.lr takes a number, a list or null"),
+        ("training.group_size=1.5", "training.group_size is 1.5, a number; training.group_size takes an integer"),
+        ("env_runners.num_env_runners=two", "num_env_runners is 'two', a string; env_runners.num_env_runners takes"),
+    ):
+        with pytest.raises(ConfigFileError) as e:
+            build_config(read_config_file(DEMO_YAML, [item]), DEMO_YAML, [item])
+        assert str(e.value).startswith(f"--set {item}: ") and message in str(e.value), str(e.value)
+
+
+def test_the_resume_command_carries_the_runs_overrides_and_resume_reads_them_back(tmp_path):
+    """After Ctrl-C the command printed ``rllib-p3o train demo.yaml --resume``, which dropped the run's ``--set``
+    items (its model among them): run as printed, it failed."""
+    import argparse
+    import shlex
+
+    from rllib_p3o.cli import train
+
+    overrides = [f"run.storage_path={tmp_path}", "training.model=/models/my model", "training.lr=1e-4"]
+    command = train.resume_command(DEMO_YAML, overrides)
+    assert command.startswith(f"rllib-p3o train {DEMO_YAML} --set run.storage_path=") and command.endswith(" --resume")
+    parser = argparse.ArgumentParser()
+    train.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(shlex.split(command)[1:])  # the shell's reading of the printed line
+    assert (args.config, args.set, args.resume) == (DEMO_YAML, overrides, True)
+
+    # The run keeps its overrides with its experiment: --resume alone (the storage to find it) applies them, and a
+    # key given again takes the command's value.
+    spec, _ = train.run_spec(DEMO_YAML, overrides, resume=False)
+    train.record_overrides(train.experiment_dir(spec, DEMO_YAML), overrides)
+    spec, merged = train.run_spec(DEMO_YAML, [f"run.storage_path={tmp_path}", "training.lr=2e-4"], resume=True)
+    assert spec["training"]["model"] == "/models/my model" and spec["training"]["lr"] == "2e-4"
+    assert merged == ["training.model=/models/my model", f"run.storage_path={tmp_path}", "training.lr=2e-4"]
+
+
+def test_a_config_that_needs_the_demos_base_model_says_how_to_build_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no runs/demo/base_model here
+    with pytest.raises(ConfigFileError, match=r"model='runs/demo/base_model': no such directory .* `make demo` builds"):
+        build_config(read_config_file(DEMO_YAML), DEMO_YAML)
+
+
+def test_train_says_what_it_does_before_the_config_checks_and_ray(capsys, monkeypatch):
+    """The command was silent for 48 s (the checks, Ray's start) before its first line. A wrong --set value ends it
+    before Ray starts (exit status 2): the line is already there."""
+    from rllib_p3o.driver.progress import QUIET_ENV
+
+    for key in QUIET_ENV:  # the command sets them for its Ray workers: undone after the test
+        monkeypatch.delenv(key, raising=False)
+    assert main(["train", DEMO_YAML, "--set", "training.lr=fast"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"rllib-p3o train {DEMO_YAML}: checking the config, then starting Ray\n")
+    assert "--set training.lr=fast: training.lr is 'fast'" in captured.err
+
+
 def test_train_runs_the_demo_yaml_and_export_writes_a_model_transformers_loads(
     ray_session, tiny_model, tmp_path, capsys
 ):
@@ -108,6 +171,12 @@ def test_train_runs_the_demo_yaml_and_export_writes_a_model_transformers_loads(
     assert any(row[:1] == ["iter"] for row in rows), captured.out  # the status table's header
     assert [row[0] for row in rows if row and row[0].isdigit()] == ["1", "2"], captured.out  # a row per iteration
     (trial,) = glob.glob(os.path.join(storage, "demo", "P3O_*"))
+    from rllib_p3o.cli.train import recorded_overrides
+
+    assert recorded_overrides(os.path.join(storage, "demo"))[:2] == [
+        f"training.model={tiny_model}",
+        f"run.storage_path={storage}",
+    ]
     assert glob.glob(os.path.join(trial, "events.out.tfevents.*")), os.listdir(trial)  # TensorBoard (tensorboardX)
     assert glob.glob(os.path.join(trial, "wandb", "offline-run-*")), os.listdir(trial)  # W&B, offline
     assert len(pq.read_table(os.path.join(trial, "completions", "iter_000002.parquet"))) == 8

@@ -10,6 +10,8 @@ import sys
 import pytest
 from helpers import copy_demo_base_model, keep_demo_base_model
 
+from rllib_p3o.driver.progress import HELDOUT_SUMMARY
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "getting-started.md")
 GPU_ONLY = "# GPU only"
@@ -40,6 +42,29 @@ def test_the_page_marks_its_gpu_block_and_states_the_base_accuracy_as_the_demo_d
     assert BASE_ACCURACY.replace("–", "-") in demo_help, demo_help
 
 
+def test_the_scripts_last_line_says_what_its_held_out_reward_is_of():
+    """Issue 63: "held-out accuracy after training" printed the latest evaluation, which after 4 iterations (an
+    evaluation every 5, at an iteration's start) was the base model's. Tune's results are a stand-in."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from rllib_p3o.driver.progress import heldout_summary
+
+    (script,), _ = runnable_blocks()
+    assert "print(heldout_summary(results[0]))" in script
+
+    def result(iterations, evaluated):
+        heldout = [0.35 if it in evaluated else float("nan") for it in range(1, iterations + 1)]
+        frame = pd.DataFrame({"training_iteration": range(1, iterations + 1), "p3o/heldout_reward_mean": heldout})
+        return SimpleNamespace(metrics={"training_iteration": iterations}, metrics_dataframe=frame)
+
+    assert heldout_summary(result(4, {1})).startswith("held-out reward 0.350 of the base model, before any update")
+    assert heldout_summary(result(12, {1, 5, 10})) == (
+        "held-out reward 0.350 after 9 of the run's 12 iterations (its latest evaluation)"
+    )
+
+
 @pytest.mark.slow
 def test_the_first_training_run_runs_as_written(tmp_path, demo_base_model):
     """A few minutes on 2 free cores, most of them the base model's pretraining. Where a test of this session or
@@ -64,9 +89,9 @@ def test_the_first_training_run_runs_as_written(tmp_path, demo_base_model):
     column = header.index("held-out")  # (before "w/o signal", the header's one two-word name)
     held_out = [float(r[column]) for r in rows if r[column] != "-"]
     # The page's last line (stdout; the libraries' stderr lines come after it in ``screen``).
-    last = [line for line in done.stdout.splitlines() if line.startswith("held-out accuracy after training:")]
-    assert last, screen[-3000:]
-    final = float(last[-1].rsplit(" ", 1)[1])
+    last = [line for line in done.stdout.splitlines() if line.startswith(HELDOUT_SUMMARY + " ")]
+    assert last and " of the base model" not in last[-1], screen[-3000:]
+    final = float(last[-1].split()[2])
     assert final > held_out[0], screen[-3000:]
     # One quiet screen: no Tune experiment box, no token-auth notice, no C++ notices of Ray's core worker or torch.
     for noise in (

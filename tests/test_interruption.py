@@ -26,6 +26,7 @@ from rllib_p3o.driver.interruption import (
     restore_call,
     show_tune_interruptions,
 )
+from rllib_p3o.driver.progress import HELDOUT_SUMMARY
 
 # Tune's notice, as `ray.tune.tune.run` logs it after SIGINT.
 TUNE_NOTICE = (
@@ -57,7 +58,10 @@ def test_tunes_interruption_notice_shows_in_quiet_mode_with_the_exact_restore_ca
     assert shown.startswith(f"Interrupted: the run did not finish; its state is saved in {experiment}.")
     assert shown.endswith(f"Resume it from each trial's latest checkpoint with: {call}")
     shutil.rmtree(experiment / "P3O_TextEnv_0" / "checkpoint_000005")
-    assert "No trial has a checkpoint yet, so it cannot be resumed" in interruption_notice(str(experiment))
+    # Before the first checkpoint: no advice to add checkpoint_at_end, which the script has and Ctrl-C skips.
+    early = interruption_notice(str(experiment))
+    assert "No trial has a checkpoint yet, so it cannot be resumed" in early
+    assert "checkpoint_at_end does not run on Ctrl-C" in early and "checkpoint_at_end=True" not in early, early
 
 
 def test_the_command_line_reports_an_interrupted_run_with_its_resume_command_and_status_130(capsys):
@@ -66,11 +70,18 @@ def test_the_command_line_reports_an_interrupted_run_with_its_resume_command_and
 
     from rllib_p3o.cli.train import _report
 
-    stopped = SimpleNamespace(error=None, checkpoint=None, path="/runs/demo/trial", metrics={"training_iteration": 13})
+    saved = SimpleNamespace(path="/runs/demo/trial/checkpoint_000010")
+    stopped = SimpleNamespace(error=None, checkpoint=saved, path="/runs/demo/trial", metrics={"training_iteration": 13})
     assert _report(stopped, None, resume="rllib-p3o train demo.yaml --resume") == INTERRUPTED_EXIT_STATUS
     assert capsys.readouterr().err.startswith(
         "Run INTERRUPTED after 13 iterations; continue it with: rllib-p3o train demo.yaml --resume\n"
     )
+    # Before its first checkpoint there is nothing to resume: the command says so, and how to run it again.
+    early = SimpleNamespace(**{**vars(stopped), "checkpoint": None, "metrics": {"training_iteration": 3}})
+    assert _report(early, None, resume="rllib-p3o train demo.yaml --set run.name=a --resume") == 130
+    err = capsys.readouterr().err
+    assert "after 3 iterations; before its first checkpoint (" in err and "checkpoint_at_end does not run" in err
+    assert err.splitlines()[0].endswith("run it again: rllib-p3o train demo.yaml --set run.name=a"), err
     finished = SimpleNamespace(**{**vars(stopped), "metrics": {"training_iteration": 40, "done": True}})
     assert _report(finished, None) == 0 and "Finished after 40 iterations" in capsys.readouterr().out
 
@@ -119,7 +130,7 @@ def test_ctrl_c_is_reported_exits_non_zero_and_the_printed_restore_call_continue
     screen = "\n".join(lines) + "\n" + rest
     keep_demo_base_model(tmp_path, demo_base_model)
     assert proc.returncode == INTERRUPTED_EXIT_STATUS, screen[-4000:]
-    assert "held-out accuracy after training" not in screen, screen[-4000:]
+    assert HELDOUT_SUMMARY not in screen, screen[-4000:]
     # Before the first row: what the run waits for (the trial's start, the first iteration), not silence.
     first_row = next(i for i, line in enumerate(lines) if line.split()[:1] == ["1"])
     assert any(line.startswith("  ... starting the trial") for line in lines[:first_row]), screen[:4000]

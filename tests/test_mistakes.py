@@ -4,6 +4,7 @@ pandas reads after a restore, and a restore with nothing to restore from. Real R
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -82,6 +83,21 @@ def test_a_model_path_that_is_neither_a_directory_nor_a_hub_id_says_so(tmp_path,
     config = P3OConfig().training(model="runs/model").environment(env_config={"dataset": "train.jsonl"})
     assert config.policy_model == str(tmp_path / "runs" / "model")
     assert config.env_config["dataset"] == str(tmp_path / "train.jsonl")
+
+
+# -- keywords --------------------------------------------------------------------------------------------------------
+
+
+def test_a_misspelled_training_keyword_names_the_one_it_is_nearest_in_one_line():
+    """Issue 63: it was an 11-line TypeError of RLlib's without a did-you-mean (an env_config typo had one)."""
+    from rllib_p3o.driver.one_line_errors import config_error_in, one_line
+
+    with pytest.raises(TypeError, match=r"keyword argument 'grup_size' \(did you mean 'group_size'\?\)") as e:
+        P3OConfig().training(grup_size=8)  # one of P3O's settings
+    assert one_line(config_error_in(e.value)).startswith("UnknownSettingError: P3OConfig.training() got an unexpected")
+    with pytest.raises(TypeError, match=r"keyword argument 'minibatch_sise' \(did you mean 'minibatch_size' or"):
+        P3OConfig().training(minibatch_sise=64)  # one of RLlib's
+    assert P3OConfig().training(lr=1e-3, group_size=4).group_size == 4
 
 
 # -- divergence ------------------------------------------------------------------------------------------------------
@@ -220,6 +236,19 @@ def test_a_mistake_in_a_tuner_script_ends_it_as_one_line_before_any_trial_starts
         assert done.returncode == 1 and last.startswith(message), done.stderr[-3000:]
         assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
         assert not glob.glob(str(storage / "*" / "P3O_*")), "a trial started"
+
+
+def test_a_tuner_script_finds_its_mistakes_before_ray_starts_with_validate_as_the_page_says(tiny_model):
+    """Issue 63: in a Tuner script the mistake came after ``ray.init()`` (20-45 s on 2 busy cores): Tune validates
+    the config once Ray has started, which P3O cannot change. The page says what to do, and it works without Ray."""
+    from rllib_p3o.core.config_error import ConfigError
+
+    with open(os.path.join(ROOT, "docs", "getting-started.md")) as f:
+        assert re.search(r"`config\.validate\(\)` before `ray\.init\(\)`", " ".join(f.read().split()))
+    rows = ArithmeticTask().train_rows()[:16]
+    config = P3OConfig().environment(env_config={"dataset": rows, "reward_func": None}).training(model=tiny_model)
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'reward_func' \(did you mean"):
+        config.validate()
 
 
 def test_an_offline_file_without_behavior_logprobs_is_named_before_any_trial_starts(ray_session, tiny_model, tmp_path):

@@ -67,6 +67,17 @@ def test_metric_keys_are_the_objectives_own():
     assert m.lookup({"a": {"b": 1}}, "a", "b") == 1 and m.lookup({"a": {}}, "a", "b") is None
 
 
+def test_the_screens_tokens_per_s_is_a_window_that_an_iteration_with_its_samples_ready_cannot_spike():
+    """Issue 63: async rows showed 13,622 and 107,282 tokens/s on a machine that generates about 1,000: each
+    iteration's tokens over the time the driver waited for them, near 0 when the runners had generated ahead."""
+    assert dict(m.SUMMARY)[m.TOKENS_PER_S] == (m.P3O, m.RECENT_TOKENS_PER_S)
+    rate = m.TokenRate(window=5)
+    # 1,000 tokens an iteration, generated at 1,000 tokens/s beside training; the third had its samples ready.
+    rates = [rate.add(1000, seconds) for seconds in (1.0, 1.2, 0.01, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)]
+    assert max(rates) < 1.4 * 1000 and min(rates) > 0.8 * 1000, rates
+    assert rates[-1] == 1000.0  # the ready iteration has left the window
+
+
 def test_step_metrics_and_per_source_figures():
     records = [
         {

@@ -20,24 +20,28 @@ reference), and ``run`` says how Tune runs it:
                                                   # `address` (or RAY_ADDRESS) names a cluster to join
 
 ``--set SECTION.KEY=VALUE`` overrides one key (the value is read as YAML: ``--set training.lr=1e-5``,
-``--set run.stop.training_iteration=2``). Paths are relative to the working directory (made absolute before Ray
-starts), and ``"module:function"`` strings work where the config takes callables (``reward_fn``) or datasets: the
-module is imported from the working directory first, as ``python -m`` would, and Ray ships such a module to the
-workers (`modules_from_working_directory`).
-``--resume`` continues the experiment from its latest checkpoint when it exists (``tune.Tuner.restore``).
+``--set run.stop.training_iteration=2``). A section's keys, from the file or ``--set``, are read as the types their
+settings declare (`typed_section`: ``1e-5``, a string to YAML, is a float for ``lr``). Paths are relative to the
+working directory (made absolute before Ray starts), and ``"module:function"`` strings work where the config takes
+callables (``reward_fn``) or datasets: the module is imported from the working directory first, as ``python -m``
+would, and Ray ships such a module to the workers (`modules_from_working_directory`).
+``--resume`` continues the experiment from its latest checkpoint when it exists (``tune.Tuner.restore``), with the
+``--set`` items the run started with (kept in its experiment directory: `record_overrides`).
 
 Exit status: 0 when the trial finished and reached its target (if any); 1 when it errored or missed the target;
-2 when the file is invalid; 130 when it was interrupted (Ctrl-C: ``--resume`` continues it).
+2 when the file is invalid; 130 when it was interrupted (Ctrl-C: the command line that continues it is printed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
+import shlex
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 NAME = "train"
 # P3OConfig methods a config file may use as sections (the AlgorithmConfig methods that set options).
@@ -60,6 +64,11 @@ RUN_KEYS = ("name", "storage_path", "stop", "target", "checkpoint", "progress_ev
 TRACKERS = ("wandb", "mlflow")
 
 
+# Why an interrupted run may have no checkpoint: Tune writes one every checkpoint_frequency iterations, and the one
+# at the end only when the run ends by its stopping condition.
+NO_CHECKPOINT_YET = (
+    "one is written every run.checkpoint.checkpoint_frequency iterations; checkpoint_at_end does not run on Ctrl-C"
+)
 # As the README's Tune example: a run that is interrupted resumes from its latest checkpoint, not from iteration 1.
 DEFAULT_CHECKPOINT = {"checkpoint_frequency": 10, "checkpoint_at_end": True}
 
@@ -121,22 +130,61 @@ def read_config_file(path: str, overrides: List[str] = ()) -> Dict[str, Any]:
     return spec
 
 
-def build_config(spec: Dict[str, Any], path: str = "config"):
-    """The `P3OConfig` of a config file's sections (each applied as ``config.<section>(**keys)``), validated."""
+def build_config(spec: Dict[str, Any], path: str = "config", overrides: Sequence[str] = ()):
+    """The `P3OConfig` of a config file's sections (each applied as ``config.<section>(**keys)``, every value read
+    as its setting's declared type: `typed_section`), validated. ``overrides``: the ``--set`` items applied to
+    ``spec``, to name them in a message."""
     from rllib_p3o import P3OConfig
 
     config = P3OConfig()
     for section in SECTIONS:
         if section in spec:
+            keys = typed_section(P3OConfig, section, spec[section], path, overrides)
             try:
-                getattr(config, section)(**spec[section])
+                getattr(config, section)(**keys)
             except TypeError as e:  # an unknown key: Python names it
                 raise ConfigFileError(f"{path}: section {section!r}: {e}") from e
     try:
         config.validate()
     except ValueError as e:
-        raise ConfigFileError(f"{path}: {e}") from e
+        raise ConfigFileError(f"{path}: {e}{_demo_model_hint(config.policy_model)}") from e
     return config
+
+
+# Where `make demo` (examples/demo.py) builds the demo's base model, which examples/demo.yaml trains.
+DEMO_BASE_MODEL = os.path.join("runs", "demo", "base_model")
+
+
+def _demo_model_hint(model: Optional[str]) -> str:
+    """How to build the demo's base model, when the config names it and it is not there."""
+    if not model or os.path.isdir(model) or not os.path.normpath(model).endswith(DEMO_BASE_MODEL):
+        return ""
+    return (
+        f" It is the demo's base model: `make demo` builds it (and trains the demo once), in {DEMO_BASE_MODEL} of the "
+        'repository (run the command from there); to build the model alone: python -c "from rllib_p3o.tasks import '
+        f"build_demo_model; build_demo_model('{DEMO_BASE_MODEL}')\"."
+    )
+
+
+def typed_section(
+    config_class: type, section: str, keys: Dict[str, Any], path: str, overrides: Sequence[str] = ()
+) -> Dict[str, Any]:
+    """A section's keys read as their declared types (`rllib_p3o.cli.declared_types`: ``--set training.lr=1e-4`` is
+    the float 1e-4, which YAML reads as a string); `ConfigFileError` naming the setting, the value and the types it
+    takes when a value fits none, where it was given (the ``--set`` item, else the file)."""
+    from rllib_p3o.cli.declared_types import as_declared, declared_type, describe, type_problem
+
+    given = {item.partition("=")[0]: item for item in overrides}
+    typed = {}
+    for key, value in keys.items():
+        hint = declared_type(config_class, section, key)
+        typed[key] = as_declared(value, hint)
+        expected = type_problem(typed[key], hint)
+        if expected is not None:
+            name = f"{section}.{key}"
+            where = f"--set {given[name]}" if name in given else path
+            raise ConfigFileError(f"{where}: {name} is {value!r}, {describe(type(value))}; {name} takes {expected}")
+    return typed
 
 
 def target_of(run: Dict[str, Any]) -> Optional[Tuple[str, float]]:
@@ -234,13 +282,16 @@ def _reached(df: Any, target: Tuple[str, float]) -> Tuple[bool, float]:
 
 def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
     """Run the file's experiment (module docstring); returns the exit status."""
-    spec = read_config_file(path, overrides)
+    # The first line at once: what follows (the config's checks, Ray's start, the trial's) takes a minute on a busy
+    # machine before the run's own lines.
+    print(f"rllib-p3o train {path}: checking the config, then starting Ray", flush=True)
+    spec, overrides = run_spec(path, overrides, resume)
     run = dict(spec.get(RUN) or {})
     target = target_of(run)
     from rllib_p3o.driver.progress import silence_driver_and_workers
 
     env = silence_driver_and_workers()
-    config = build_config(spec, path)
+    config = build_config(spec, path, overrides)
     import ray
     from ray import tune
 
@@ -259,8 +310,8 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
             **ray_args,
         )
     try:
-        name = run.get("name") or os.path.splitext(os.path.basename(path))[0]
-        storage = os.path.abspath(os.path.expanduser(run.get("storage_path") or "~/ray_results"))
+        experiment = experiment_dir(spec, path)
+        storage, name = os.path.split(experiment)
         stop = dict(run.get("stop") or {})
         if target:
             stop[target[0]] = target[1]
@@ -272,18 +323,71 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
             callbacks=_callbacks(run, target),
             verbose=0,
         )
-        experiment = os.path.join(storage, name)
         if resume and tune.Tuner.can_restore(experiment):
             print(f"resuming {experiment} from its latest checkpoint", flush=True)
             tuner = tune.Tuner.restore(experiment, trainable="P3O", resume_errored=True, param_space=config)
         else:
             tuner = tune.Tuner("P3O", param_space=config, run_config=run_config)
+        record_overrides(experiment, overrides)
         print(f"P3O run {name}: results in {experiment}", flush=True)
         result = tuner.fit()[0]
     finally:
         if started_ray:
             ray.shutdown()
-    return _report(result, target, resume=f"rllib-p3o train {path} --resume")
+    return _report(result, target, resume=resume_command(path, overrides))
+
+
+def experiment_dir(spec: Dict[str, Any], path: str) -> str:
+    """Where Tune writes the file's experiment: ``run.storage_path``/``run.name`` (defaults: ``~/ray_results``, the
+    file's name), absolute."""
+    run = spec.get(RUN) or {}
+    name = run.get("name") or os.path.splitext(os.path.basename(path))[0]
+    return os.path.join(os.path.abspath(os.path.expanduser(run.get("storage_path") or "~/ray_results")), name)
+
+
+def run_spec(path: str, overrides: Sequence[str], resume: bool) -> Tuple[Dict[str, Any], List[str]]:
+    """The file's sections with the run's overrides, and those overrides. With ``resume``, the overrides the
+    experiment was started with (`record_overrides`) come first and the command's own after them (a key given again
+    takes the command's value): ``--resume`` alone continues the run that ``--set`` items started."""
+    spec = read_config_file(path, overrides)
+    if not resume:
+        return spec, list(overrides)
+    given = {item.partition("=")[0] for item in overrides}
+    recorded = [item for item in recorded_overrides(experiment_dir(spec, path)) if item.partition("=")[0] not in given]
+    if not recorded:
+        return spec, list(overrides)
+    print(f"with the overrides the run started with: {' '.join(_set_flags(recorded))}", flush=True)
+    merged = [*recorded, *overrides]
+    return read_config_file(path, merged), merged
+
+
+# The overrides a run started with, in its experiment directory (`record_overrides`).
+OVERRIDES_FILE = "rllib_p3o_overrides.json"
+
+
+def record_overrides(experiment: str, overrides: Sequence[str]) -> None:
+    """Keep the run's ``--set`` items with its experiment, for ``--resume`` (`run_spec`)."""
+    os.makedirs(experiment, exist_ok=True)
+    with open(os.path.join(experiment, OVERRIDES_FILE), "w") as f:
+        json.dump({"overrides": list(overrides)}, f, indent=1)
+
+
+def recorded_overrides(experiment: str) -> List[str]:
+    """The ``--set`` items the experiment was started with; none when it has no record (or none yet)."""
+    try:
+        with open(os.path.join(experiment, OVERRIDES_FILE)) as f:
+            return [str(item) for item in json.load(f)["overrides"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def resume_command(path: str, overrides: Sequence[str]) -> str:
+    """The command line that continues the run: the file and every ``--set`` item it ran with, then ``--resume``."""
+    return " ".join(["rllib-p3o", NAME, shlex.quote(path), *_set_flags(overrides), "--resume"])
+
+
+def _set_flags(overrides: Sequence[str]) -> List[str]:
+    return [f"--set {shlex.quote(item)}" for item in overrides]
 
 
 def _report(result: Any, target: Optional[Tuple[str, float]], resume: str = "") -> int:
@@ -300,11 +404,12 @@ def _report(result: Any, target: Optional[Tuple[str, float]], resume: str = "") 
         return 1
     if unfinished_trials([result]):  # Ctrl-C: Tune stopped the trial before its stopping condition
         iterations = (result.metrics or {}).get("training_iteration")
-        print(
-            f"Run INTERRUPTED after {iterations} iterations; continue it with: {resume}\n{where}",
-            end="",
-            file=sys.stderr,
-        )
+        if checkpoint is None:  # --resume would have nothing to continue from (P3O refuses to start over silently)
+            again = resume.removesuffix(" --resume")
+            how = f"before its first checkpoint ({NO_CHECKPOINT_YET}), so it cannot be resumed; run it again: {again}"
+        else:
+            how = f"continue it with: {resume}"
+        print(f"Run INTERRUPTED after {iterations} iterations; {how}\n{where}", end="", file=sys.stderr)
         return INTERRUPTED_EXIT_STATUS
     if target is not None:
         reached, best = _reached(result.metrics_dataframe, target)

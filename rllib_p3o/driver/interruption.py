@@ -57,8 +57,9 @@ def interruption_notice(experiment_path: str) -> str:
         f"Resume it from each trial's latest checkpoint with: {restore_call(experiment_path)}"
         if checkpoints
         else (
-            "No trial has a checkpoint yet, so it cannot be resumed: checkpoint runs with tune.RunConfig(checkpoint_"
-            "config=tune.CheckpointConfig(checkpoint_frequency=N, checkpoint_at_end=True))."
+            "No trial has a checkpoint yet, so it cannot be resumed: Ctrl-C came before the first one "
+            "(checkpoint_at_end does not run on Ctrl-C). tune.CheckpointConfig(checkpoint_frequency=N) writes one "
+            "every N iterations: a smaller N makes a run resumable sooner."
         )
     )
     return f"Interrupted: the run did not finish; its state is saved in {experiment_path}. {resume}"

@@ -10,6 +10,12 @@ survivor left waiting in a collective for the dead one would hold the driver's l
 shutdown of their torch group, a background probe), and with them the driver's exit, for torch.distributed's
 timeout (30 minutes). So a script that fails this way ends with the error, with or without ``algo.stop()``.
 
+A learner group that the script never stopped (no ``algo.stop()``: the script caught the error and returned, or let
+it escape) is shut down at the interpreter's exit, before Ray's own exit hook shuts Ray down
+(`shut_down_at_exit`). Left to the garbage collector, RLlib's ``LearnerGroup.__del__`` would shut it down after
+Ray's exit hook, and its first remote call would start a new Ray instance in the exiting interpreter, which never
+ends.
+
 Rebuilding a lost learner in place is not done: RLlib's `LearnerGroup` forms the process group once, when it starts,
 and has no way to replace one of its members, so the run resumes from its last checkpoint instead (Tune does this by
 itself with ``tune.FailureConfig(max_failures=N)``; the data position is part of the checkpoint, so the resumed run
@@ -18,7 +24,10 @@ trains on what the uninterrupted one would).
 
 from __future__ import annotations
 
+import atexit
+import threading
 import time
+import weakref
 from typing import Any, List, Optional, Tuple
 
 import ray
@@ -63,6 +72,42 @@ def stop_learners(learner_group: Any) -> None:
     for actor in actors:
         while _death_cause(actor, 1.0) is None and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+# The learner groups with remote learners that `shut_down_at_exit` shuts down, unless they were shut down before.
+_AT_EXIT: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_AT_EXIT_LOCK = threading.Lock()
+_hook_installed = False
+
+
+def shut_down_at_exit(learner_group: Any) -> None:
+    """Shut ``learner_group`` down when the interpreter exits, while Ray is still up, if nothing did before (its
+    algorithm's ``stop()``). A weak reference: it keeps nothing alive.
+
+    Python runs exit hooks last registered first, and Ray registers its own (``ray.shutdown``) when it is imported,
+    before any algorithm exists: this one runs before it. A local learner (``num_learners=0``) makes no remote call
+    when it is shut down, and is left to RLlib."""
+    global _hook_installed
+    if learner_group is None or not getattr(learner_group, "is_remote", False):
+        return
+    with _AT_EXIT_LOCK:
+        _AT_EXIT.add(learner_group)
+        if not _hook_installed:
+            atexit.register(_shut_down_learner_groups)
+            _hook_installed = True
+
+
+def _shut_down_learner_groups() -> None:
+    for learner_group in list(_AT_EXIT):
+        if getattr(learner_group, "_is_shut_down", False):  # stopped by its algorithm (RLlib's flag)
+            continue
+        try:
+            if ray.is_initialized():
+                learner_group.shutdown()  # bounded: dead learners fail their calls at once, live ones end
+        except Exception:  # the process is exiting: Ray's exit hook ends the actors that are left
+            pass
+        # Whatever happened, its __del__ must not call into Ray after Ray's exit hook.
+        learner_group._is_shut_down = True
 
 
 def _death_cause(actor: Any, timeout_s: float) -> Optional[str]:

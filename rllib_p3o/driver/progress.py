@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from ray import tune
 
@@ -50,6 +50,15 @@ def silence_driver_and_workers() -> Dict[str, str]:
     return dict(QUIET_ENV)
 
 
+# Status-table columns named in `IterationPrinter.columns_for` (the others are named where the table is built): the
+# data's age in weight versions (mean/largest), the share of completions spanning versions, samples dropped as stale.
+AGE = "age"
+SPANNING = "spanning"
+DROPPED = "dropped"
+# The trial config's keys that add the async columns (`rllib_p3o.core.settings`).
+ASYNC_SAMPLING = "async_sampling"
+INFLIGHT_WEIGHT_UPDATES = "inflight_weight_updates"
+
 # (column in Tune's flattened results, label)
 CURVES = (
     (metrics.column(metrics.P3O, metrics.REWARD_MEAN), "train reward (mean of sampled completions)"),
@@ -62,6 +71,10 @@ def _fmt(v, spec: str = "{:.3f}") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
 
 
+def _present(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
 def _clock(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))
     return f"{seconds // 60}:{seconds % 60:02d}"
@@ -69,9 +82,13 @@ def _clock(seconds: float) -> str:
 
 class IterationPrinter(tune.Callback):
     """A status table with one row every ``every`` iterations: the iteration, elapsed time and the longest time left,
-    train reward, held-out reward (the latest evaluation), ESS, tokens/s, the share of groups without signal, the
-    completions no reward function scored (``unscored``; the first iteration with any prints a warning above its
-    row) and where the iteration's time went.
+    train reward, held-out reward (the latest evaluation), ESS, tokens/s (generated tokens per second over the last
+    iterations: `rllib_p3o.core.metrics.RECENT_TOKENS_PER_S`), the age of the policy's data in weight versions
+    (``age``: mean/largest; 0.0/0 in sync mode), the share of groups without signal, the completions no reward
+    function scored (``unscored``; the first iteration with any prints a warning above its row) and where the
+    iteration's time went. With ``async_sampling`` (the trial's config says it), the samples dropped as too stale
+    (``dropped``); with ``inflight_weight_updates``, the share of completions whose tokens span weight versions
+    (``spanning``).
 
     Before the first row, a line names what the run waits for once a wait has lasted 10 s (the trial's start, then
     the first iteration: `rllib_p3o.driver.wait_notices`).
@@ -82,6 +99,7 @@ class IterationPrinter(tune.Callback):
     end it sooner), from the mean iteration time so far; Tune's ``stop={"training_iteration": N}`` counts too.
     """
 
+    # (name, width): every run's columns; `columns_for` adds the async ones after AGE.
     COLUMNS = (
         ("iter", 6),
         ("time", 7),
@@ -90,12 +108,15 @@ class IterationPrinter(tune.Callback):
         ("held-out", 9),
         ("ESS", 7),
         ("tokens/s", 9),
+        (AGE, 8),
         ("w/o signal", 11),
         ("unscored", 9),
         ("gen s", 7),
         ("train s", 8),
         ("sync s", 7),
     )
+    SPANNING_COLUMN = (SPANNING, 9)
+    DROPPED_COLUMN = (DROPPED, 8)
 
     def __init__(
         self,
@@ -112,6 +133,23 @@ class IterationPrinter(tune.Callback):
         self._warned_unscored = False
         self._waits = WaitNotices()
         self._results_seen = False
+        self._columns: Optional[Tuple[Tuple[str, int], ...]] = None  # the first result's trial decides them
+
+    @classmethod
+    def columns_for(cls, config: Mapping[str, Any]) -> Tuple[Tuple[str, int], ...]:
+        """The table's columns for a trial's ``config``: with async sampling the samples dropped as too stale, with
+        in-flight weight updates the share of completions spanning versions too (both after ``age``)."""
+        extra = ()
+        if config.get(INFLIGHT_WEIGHT_UPDATES):
+            extra = (cls.SPANNING_COLUMN, cls.DROPPED_COLUMN)
+        elif config.get(ASYNC_SAMPLING):
+            extra = (cls.DROPPED_COLUMN,)
+        at = [name for name, _ in cls.COLUMNS].index(AGE) + 1
+        return cls.COLUMNS[:at] + extra + cls.COLUMNS[at:]
+
+    @property
+    def columns(self) -> Tuple[Tuple[str, int], ...]:
+        return self._columns if self._columns is not None else self.COLUMNS
 
     def _time_left(self, it: int, elapsed: float, max_iterations: Optional[int] = None) -> Optional[float]:
         bounds = []
@@ -124,7 +162,7 @@ class IterationPrinter(tune.Callback):
 
     def header(self) -> str:
         target = f"   (held-out target {self.target:.2f})" if self.target is not None else ""
-        return "".join(f"{name:>{width}}" for name, width in self.COLUMNS) + target
+        return "".join(f"{name:>{width}}" for name, width in self.columns) + target
 
     def row(self, result: Dict, max_iterations: Optional[int] = None) -> str:
         """The table row of one result (`rllib_p3o.core.metrics.SUMMARY` and p3o/ figures)."""
@@ -132,27 +170,32 @@ class IterationPrinter(tune.Callback):
         p = result.get(metrics.P3O, {})
         elapsed = result.get("time_total_s", 0.0)
         left = self._time_left(it, elapsed, max_iterations)
-        cells = (
-            str(it),
-            _clock(elapsed),
-            "≤" + _clock(left) if left is not None else "-",
-            _fmt(result.get(metrics.REWARD)),
-            _fmt(result.get(metrics.HELDOUT_REWARD)),
-            _fmt(result.get(metrics.SUMMARY_ESS)),
-            _fmt(result.get(metrics.TOKENS_PER_S), "{:.0f}"),
-            _fmt(p.get(metrics.GROUPS_WITHOUT_SIGNAL)),
-            _fmt(p.get(metrics.UNSCORABLE_COMPLETIONS), "{:.0f}"),
-            _fmt(p.get(metrics.TIME_GENERATE_S), "{:.2f}"),
-            _fmt(p.get(metrics.TIME_TRAIN_S), "{:.2f}"),
-            _fmt(p.get(metrics.TIME_SYNC_S), "{:.2f}"),
-        )
-        return "".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, self.COLUMNS))
+        age = p.get(metrics.STALENESS_MEAN), p.get(metrics.STALENESS_MAX)
+        cells = {
+            "iter": str(it),
+            "time": _clock(elapsed),
+            "left": "≤" + _clock(left) if left is not None else "-",
+            "reward": _fmt(result.get(metrics.REWARD)),
+            "held-out": _fmt(result.get(metrics.HELDOUT_REWARD)),
+            "ESS": _fmt(result.get(metrics.SUMMARY_ESS)),
+            "tokens/s": _fmt(result.get(metrics.TOKENS_PER_S), "{:.0f}"),
+            AGE: f"{_fmt(age[0], '{:.1f}')}/{_fmt(age[1], '{:.0f}')}" if _present(age[0]) else "-",
+            SPANNING: _fmt(p.get(metrics.SPANNING_VERSIONS_SHARE), "{:.2f}"),
+            DROPPED: _fmt(p.get(metrics.DROPPED_STALE_SAMPLES), "{:.0f}"),
+            "w/o signal": _fmt(p.get(metrics.GROUPS_WITHOUT_SIGNAL)),
+            "unscored": _fmt(p.get(metrics.UNSCORABLE_COMPLETIONS), "{:.0f}"),
+            "gen s": _fmt(p.get(metrics.TIME_GENERATE_S), "{:.2f}"),
+            "train s": _fmt(p.get(metrics.TIME_TRAIN_S), "{:.2f}"),
+            "sync s": _fmt(p.get(metrics.TIME_SYNC_S), "{:.2f}"),
+        }
+        return "".join(f"{cells[name]:>{width}}" for name, width in self.columns)
 
     def __setstate__(self, state: Dict) -> None:
         """Unpickled with a run that Tune restores: a printer pickled by an earlier version gets the wait notices."""
         self.__dict__.update(state)
         self.__dict__.setdefault("_waits", WaitNotices())
         self.__dict__.setdefault("_results_seen", False)
+        self.__dict__.setdefault("_columns", None)
 
     def setup(self, **info):
         self._waits.begin(wait_notices.STARTING)
@@ -172,6 +215,8 @@ class IterationPrinter(tune.Callback):
             print(notice, flush=True)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self._columns is None:
+            self._columns = self.columns_for(getattr(trial, "config", None) or result.get("config") or {})
         self._results_seen = True
         self._waits.end()
         it = result.get("training_iteration", 0)
@@ -190,6 +235,32 @@ class IterationPrinter(tune.Callback):
         # Tune's stop={"training_iteration": N}, when the run stops at a fixed iteration.
         stop = getattr(trial, "stopping_criterion", None) or {}
         print(self.row(result, stop.get("training_iteration") if isinstance(stop, dict) else None), flush=True)
+
+
+# How `heldout_summary` begins, for a script's screen and for the tests that read it.
+HELDOUT_SUMMARY = "held-out reward"
+
+
+def heldout_summary(result: Any) -> str:
+    """The line a script prints after ``Tuner.fit()``: the held-out reward of the trial's latest evaluation (a Tune
+    ``Result``), with what it is of. An evaluation runs at the start of an iteration, of the first one and then
+    every ``eval_interval`` iterations, so the latest is of the policy some updates before the end, and in a run
+    shorter than ``eval_interval`` it is the base model's: the top-level ``heldout_reward`` alone does not say so."""
+    iterations = int((result.metrics or {}).get("training_iteration") or 0)
+    column = metrics.column(metrics.P3O, metrics.HELDOUT_REWARD_MEAN)
+    frame = result.metrics_dataframe
+    if frame is None or column not in frame or frame[column].isna().all():
+        return (
+            f"{HELDOUT_SUMMARY}: none (no evaluation in the run's {iterations} iterations: eval_dataset, eval_interval)"
+        )
+    latest = frame.dropna(subset=[column]).iloc[-1]
+    value, updates = float(latest[column]), int(latest["training_iteration"]) - 1  # taken before that iteration's
+    if updates == 0:
+        return (
+            f"{HELDOUT_SUMMARY} {value:.3f} of the base model, before any update: the run's {iterations} iteration(s) "
+            "held no later evaluation (one at the start of every eval_interval-th iteration)"
+        )
+    return f"{HELDOUT_SUMMARY} {value:.3f} after {updates} of the run's {iterations} iterations (its latest evaluation)"
 
 
 def offline_provenance_line(p3o_result: Dict) -> str:

@@ -43,10 +43,19 @@ class PretrainingProgress:
         elif now - self._last < self.every_s and step < self.steps - 1:
             return
         self._last = now
-        elapsed = int(now - self._started)
+        elapsed = now - self._started
+        # The time left at the pace so far: how long pretraining takes depends on how busy the machine is (about a
+        # minute on 2 idle cores, five beside two busy processes), so the line says it rather than the docs alone.
+        left = (self.steps - 1 - step) * elapsed / step if 0 < step < self.steps - 1 else None
         self._out(
-            f"{self.prefix}pretraining step {step + 1}/{self.steps}, loss {loss:.3f} ({elapsed // 60}:{elapsed % 60:02d})"
+            f"{self.prefix}pretraining step {step + 1}/{self.steps}, loss {loss:.3f} ({_clock(elapsed)}"
+            + (f", about {_clock(left)} left)" if left is not None else ")")
         )
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}:{seconds % 60:02d}"
 
 
 def pretrain_causal_lm(

@@ -228,10 +228,12 @@ def build_demo_model(
     """The demo's base model: `build_tiny_model` + a short pretraining on `ArithmeticTask.pretraining_corpus`.
 
     ``seed`` sets the initialization, the format lines and the pretraining batches. Cached: a directory already
-    built with the same settings is reused (the first build takes ~1 minute on 2 cores).
+    built with the same settings is reused (the first build takes about a minute on 2 free cores, several on busy
+    ones).
 
-    ``progress``: True prints a line as the pretraining starts and about every 10 s (`PretrainingProgress`), so that
-    the minute is not silent; False (or None) prints nothing; a function gets ``(step, loss)`` every 50 steps.
+    ``progress``: True prints a line as the pretraining starts and about every 10 s with the time left
+    (`PretrainingProgress`), so that the minutes are not silent; False (or None) prints nothing; a function gets
+    ``(step, loss)`` every 50 steps.
     """
     from rllib_p3o.tasks.arithmetic import ArithmeticTask
     from rllib_p3o.tasks.pretrain import PretrainingProgress, pretrain_causal_lm
