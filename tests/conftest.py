@@ -75,20 +75,116 @@ def ray_session():
     ray.shutdown()
 
 
-# What makes a test slow here: a Ray session (actors, Tune), a vLLM engine, or a process of its own. Such tests are
-# marked `slow` when collected, so `pytest -m "not slow"` is the edit-test loop's fast subset (CONTRIBUTING.md);
-# `make test` runs everything.
-_SLOW_FIXTURES = {"ray_session"}
-_SLOW_SOURCE = ("LLM(", "build_algo(", "subprocess.", "ray.init(")
+# What makes a test slow here: a Ray session (actors, Tune), a vLLM engine, a process of its own, the demo base model's
+# pretraining or a cluster of nodes, each asked for as a fixture (directly, or through another fixture: pytest lists
+# both). Such tests are marked `slow` when collected, so `pytest -m "not slow"` is the edit-test loop's fast subset
+# (CONTRIBUTING.md); `make test` runs everything. A test of the fast subset that starts a process or Ray anyway fails
+# and says which fixture to take (`_fast_tests_start_nothing`), so the marking cannot drift from what tests do.
+SLOW_FIXTURES = frozenset({"ray_session", "processes", "demo_base_model", "two_nodes"})
+
+
+def is_slow(fixturenames) -> bool:
+    """Whether a test with these fixtures (transitively) is slow: one of `SLOW_FIXTURES`, or a vLLM engine's."""
+    names = set(fixturenames)
+    return bool(names & SLOW_FIXTURES) or any("engine" in name for name in names)
 
 
 def pytest_collection_modifyitems(config, items):
-    sources = {}
     for item in items:
-        path = str(item.fspath)
-        if path not in sources:
-            with open(path) as f:
-                sources[path] = any(marker in f.read() for marker in _SLOW_SOURCE)
-        uses_engine = any("engine" in name for name in getattr(item, "fixturenames", ()))
-        if sources[path] or uses_engine or _SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if is_slow(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+class Processes:
+    """What a test that starts processes uses (the `processes` fixture): `subprocess.run` with the output captured as
+    text, and `subprocess.Popen`; asking for the fixture is what marks the test slow."""
+
+    @staticmethod
+    def run(args, **kwargs):
+        import subprocess
+
+        kwargs.setdefault("capture_output", not {"stdout", "stderr"} & set(kwargs))
+        kwargs.setdefault("text", True)
+        return subprocess.run(args, **kwargs)
+
+    @staticmethod
+    def popen(args, **kwargs):
+        import subprocess
+
+        return subprocess.Popen(args, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def processes():
+    """Starts processes for a test or a fixture (scripts as users run them, CLIs, spawned workers): see
+    `Processes`."""
+    return Processes()
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_nothing(request, monkeypatch):
+    """In a test not marked slow, starting a process, Ray or torch's process spawning fails at once, naming the fixture
+    that marks a test slow: the fast subset stays fast, and its marking true."""
+    if is_slow(request.fixturenames):
+        yield
+        return
+    import subprocess
+
+    def refuse(what):
+        def refused(*args, **kwargs):
+            raise AssertionError(
+                f"{request.node.nodeid} {what} but is not marked slow: take the `processes` fixture (a process), "
+                "`ray_session` (Ray) or an engine fixture (tests/conftest.py)"
+            )
+
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("starts a process"))
+    try:
+        import ray
+
+        monkeypatch.setattr(ray, "init", refuse("starts Ray"))
+    except ImportError:
+        pass
+    yield
+
+
+# Each test's duration by phase, written when the session ends (every `make test` and CI run): where the suite's time
+# goes, measured (CONTRIBUTING.md's table of the slowest scenarios comes from this file). A module or session fixture's
+# cost lands in the setup of the first test that asks for it.
+DURATIONS_FILE = os.environ.get(
+    "P3O_TEST_DURATIONS", os.path.join(os.path.dirname(__file__), "..", "test-results", "durations.csv")
+)
+_durations: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    phases = _durations.setdefault(report.nodeid, {"setup": 0.0, "call": 0.0, "teardown": 0.0, "slow": False})
+    phases[report.when] = report.duration
+    phases["slow"] = phases["slow"] or "slow" in report.keywords
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _durations or hasattr(session.config, "workerinput"):  # (an xdist worker: the controller writes)
+        return
+    import csv
+
+    os.makedirs(os.path.dirname(DURATIONS_FILE), exist_ok=True)
+    rows = sorted(_durations.items(), key=lambda kv: -(kv[1]["setup"] + kv[1]["call"] + kv[1]["teardown"]))
+    with open(DURATIONS_FILE, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["test", "total_s", "setup_s", "call_s", "teardown_s", "slow", "load_average_1min_at_end"])
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        for nodeid, p in rows:
+            total = p["setup"] + p["call"] + p["teardown"]
+            writer.writerow(
+                [
+                    nodeid,
+                    f"{total:.2f}",
+                    f"{p['setup']:.2f}",
+                    f"{p['call']:.2f}",
+                    f"{p['teardown']:.2f}",
+                    p["slow"],
+                    f"{load:.2f}",
+                ]
+            )

@@ -44,7 +44,7 @@ def _policy_at_torch_import(**env):
     return done.stdout.split()
 
 
-def test_import_gives_openmp_a_passive_wait_policy_before_torch_loads_it_unless_the_user_set_one():
+def test_import_gives_openmp_a_passive_wait_policy_before_torch_loads_it_unless_the_user_set_one(processes):
     assert _policy_at_torch_import() == ["PASSIVE", "PASSIVE"]
     assert _policy_at_torch_import(OMP_WAIT_POLICY="ACTIVE") == ["ACTIVE", "ACTIVE"]
 

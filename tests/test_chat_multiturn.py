@@ -126,7 +126,7 @@ def test_group_advantages_use_episode_returns():
     assert records[0][Record.ADVANTAGE] > 0 > records[1][Record.ADVANTAGE]
 
 
-def test_tool_calls_parse_and_errors_become_messages():
+def test_tool_calls_parse_and_errors_become_messages(processes):
     assert parse_tool_call('<tool_call>{"name": "calc", "arguments": {"x": "1"}}</tool_call>') == ("calc", {"x": "1"})
     assert parse_tool_call("<tool_call>calc 12*34") == ("calc", "12*34")  # closing tag was the stop token
     assert parse_tool_call("<tool_call>calc(12*34)</tool_call>") == ("calc", "12*34")
@@ -149,7 +149,7 @@ def test_tool_calls_parse_and_errors_become_messages():
     assert not ok and "unknown tool" in text
 
 
-def test_tool_env_runs_calls_and_scores_the_final_answer():
+def test_tool_env_runs_calls_and_scores_the_final_answer(processes):
     env = ToolEnv(
         {
             "tools": {"calc": lambda e: eval(e, {}), "boom": lambda e: 1 / 0},

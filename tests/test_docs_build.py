@@ -44,13 +44,13 @@ def _site(tmp_path, link):
     )
 
 
-def test_a_good_link_builds(tmp_path):
+def test_a_good_link_builds(processes, tmp_path):
     out = _site(tmp_path, "other.md#a-section")
     assert out.returncode == 0, out.stderr
 
 
 @pytest.mark.parametrize("link", ["missing.md", "other.md#no-such-section"], ids=["page", "anchor"])
-def test_a_broken_link_fails_the_build(tmp_path, link):
+def test_a_broken_link_fails_the_build(processes, tmp_path, link):
     out = _site(tmp_path, link)
     assert out.returncode != 0
     assert "Aborted with 1 warnings in strict mode" in out.stdout + out.stderr, out.stderr

@@ -192,7 +192,7 @@ def test_the_configuration_reference_lists_every_env_config_key():
     assert sorted(listed) == sorted(ENV_CONFIG_KEYS)
 
 
-def test_a_python_api_run_starts_ray_without_the_token_auth_notice_or_tunes_experiment_box():
+def test_a_python_api_run_starts_ray_without_the_token_auth_notice_or_tunes_experiment_box(processes):
     probe = "import os, rllib_p3o, ray; ray.init(include_dashboard=False); print(os.environ['RAY_AIR_NEW_OUTPUT'])"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RLLIB_P3O_"))}
     done = subprocess.run(

@@ -190,7 +190,7 @@ def test_no_tensor_of_all_tokens_by_the_vocabulary(head_trains, with_kept):
     assert ref["forward"] >= tokens * vocab and ref["backward"] >= tokens * vocab and ref["saved"] >= tokens * vocab
 
 
-def test_the_head_benchmark_compares_today_and_fused_on_equal_figures(tmp_path):
+def test_the_head_benchmark_compares_today_and_fused_on_equal_figures(processes, tmp_path):
     """``benchmarks/learner_gpu.py --head`` at a small vocabulary: every variant runs, and those of one head state
     agree on the log-probs and the gradient (the fused head computes what today's does)."""
     import importlib.util

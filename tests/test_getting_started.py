@@ -29,7 +29,7 @@ def runnable_blocks():
     return [b for b in blocks if not b.startswith(GPU_ONLY)], [b for b in blocks if b.startswith(GPU_ONLY)]
 
 
-def test_the_page_marks_its_gpu_block_and_states_the_base_accuracy_as_the_demo_does():
+def test_the_page_marks_its_gpu_block_and_states_the_base_accuracy_as_the_demo_does(processes):
     runnable, gpu = runnable_blocks()
     assert len(runnable) == 1 and len(gpu) == 1
     assert "num_gpus_per_learner" not in runnable[0] and "num_gpus_per_learner=1" in gpu[0]

@@ -46,7 +46,7 @@ def run_until_killed(bench, argv):
         bench.main(argv)
 
 
-def test_the_learner_stage_writes_each_path_and_batch_before_the_next_starts(bench, monkeypatch, tmp_path):
+def test_the_learner_stage_writes_each_path_and_batch_before_the_next_starts(processes, bench, monkeypatch, tmp_path):
     out = tmp_path / "learner_tiny.json"
 
     def count(report):
@@ -67,7 +67,7 @@ def test_the_learner_stage_writes_each_path_and_batch_before_the_next_starts(ben
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-def test_the_flex_stage_writes_each_case_before_the_next_starts(bench, monkeypatch, tmp_path):
+def test_the_flex_stage_writes_each_case_before_the_next_starts(processes, bench, monkeypatch, tmp_path):
     out = tmp_path / "flex.json"
     seen = watch(monkeypatch, bench, "flex_gaps", out, lambda report: len(report["cases"]), kill_at=4)
     # flex_gaps computes every case but the learner's check: the 4th call is the 5th case
@@ -83,7 +83,7 @@ def test_the_flex_stage_writes_each_case_before_the_next_starts(bench, monkeypat
         assert gaps["pass"] is True and gaps["flex_packed"] <= 1e-4 and gaps["sdpa_packed"] <= 1e-4, (name, gaps)
 
 
-def test_the_max_rows_stage_writes_each_probe_before_the_next(bench, monkeypatch, tmp_path):
+def test_the_max_rows_stage_writes_each_probe_before_the_next(processes, bench, monkeypatch, tmp_path):
     out = tmp_path / "max_rows.json"
 
     def count(report):

@@ -50,7 +50,9 @@ def _kept(processed, width):
 @pytest.mark.parametrize(
     "top_k, top_p, temperature", [(3, None, 1.0), (None, 0.8, 1.0), (5, 0.7, 1.0), (4, None, 0.7), (None, 0.9, 1.3)]
 )
-def test_renormalized_logprob_is_the_truncated_distribution_of_an_enumerated_vocabulary(top_k, top_p, temperature):
+def test_renormalized_logprob_is_the_truncated_distribution_of_an_enumerated_vocabulary(
+    processes, top_k, top_p, temperature
+):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, V, generator=g, dtype=torch.float64) * 2
     processed = _vllm_processed(logits, temperature, top_k, top_p)

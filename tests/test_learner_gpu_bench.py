@@ -39,7 +39,7 @@ def _run_without_ray(code: str, timeout: float = 600) -> subprocess.CompletedPro
     )
 
 
-def test_the_package_imports_without_ray_and_says_what_needs_it():
+def test_the_package_imports_without_ray_and_says_what_needs_it(processes):
     proc = _run_without_ray(
         """
         import rllib_p3o
@@ -55,7 +55,7 @@ def test_the_package_imports_without_ray_and_says_what_needs_it():
     assert "P3OConfig: rllib_p3o.P3OConfig needs Ray" in proc.stdout
 
 
-def test_the_benchmark_runs_every_path_and_the_check_without_ray(tmp_path):
+def test_the_benchmark_runs_every_path_and_the_check_without_ray(processes, tmp_path):
     out, check = tmp_path / "tiny.json", tmp_path / "check.json"
     paths = ["buckets_64", "padded", "buckets_measured", "default", "packed", "packed_fused"]
     proc = _run_without_ray(
@@ -98,7 +98,7 @@ def test_the_benchmark_runs_every_path_and_the_check_without_ray(tmp_path):
     assert result["fused_vs_chunked_head_float32"]["logp_max_abs_diff"] < 1e-5
 
 
-def test_a_rehearsal_does_not_write_into_results():
+def test_a_rehearsal_does_not_write_into_results(processes):
     env = {**os.environ, "OUT": "results/benchmarks/learner_gpu_h200"}
     proc = subprocess.run(["bash", SESSION, "--rehearse"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and "a rehearsal does not write into results/" in proc.stderr
@@ -106,7 +106,7 @@ def test_a_rehearsal_does_not_write_into_results():
     assert bad.returncode == 2 and "usage:" in bad.stderr
 
 
-def test_import_rllib_p3o_registers_p3o_with_tune():
+def test_import_rllib_p3o_registers_p3o_with_tune(processes):
     proc = subprocess.run(
         [
             sys.executable,

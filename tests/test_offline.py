@@ -94,7 +94,7 @@ def test_a_whole_file_problem_is_worded_as_one_and_a_nan_reward_is_named_as_nan_
     )
 
 
-def test_cli_exit_status(tmp_path, tiny_model):
+def test_cli_exit_status(processes, tmp_path, tiny_model):
     # The text-only row first: pyarrow takes the columns from the first row.
     good = _write(tmp_path / "good.parquet", [dict(GOOD, prompt_ids=None, prompt="(01+02)%10="), GOOD])
     bad = _write(tmp_path / "bad.parquet", [GOOD, dict(GOOD, reward=math.inf)])
@@ -128,7 +128,7 @@ def test_recorder_files_are_complete_or_absent(tmp_path):
     assert row["policy_version"] == 2 and row["group_id"] == "7" and row["source"] == POLICY
 
 
-def test_unscored_completions_are_recorded_with_a_null_reward_counted_not_rejected(tmp_path, tiny_model):
+def test_unscored_completions_are_recorded_with_a_null_reward_counted_not_rejected(processes, tmp_path, tiny_model):
     """A completion no reward function scored (reward NaN in the run) is recorded with a null reward: the recording
     validates, its unscored rows counted (training leaves them out); NaN in an earlier recording means the same."""
     record = {

@@ -17,7 +17,7 @@ def _answer(question: str) -> str:
     return str((int(a) + int(b)) % 10)
 
 
-def test_reset_and_step_map_onto_turns_of_a_served_environment():
+def test_reset_and_step_map_onto_turns_of_a_served_environment(processes):
     env = OpenEnvEnv({"openenv": {"app": APP, "reset_column": "reset_kwargs"}})
     assert env.url.startswith("http://127.0.0.1:")
     row = {"prompt": SYSTEM, "reset_kwargs": {"seed": 7}}
@@ -48,7 +48,7 @@ def test_reset_and_step_map_onto_turns_of_a_served_environment():
     by_url.close()
 
 
-def test_openenv_mistakes_fail_with_what_to_change():
+def test_openenv_mistakes_fail_with_what_to_change(processes):
     with pytest.raises(ValueError, match="exactly one of 'app' and 'url'"):
         OpenEnvEnv({"openenv": {}})
     with pytest.raises(ValueError, match=r"unknown keys \['action'\]"):

@@ -55,7 +55,7 @@ AGREES = {
 
 
 @pytest.fixture(scope="module")
-def parsed():
+def parsed(processes):
     """Each command's namespace and outputs from its script's own parser."""
     request = json.dumps([[command.script, command.argv] for _, command in COMMANDS])
     out = subprocess.run(
@@ -100,7 +100,7 @@ def test_the_command_writes_the_file_the_page_cites(parsed, page, command):
         AGREES[command.script](result["namespace"], _load(command.cited[0]))
 
 
-def test_a_flag_the_script_lacks_or_a_wrong_output_is_caught(tmp_path):
+def test_a_flag_the_script_lacks_or_a_wrong_output_is_caught(processes, tmp_path):
     request = [
         ["benchmarks/peer_trl.py", ["--sizes", "10M", "--no-such-flag"]],
         ["benchmarks/peer_trl.py", ["--sizes", "10M"]],

@@ -61,7 +61,7 @@ def test_the_status_table_shows_the_datas_age_and_with_async_updates_what_spans_
     assert screen({}, {})["age"] == "-"  # offline data has no weights version
 
 
-def test_the_libraries_are_quiet_by_default_and_one_setting_brings_them_back():
+def test_the_libraries_are_quiet_by_default_and_one_setting_brings_them_back(processes):
     import subprocess
     import sys
 
@@ -117,7 +117,7 @@ def test_the_page_explains_rays_core_worker_line_where_nothing_filters_it_and_ho
     assert re.search(SKIP_WORKER_LINES, line)  # from a worker (Tune's trial) it is left off the screen
 
 
-def test_the_workers_cpp_notices_on_success_are_left_off_the_screen_even_with_ray_imported_first():
+def test_the_workers_cpp_notices_on_success_are_left_off_the_screen_even_with_ray_imported_first(processes):
     """Ray's notice about actors with max_restarts > 0 and arguments in the object store (RLlib's runners) and torch's
     NUMA note from vLLM's CPU worker: lines the driver drops from the workers' output; other lines still show."""
     import subprocess

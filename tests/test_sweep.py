@@ -367,7 +367,9 @@ def test_regime_matrix_puts_each_regime_on_a_row_bolds_its_best_and_counts_colla
     assert lines[3] == "| temperature_1.2 | **0.840 ± 0.010** | 0.660 ± 0.010 (1/3 collapsed) |"
 
 
-def test_sweep_compare_ignores_the_machines_columns_fails_on_a_training_value_and_sets_two_runs_side_by_side(tmp_path):
+def test_sweep_compare_ignores_the_machines_columns_fails_on_a_training_value_and_sets_two_runs_side_by_side(
+    processes, tmp_path
+):
     # `python -m rllib_p3o.sweep.compare` on files the sweep's own writer wrote (no Ray: it reads files only).
     reference, rerun = str(tmp_path / "reference"), str(tmp_path / "rerun")
     for method in ("p3o", "cispo"):

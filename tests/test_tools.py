@@ -57,7 +57,7 @@ def _assistant(text):
     return {"role": "assistant", "content": text}
 
 
-def test_a_call_past_its_timeout_is_killed_and_the_quick_calls_queued_behind_it_are_not_timed_out(tmp_path):
+def test_a_call_past_its_timeout_is_killed_and_the_quick_calls_queued_behind_it_are_not_timed_out(processes, tmp_path):
     tools = {"slow": _write_after, "quick": lambda x: f"quick {x}"}
     config = _env_config(tools, tool_timeout_s=0.5, tool_workers=2)
     # One turn of six episodes, as the runner plays it: every episode's call starts (`prepare_step`), then each is
@@ -78,7 +78,7 @@ def test_a_call_past_its_timeout_is_killed_and_the_quick_calls_queued_behind_it_
     assert not list(tmp_path.iterdir()), "a call reported as timed out ran on"
 
 
-def test_a_tool_that_never_returns_is_killed_and_its_worker_replaced():
+def test_a_tool_that_never_returns_is_killed_and_its_worker_replaced(processes):
     tools = {"forever": _forever, "quick": lambda x: x.upper()}
     assert run_tool(tools, "quick", "warm", timeout_s=5, workers=2) == ("WARM", True)
     pool = tool_pool(tools, 2)
@@ -96,7 +96,7 @@ def test_a_tool_that_never_returns_is_killed_and_its_worker_replaced():
     assert len(pool.worker_pids()) == 2  # the pool is back to its size
 
 
-def test_memory_cpu_and_crashes_are_bounded_and_reported():
+def test_memory_cpu_and_crashes_are_bounded_and_reported(processes):
     tools = {
         "allocate": _allocate_forever,
         "spin": _forever,
@@ -119,7 +119,7 @@ def test_memory_cpu_and_crashes_are_bounded_and_reported():
     assert run_tool(tools, "quick", "still here", timeout_s=5) == ("still here", True)
 
 
-def test_tools_that_cannot_travel_to_a_worker_are_configuration_errors(tmp_path):
+def test_tools_that_cannot_travel_to_a_worker_are_configuration_errors(processes, tmp_path):
     import threading
 
     lock = threading.Lock()

@@ -99,7 +99,7 @@ def test_a_bad_weight_count_fails_at_config_validation(tiny_model):
         config.validate()
 
 
-def test_tool_env_passes_the_episode_s_messages_for_conversational_prompts():
+def test_tool_env_passes_the_episode_s_messages_for_conversational_prompts(processes):
     seen = []
 
     def last_answer(completions, answer, **kwargs):

@@ -26,7 +26,7 @@ def _say(env, text):
     return env.step({"role": "assistant", "content": text})
 
 
-def test_taskset_rows_and_a_single_turn_episode_scored_by_the_task():
+def test_taskset_rows_and_a_single_turn_episode_scored_by_the_task(processes):
     rows = verifiers_dataset(SINGLE)
     assert len(rows) == 6
     text, answer = question(0)
@@ -45,7 +45,7 @@ def test_taskset_rows_and_a_single_turn_episode_scored_by_the_task():
     assert len(other) == 2 and other[0]["prompt"] == rows[3]["prompt"] and other[0][KEY_COLUMN] != rows[0][KEY_COLUMN]
 
 
-def test_a_multi_turn_environment_is_played_turn_by_turn():
+def test_a_multi_turn_environment_is_played_turn_by_turn(processes):
     rows = verifiers_dataset(GAME)
     text, answer = question(0)
     wrong = str((int(answer) + 1) % 10)
@@ -109,7 +109,7 @@ class _OpenedByEnv(vf.Env[vf.SingleAgentEnvConfig]):
             await chat.turn(task.data.prompt)
 
 
-def test_an_environment_that_opens_the_exchange():
+def test_an_environment_that_opens_the_exchange(processes):
     rows = verifiers_dataset({"id": _module("vf_test_opened", OpenedByEnv=_OpenedByEnv), "taskset": TASKSET})
     text, answer = question(0)
     env = VerifiersEnv({})
@@ -119,7 +119,7 @@ def test_an_environment_that_opens_the_exchange():
     assert result.terminated and result.reward == 1.0
 
 
-def test_what_the_adapter_cannot_play_fails_with_what_to_change():
+def test_what_the_adapter_cannot_play_fails_with_what_to_change(processes):
     with pytest.raises(VerifiersError, match="cannot load the environment.*no_such_verifiers_env"):
         verifiers_dataset("no_such_verifiers_env")
     with pytest.raises(VerifiersError, match="no seat 'player'"):
