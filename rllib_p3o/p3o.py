@@ -54,8 +54,6 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-from ray.rllib.env import INPUT_ENV_SPACES
-from ray.rllib.utils.debug.deterministic import update_global_seed_if_necessary
 from ray.rllib.utils.metrics import (
     LEARNER_RESULTS,
     LEARNER_UPDATE_TIMER,
@@ -63,11 +61,10 @@ from ray.rllib.utils.metrics import (
     SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
 )
-from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ray.util.debug import log_once
 from typing_extensions import Self
 
-from rllib_p3o.core import metrics, quiet
+from rllib_p3o.core import cpu_threads, metrics, quiet
 from rllib_p3o.core.columns import Columns
 from rllib_p3o.core.config_error import ConfigError, UnknownSettingError, unknown_keyword_message
 from rllib_p3o.core.losses import get_loss
@@ -96,12 +93,11 @@ from rllib_p3o.driver.runner_calls import EngineRunners
 from rllib_p3o.driver.sampler import Sampler
 from rllib_p3o.driver.step_log import StepLog
 from rllib_p3o.driver.training_signature import TrainingSignature
-from rllib_p3o.driver.trial_reuse import RESETTABLE_KEYS, config_differences
+from rllib_p3o.driver.trial_reuse import reset_trial
 from rllib_p3o.driver.weight_sync import WeightSync
 from rllib_p3o.learner.p3o_torch_learner import NonFiniteStepError, P3OTorchLearner
 from rllib_p3o.learner.rl_module import HFCausalLMRLModule
 from rllib_p3o.reward_models.actors import RewardModelActors
-from rllib_p3o.reward_models.server import ACTORS_KEY as REWARD_MODEL_ACTORS
 from rllib_p3o.runner.env import TextEnv
 from rllib_p3o.runner.env_runner import VLLMEnvRunner
 from rllib_p3o.sync.payload import default_tolerance
@@ -246,28 +242,13 @@ class P3OConfig(TrainingSignature, AlgorithmConfig):
 
     @property
     def learner_threads(self) -> Optional[int]:
-        """Torch threads of each learner: ``num_threads_per_learner``, else its Ray CPUs (``num_cpus_per_learner``, 1
-        for "auto"); a local learner gets ``num_cpus_for_main_process`` in async mode, where it runs beside the
-        runners, and None (torch's default: every core) in sync mode, where it never does."""
-        if self.num_threads_per_learner:
-            return int(self.num_threads_per_learner)
-        if self.num_learners > 0:
-            return max(1, int(self.num_cpus_per_learner)) if self.num_cpus_per_learner != "auto" else 1
-        if self.async_sampling and self.num_env_runners > 0:
-            return max(1, int(self.num_cpus_for_main_process))
-        return None
+        """Torch threads of each learner (`rllib_p3o.core.cpu_threads.learner_threads`)."""
+        return cpu_threads.learner_threads(self)
 
     @property
     def env_runner_threads(self) -> int:
-        """Torch/OpenMP threads of each runner's engine: ``num_threads_per_env_runner``, else its Ray CPUs plus, in
-        sync mode with a local learner, a share of the driver's CPUs (``num_cpus_for_main_process``), idle while the
-        runners generate (the mirror of `learner_threads` taking every core)."""
-        borrowed = (
-            int(self.num_cpus_for_main_process) // self.num_env_runners
-            if not self.async_sampling and self.num_learners == 0 and self.num_env_runners > 0
-            else 0
-        )
-        return int(self.num_threads_per_env_runner or (max(1, int(self.num_cpus_per_env_runner)) + borrowed))
+        """Torch/OpenMP threads of each runner's engine (`rllib_p3o.core.cpu_threads.env_runner_threads`)."""
+        return cpu_threads.env_runner_threads(self)
 
     def validate(self) -> None:
         """RLlib's validation, then P3O's settings group by group (`rllib_p3o.core.settings.GROUPS`): each setting
@@ -369,7 +350,8 @@ class P3O(Algorithm):
             # Built directly (``config.build_algo()``), not in a Tune trial that already holds its resources: the
             # runners and learners start as actors of their own, which would wait forever for what is not there.
             check_cluster_fits(config, include_main_process=False)
-        self._start_reward_models()
+        # Reward-model actors before the runners, which are given their names (`RewardModelActors.start_for`).
+        self._reward_models = RewardModelActors.start_for(self.config)
         try:
             super().setup(config)
         except Exception:
@@ -392,18 +374,6 @@ class P3O(Algorithm):
         self._runner_restarts = 0
         self._setup_training_state(actor_reused=False, t0=t0)
 
-    def _start_reward_models(self) -> None:
-        """Start ``env_config["reward_models"]``'s actors (`rllib_p3o.reward_models.actors`) before the runners, and
-        give the runners their names in ``env_config``."""
-        config: P3OConfig = self.config
-        self._reward_models = None
-        if not (config.env_config or {}).get("reward_models") or not config.is_online:
-            return
-        self._reward_models = RewardModelActors(config.env_config)
-        frozen, config._is_frozen = config._is_frozen, False  # the algorithm's own copy of the config
-        config.env_config = {**config.env_config, REWARD_MODEL_ACTORS: self._reward_models.names}
-        config._is_frozen = frozen
-
     def _setup_training_state(self, actor_reused: bool, t0: float) -> None:
         """Everything a trial starts from, beside the runners: data position, counters, recorder, weight sync (the
         runners get the learner's initial weights, verified). Shared by `setup` and `reset_config`."""
@@ -411,7 +381,6 @@ class P3O(Algorithm):
         # Tune's `Trainable.reset` replaces ``self.config`` with the next trial's dict before `reset_config` runs.
         self._config_in_use = config
         learner_health.shut_down_at_exit(self.learner_group)  # a script that never calls stop() still ends
-        self._token_rate = metrics.TokenRate()
         runners = self._runners
         self._weight_sync = WeightSync(
             self.learner_group,
@@ -464,44 +433,9 @@ class P3O(Algorithm):
 
     def reset_config(self, new_config: Dict[str, Any]) -> bool:
         """Tune's actor reuse (``tune.TuneConfig(reuse_actors=True)``): start the next trial in this actor, keeping
-        the EnvRunners and their engines (the slow part of a start), with a new learner, data position and metrics.
-
-        Only `RESETTABLE_KEYS` (and keys `P3OConfig` does not define, such as a sweep's own) may differ from the
-        running config; anything else needs new runners, so this returns False and Tune fails the trial with the
-        message logged here (run such trials in separate experiments, or without ``reuse_actors``).
-        """
-        t0 = time.perf_counter()
-        new = self.get_default_config().update_from_dict(new_config)
-        new.validate()  # (validation also fills in settings, which the comparison needs)
-        different = config_differences(self._config_in_use, new)
-        if different:
-            logger.error(
-                "P3O.reset_config cannot reuse this actor: %s differ(s) from the running trial; only %s "
-                "may change between reused trials.",
-                ", ".join(different),
-                ", ".join(RESETTABLE_KEYS),
-            )
-            return False
-        if getattr(self, "_reward_models", None) is not None:  # the same reward models (compared above): kept
-            new.env_config = {**new.env_config, REWARD_MODEL_ACTORS: self._reward_models.names}
-        new.freeze()
-        for source in self._sources:
-            source.close()
-        self._weight_sync.close()
-        self.learner_group.shutdown()
-        self.config = new
-        update_global_seed_if_necessary(new.framework_str, new.seed)
-        self.metrics = MetricsLogger(root=True, stats_cls_lookup=new.stats_cls_lookup)
-        self._counters.clear()
-        self._timers.clear()
-        spaces = {INPUT_ENV_SPACES: (new.observation_space, new.action_space), **(self.spaces or {})}
-        self.learner_group = new.build_learner_group(
-            rl_module_spec=new.get_multi_rl_module_spec(spaces=spaces, inference_only=False)
-        )
-        if self.offline_data is not None:  # the next trial's inputs, provenance and order, from their first row
-            self.offline_data = self.offline_data.reopened(new)
-        self._setup_training_state(actor_reused=True, t0=t0)
-        return True
+        the EnvRunners and their engines (the slow part of a start), with a new learner, data position and metrics;
+        False where a setting beyond `RESETTABLE_KEYS` differs (`rllib_p3o.driver.trial_reuse.reset_trial`)."""
+        return reset_trial(self, new_config)
 
     # -- one iteration: sample -> advantages, batch -> update -> sync -> metrics ------------------------------------
 
@@ -521,7 +455,7 @@ class P3O(Algorithm):
         timings[metrics.TIME_OTHER_S] = (
             time.perf_counter() - t0 - sum(timings.values()) + timings.get(metrics.TIME_EVAL_S, 0.0)
         )
-        self._log_step(records, batch, timings, sync_stats, per_learner_ess)
+        self._step_log.log_step(self, records, batch, timings, sync_stats, per_learner_ess)
 
     def _sample_batch(self, timings: Dict[str, float]) -> Tuple[List[Dict[str, Any]], batching.Batch]:
         """This iteration's training batch, from every batch source, shuffled (learner shards are contiguous slices);
@@ -564,43 +498,6 @@ class P3O(Algorithm):
         return per_learner_ess
 
     # -- metrics ---------------------------------------------------------------------------------------------------
-
-    def _log_step(self, records, batch, timings, sync_stats, per_learner_ess) -> None:
-        cfg = self.config
-        skipped = getattr(self.offline_data, "rows_skipped", 0) if self.offline_data is not None else None
-        files = self.offline_data.provenance_counts() if hasattr(self.offline_data, "provenance_counts") else None
-        step = metrics.step_metrics(
-            records,
-            batch,
-            timings,
-            sync_stats,
-            per_learner_ess,
-            num_offline_rows=cfg.offline_rows_per_step,
-            weights_seq_no=self._weight_sync.weights_seq_no,
-            offline_rows_skipped=skipped,
-            offline_files=files,
-        )
-        if records:  # generated tokens per second of the last iterations (their time, without evaluations)
-            seconds = sum(v for k, v in timings.items() if k != metrics.TIME_EVAL_S)
-            step[metrics.RECENT_TOKENS_PER_S] = self._token_rate.add(step[metrics.GENERATED_TOKENS], seconds)
-        step.update(
-            {
-                metrics.SKIPPED_NONFINITE_STEPS: self._run.skipped_nonfinite,
-                metrics.ROLLOUT_FP8_SIMULATED: float(cfg.rollout_weights.fp8_simulated),
-                # Every iteration, so that the key is a column from the first result on (`metrics.ResultColumns`).
-                metrics.GROUPS_RESAMPLED_AFTER_RESTORE: 0.0,
-                **getattr(self, "_prompt_fit", {}),
-                **self._run.take_restore_metrics(),
-            }
-        )
-        runners = None
-        if self._runners.remote:
-            runners = {
-                metrics.HEALTHY_ENV_RUNNERS: len(self._runners.healthy_ids()),
-                metrics.ENV_RUNNER_RESTARTS_LIFETIME: self._runner_restarts,
-            }
-        completions = (int(cfg.log_completions), self._completions_dir) if cfg.log_completions else None
-        self._step_log.log_iteration(int(self.iteration or 0) + 1, records, step, runners, completions)
 
     def _completions_dir(self) -> Tuple[str, Any]:
         """Under Tune: the trial's directory in the experiment's storage (the working directory's files reach it only

@@ -17,7 +17,7 @@ brings back the spinning, for a machine that does nothing else).
 from __future__ import annotations
 
 import os
-from typing import Dict
+from typing import Any, Dict, Optional
 
 # The environment the package gives OpenMP where the user has not set it.
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
@@ -48,3 +48,28 @@ def fitting_threads(wanted: int) -> int:
     """``wanted`` threads, but no more than `usable_cores`: Ray's logical CPUs may outnumber the cores (``ray.init(
     num_cpus=4)`` on 2 cores), and more OpenMP threads than cores wait on each other in every parallel region."""
     return max(1, min(int(wanted), usable_cores()))
+
+
+def learner_threads(config: Any) -> Optional[int]:
+    """Torch threads of each learner of a `P3OConfig`: ``num_threads_per_learner``, else its Ray CPUs
+    (``num_cpus_per_learner``, 1 for "auto"); a local learner gets ``num_cpus_for_main_process`` in async mode, where
+    it runs beside the runners, and None (torch's default: every core) in sync mode, where it never does."""
+    if config.num_threads_per_learner:
+        return int(config.num_threads_per_learner)
+    if config.num_learners > 0:
+        return max(1, int(config.num_cpus_per_learner)) if config.num_cpus_per_learner != "auto" else 1
+    if config.async_sampling and config.num_env_runners > 0:
+        return max(1, int(config.num_cpus_for_main_process))
+    return None
+
+
+def env_runner_threads(config: Any) -> int:
+    """Torch/OpenMP threads of each runner's engine of a `P3OConfig`: ``num_threads_per_env_runner``, else its Ray
+    CPUs plus, in sync mode with a local learner, a share of the driver's CPUs (``num_cpus_for_main_process``), idle
+    while the runners generate (the mirror of `learner_threads` taking every core)."""
+    borrowed = (
+        int(config.num_cpus_for_main_process) // config.num_env_runners
+        if not config.async_sampling and config.num_learners == 0 and config.num_env_runners > 0
+        else 0
+    )
+    return int(config.num_threads_per_env_runner or (max(1, int(config.num_cpus_per_env_runner)) + borrowed))

@@ -29,6 +29,45 @@ class StepLog:
     def __init__(self, logger_: MetricsLogger, source_names: SourceNames, under_tune: bool = False):
         self.metrics, self.source_names, self.under_tune = logger_, source_names, under_tune
         self._warned_unscored = False
+        self._token_rate = metrics.TokenRate()  # the screen's tokens/s, over the last iterations
+
+    def log_step(self, algo: Any, records, batch, timings, sync_stats, per_learner_ess) -> None:
+        """One training step of ``algo`` (a `P3O`): its figures (`metrics.step_metrics` of its records, batch, phase
+        timings, sync and per-learner ESS), the run's counters and its runners' health (`log_iteration`)."""
+        cfg = algo.config
+        offline = algo.offline_data
+        step = metrics.step_metrics(
+            records,
+            batch,
+            timings,
+            sync_stats,
+            per_learner_ess,
+            num_offline_rows=cfg.offline_rows_per_step,
+            weights_seq_no=algo._weight_sync.weights_seq_no,
+            offline_rows_skipped=getattr(offline, "rows_skipped", 0) if offline is not None else None,
+            offline_files=offline.provenance_counts() if hasattr(offline, "provenance_counts") else None,
+        )
+        if records:  # generated tokens per second of the last iterations (their time, without evaluations)
+            seconds = sum(v for k, v in timings.items() if k != metrics.TIME_EVAL_S)
+            step[metrics.RECENT_TOKENS_PER_S] = self._token_rate.add(step[metrics.GENERATED_TOKENS], seconds)
+        step.update(
+            {
+                metrics.SKIPPED_NONFINITE_STEPS: algo._run.skipped_nonfinite,
+                metrics.ROLLOUT_FP8_SIMULATED: float(cfg.rollout_weights.fp8_simulated),
+                # Every iteration, so that the key is a column from the first result on (`metrics.ResultColumns`).
+                metrics.GROUPS_RESAMPLED_AFTER_RESTORE: 0.0,
+                **getattr(algo, "_prompt_fit", {}),
+                **algo._run.take_restore_metrics(),
+            }
+        )
+        runners = None
+        if algo._runners.remote:
+            runners = {
+                metrics.HEALTHY_ENV_RUNNERS: len(algo._runners.healthy_ids()),
+                metrics.ENV_RUNNER_RESTARTS_LIFETIME: algo._runner_restarts,
+            }
+        completions = (int(cfg.log_completions), algo._completions_dir) if cfg.log_completions else None
+        self.log_iteration(int(algo.iteration or 0) + 1, records, step, runners, completions)
 
     def log(self, step: Mapping[str, float]) -> None:
         """``p3o/<key>`` for each item, this iteration's value."""

@@ -11,18 +11,30 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from rllib_p3o.reward_models.server import RewardModelError, RewardModelServer, reward_model_specs
+from rllib_p3o.reward_models.server import ACTORS_KEY, RewardModelError, RewardModelServer, reward_model_specs
 
 logger = logging.getLogger(__name__)
 
 
 class RewardModelActors:
     """The reward-model actors of one algorithm: started (and waited for) in ``__init__``, killed by `stop`."""
+
+    @classmethod
+    def start_for(cls, config: Any) -> Optional["RewardModelActors"]:
+        """The actors of an online config's ``env_config["reward_models"]``, started before its runners, whose names it
+        then gives the runners in its ``env_config`` (the algorithm's own copy of the config); None without any."""
+        if not (config.env_config or {}).get("reward_models") or not config.is_online:
+            return None
+        actors = cls(config.env_config)
+        frozen, config._is_frozen = config._is_frozen, False
+        config.env_config = {**config.env_config, ACTORS_KEY: actors.names}
+        config._is_frozen = frozen
+        return actors
 
     def __init__(self, env_config: Mapping[str, Any]):
         self.specs: List[Dict[str, Any]] = reward_model_specs(env_config)
