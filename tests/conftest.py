@@ -78,7 +78,8 @@ def ray_session():
 # What makes a test slow here: a Ray session (actors, Tune), a vLLM engine, a process of its own, the demo base model's
 # pretraining or a cluster of nodes, each asked for as a fixture (directly, or through another fixture: pytest lists
 # both). Such tests are marked `slow` when collected, so `pytest -m "not slow"` is the edit-test loop's fast subset
-# (CONTRIBUTING.md); `make test` runs everything. A test of the fast subset that starts a process or Ray anyway fails
+# (CONTRIBUTING.md); `make test` runs everything. A test may also be marked slow by hand (a script run through
+# `subprocess` directly). A test of the fast subset that starts a process or Ray anyway fails
 # and says which fixture to take (`_fast_tests_start_nothing`), so the marking cannot drift from what tests do.
 SLOW_FIXTURES = frozenset({"ray_session", "processes", "demo_base_model", "two_nodes"})
 
@@ -125,8 +126,8 @@ def processes():
 def _fast_tests_start_nothing(request, monkeypatch):
     """In a test not marked slow, starting a process, Ray or torch's process spawning fails at once, naming the fixture
     that marks a test slow: the fast subset stays fast, and its marking true."""
-    if is_slow(request.fixturenames):
-        yield
+    if is_slow(request.fixturenames) or request.node.get_closest_marker("slow"):
+        yield  # (a test marked slow by hand is out of the fast subset as well)
         return
     import subprocess
 
