@@ -70,7 +70,10 @@ RUN_BY = {
 # What no test runs as written, with the reason.
 _USER_FILES = "placeholders for the user's own files and model (validate runs on real files in tests/test_cli.py)"
 _GPU_FORM = "the GPU form (2 GPUs and the user's model); its CPU form is getting started's first run, run as written"
-_MINUTES = "minutes to hours of training on 2 cores; its run is the results page it feeds, parsed by its own parser"
+_MINUTES = (
+    "minutes to hours of training on 2 cores; its run is the results page it feeds; "
+    "test_every_sweep_command_parses_and_builds_its_grid gives it to the sweep's own entry point up to the training"
+)
 NOT_RUN = {
     ("README.md", "# GPU form: your model and data, 2 GPUs (on CPU: getting started's first training run)."): _GPU_FORM,
     ("docs/getting-started.md", "# GPU only: not run by the documentation's test."): _GPU_FORM,
@@ -269,3 +272,25 @@ def test_the_demo_config_runs_as_the_docs_write_it_and_the_command_it_prints_run
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert os.path.exists(work / "OUT_DIR" / "config.json")
+
+
+# -- the sweeps the docs give: their arguments and grids, as written ---------------------------------------------------
+
+
+SWEEPS = [b for b in blocks() if b[1] == "shell" and re.match(r"^(\.venv/bin/)?rllib-p3o sweep ", b[3])]
+
+
+@pytest.mark.parametrize("block", SWEEPS, ids=[f"{b[0]}:{b[3][:60]}" for b in SWEEPS])
+def test_every_sweep_command_parses_and_builds_its_grid(block, tmp_path, monkeypatch):
+    """Each ``rllib-p3o sweep`` line the docs give (hours of training each: `NOT_RUN`) goes through the sweep's own
+    entry point as written: its flags parse and name a grid with trials. Only the run is faked (it records what it
+    was given instead of starting Ray): the part this test is not about."""
+    from rllib_p3o.sweep import run as sweep_run
+
+    given = {}
+    monkeypatch.setattr(sweep_run, "_run", lambda out, grid, args: given.update(out=out, grid=grid) or 0)
+    monkeypatch.chdir(tmp_path)
+    argv = shlex.split(block[3])
+    assert sweep_run.main(argv[2:]) == 0
+    out = argv[argv.index("--out") + 1]
+    assert given["out"] == os.path.abspath(out) and given["grid"].num_trials() > 0
