@@ -2,10 +2,12 @@
 its training values and per-iteration times written as JSON; two such files compared.
 
     python -m devtools.same_training run OUT.json [--model-dir runs/demo/base_model] [--iterations 10]
-        [--loss-config '{"trust_region": "none"}'] [--training '{"kl_ref_coeff": 0.1}']
+        [--config demo|bench] [--loss-config '{"trust_region": "none"}'] [--training '{"kl_ref_coeff": 0.1}']
     python -m devtools.same_training compare BEFORE.json AFTER.json [BEFORE2.json AFTER2.json ...]
 
-``run`` builds `rllib_p3o.tasks.demo_config` (one vLLM runner, a local learner; no Tune) with the settings given, so
+``run`` builds `rllib_p3o.tasks.demo_config` (``--config bench``: the sorting bench's trial config,
+`rllib_p3o.tasks.bench_config`, with the bench's base model as ``--model-dir``; one vLLM runner, a local learner; no
+Tune) with the settings given, so
 that a checkout from before a change of defaults trains the same config, and records every numeric result value of
 each iteration. ``compare`` says whether the training values (everything but times, throughputs, process ids and
 the machine's load) that both files report are equal, bit for bit (NaN equal to NaN), names the values only one of
@@ -42,18 +44,28 @@ def _numbers(result: Dict[str, Any], prefix: str = "") -> Dict[str, float]:
     return out
 
 
-def run(out: str, model_dir: str, iterations: int, loss_config: Dict[str, Any], training: Dict[str, Any]) -> None:
+def run(
+    out: str,
+    model_dir: str,
+    iterations: int,
+    loss_config: Dict[str, Any],
+    training: Dict[str, Any],
+    config: str = "demo",
+) -> None:
     import time
 
     import ray
 
-    from rllib_p3o.tasks.demo_config import demo_config
+    if config == "bench":
+        from rllib_p3o.tasks.bench_config import bench_config as build_config
+    else:
+        from rllib_p3o.tasks.demo_config import demo_config as build_config
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     kwargs = dict(training)
     if loss_config:
         kwargs["loss_config"] = loss_config
-    algo = demo_config(model_dir, **kwargs).build_algo()
+    algo = build_config(model_dir, **kwargs).build_algo()
     rows: List[Dict[str, float]] = []
     seconds: List[float] = []
     for i in range(iterations):
@@ -116,13 +128,14 @@ def main(argv: List[str]) -> int:
     run_parser.add_argument("out")
     run_parser.add_argument("--model-dir", default="runs/demo/base_model")
     run_parser.add_argument("--iterations", type=int, default=10)
+    run_parser.add_argument("--config", choices=("demo", "bench"), default="demo")
     run_parser.add_argument("--loss-config", type=json.loads, default={})
     run_parser.add_argument("--training", type=json.loads, default={})
     compare_parser = commands.add_parser("compare")
     compare_parser.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.out, args.model_dir, args.iterations, args.loss_config, args.training)
+        run(args.out, args.model_dir, args.iterations, args.loss_config, args.training, args.config)
         return 0
     return compare(args.paths)
 

@@ -28,3 +28,21 @@ def keep_demo_base_model(workdir: Path, kept: Path) -> None:
     """Keep the base model a script built in ``workdir`` for the session's next test (`copy_demo_base_model`)."""
     if not os.path.exists(os.path.join(kept, _BUILT)) and os.path.exists(workdir / "base_model" / _BUILT):
         shutil.copytree(workdir / "base_model", kept, dirs_exist_ok=True)
+
+
+def rest_of_output(proc, timeout: float) -> str:
+    """What ``proc`` (text ``stdout`` pipe, already read line by line) prints until it ends, waiting at most
+    ``timeout`` s for the end (`subprocess.TimeoutExpired` after it). Read through the same file object as the lines
+    before it: ``communicate()`` reads the pipe itself and loses what that object has buffered already (under load,
+    the lines printed right after the last one read)."""
+    import subprocess
+    import threading
+
+    rest: list = []
+    drain = threading.Thread(target=lambda: rest.extend(proc.stdout), daemon=True)
+    drain.start()
+    proc.wait(timeout=timeout)
+    drain.join(timeout=30)
+    if drain.is_alive():
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    return "".join(rest)

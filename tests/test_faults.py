@@ -14,7 +14,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import tiny_config
+from helpers import rest_of_output, tiny_config
 
 from rllib_p3o import P3O
 from rllib_p3o.core import metrics as m
@@ -386,7 +386,7 @@ def test_a_dead_learner_ends_the_script_with_its_error_and_leaves_no_learner_beh
                 break
         assert lines and lines[-1] == "learners dead: 2 of 2\n", "".join(lines[-40:])
         t0 = time.monotonic()
-        rest, _ = proc.communicate(timeout=120)  # the error, then the process ends
+        rest = rest_of_output(proc, timeout=120)  # the error, then the process ends
         ended_after = time.monotonic() - t0
     finally:
         proc.kill()

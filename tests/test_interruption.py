@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from helpers import copy_demo_base_model, keep_demo_base_model
+from helpers import copy_demo_base_model, keep_demo_base_model, rest_of_output
 from test_getting_started import runnable_blocks
 
 from rllib_p3o.driver.interruption import (
@@ -124,7 +124,7 @@ def test_ctrl_c_is_reported_exits_non_zero_and_the_printed_restore_call_continue
         reached = _wait_for_row(proc, lines, 6, timeout=1200)
         assert reached, "\n".join(lines[-60:])
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=300)
+        rest = rest_of_output(proc, timeout=300)
     finally:
         proc.kill()
     screen = "\n".join(lines) + "\n" + rest
