@@ -27,9 +27,12 @@ $(STAMP): pyproject.toml Makefile $(wildcard $(LOCK))
 	$(BIN)/python -c "import torch, transformers, ray.rllib, vllm; print('ok: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
 	touch $(STAMP)
 
-# Lint and format check (ruff, pinned in pyproject.toml), the docs site with warnings as errors, then the suite.
+# Lint and format check (ruff, pinned in pyproject.toml), the docs site with warnings as errors, then the suite on
+# TEST_WORKERS processes (pytest-xdist; each file's tests on one worker, tests/conftest.py's `xdist_group`). Two fit
+# a 2-core machine's memory; TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: install lint docs
-	$(BIN)/python -m pytest -x -q tests
+	$(BIN)/python -m pytest -x -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 lint: install
 	$(BIN)/ruff check .

@@ -13,6 +13,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+# Every plain `ray.init()` of the suite (the session's, and the scripts it starts) starts a Ray of its own: with two
+# test workers, the one running tests/test_multinode.py's `ray.cluster_utils.Cluster` writes its address to
+# /tmp/ray/ray_current_cluster, which a plain `ray.init()` of the other worker would otherwise join.
+os.environ.setdefault("RAY_ADDRESS", "local")
 
 # The session's Ray: more logical CPUs than cores, so a runner and learners fit; the work itself is tiny.
 RAY_SESSION = dict(
@@ -90,10 +94,24 @@ def is_slow(fixturenames) -> bool:
     return bool(names & SLOW_FIXTURES) or any("engine" in name for name in names)
 
 
+# `make test` runs the suite on two workers (pytest-xdist, ``--dist loadgroup``); each group runs on one worker, in
+# one process: a file's tests together (its module fixtures, the scenario runs its tests check, run once), and the
+# tests that take the demo's base model together across files (it is pretrained once, by the first of them).
+SHARED_ACROSS_FILES = ("demo_base_model",)
+
+
+def xdist_group(item) -> str:
+    """The worker group of a test: the session fixture of `SHARED_ACROSS_FILES` it takes, else its file."""
+    names = set(getattr(item, "fixturenames", ()))
+    return next((name for name in SHARED_ACROSS_FILES if name in names), item.nodeid.split("::")[0])
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_slow(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
 class Processes:
@@ -160,7 +178,8 @@ _durations: dict = {}
 
 
 def pytest_runtest_logreport(report):
-    phases = _durations.setdefault(report.nodeid, {"setup": 0.0, "call": 0.0, "teardown": 0.0, "slow": False})
+    nodeid = report.nodeid.rsplit("@", 1)[0] if "@" in report.nodeid else report.nodeid  # (xdist: "id@group")
+    phases = _durations.setdefault(nodeid, {"setup": 0.0, "call": 0.0, "teardown": 0.0, "slow": False})
     phases[report.when] = report.duration
     phases["slow"] = phases["slow"] or "slow" in report.keywords
 
