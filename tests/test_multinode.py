@@ -21,11 +21,16 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 @pytest.fixture
 def two_nodes():
     from conftest import RAY_SESSION  # tests/ is on sys.path (pytest's rootdir-relative imports)
+    from ray._common.utils import reset_ray_address
     from ray.cluster_utils import Cluster
 
     had_session = ray.is_initialized()
     ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})  # the driver's node
+    # Cluster writes its address to /tmp/ray/ray_current_cluster, where any plain `ray.init()` on this machine would
+    # join it: a script another test worker starts meanwhile (test scripts clear RAY_ADDRESS, as a user's shell).
+    # This fixture joins by its address; nothing else may find it.
+    reset_ray_address()
     try:
         cluster.add_node(num_cpus=2, resources={"runner_node": 1})
         cluster.add_node(num_cpus=2, resources={"learner_node": 1})
