@@ -312,3 +312,14 @@ def write_page(root: str) -> None:
 
 if __name__ == "__main__":  # python -m results_check.pages.provenance: after committing a set's files
     write_page(".")
+
+
+def readme_development(root: str) -> str:
+    """README's sentence on the development set: where P3O's default is behind with every method at its family's lr."""
+    dev = main_grid(load(root, BENCH_PROVENANCE_DEVELOPMENT, DEVELOPMENT))
+    aim = aim_quotes(dev, "development", len(DEVELOPMENT.seeds))
+    behind = next((q for q in aim if q.startswith("it is behind")), "it is behind in no regime")
+    return (
+        "with every method at the learning rate chosen in its own family of regimes, the provenance round's "
+        f"development set finds P3O's default best or tied in {aim[0].split(' best or tied in ')[1]}; {behind}"
+    )

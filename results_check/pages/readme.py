@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List
 
 from results_check.page import Page
-from results_check.pages import claims, staleness
+from results_check.pages import claims, provenance, staleness
 from results_check.pages._fmt import load_json, num, pct, words
 from results_check.pages._paths import BENCH, BENCH_RESULTS
 
@@ -37,6 +37,7 @@ def quotes(root: str) -> List[str]:
     return [
         headline,
         *([standing] if standing else []),
+        provenance.readme_development(root),
         # The feature list's claims sweep: how the bench's lr was chosen, and the trials its command runs.
         f"on the claims bench's sorting task, P3O vs the baselines peers ship, {claims.lr_sentence(bench_lr)}",
         f"--out runs/bench # the claims bench: {bench_report['cost']['trials']} trials",
