@@ -137,7 +137,8 @@ def matrix_quotes(g: Grid, regimes_done: Optional[List[str]] = None) -> List[str
     )
     no_difference = [r for r in done if all_tie(g.stats[r])]
     if no_difference:
-        out.append(f"{words([f'`{r}`' for r in no_difference])} show no difference between the methods")
+        verb = "shows" if len(no_difference) == 1 else "show"
+        out.append(f"{words([f'`{r}`' for r in no_difference])} {verb} no difference between the methods")
     return out
 
 
