@@ -52,7 +52,7 @@ def test_grpo_settings_come_from_loss_config_and_are_validated_by_the_loss():
         P3OConfig().training(model="/m", loss="grpo", loss_config={"clip_low": 1.5}).validate()
     with pytest.raises(
         ValueError,
-        match=r"loss 'p3o' has no setting 'clip_low' \(its settings: ess_scope, kl_anchor, kl_estimator, trust_region\)",
+        match=r"loss 'p3o' has no setting 'clip_low' \(its settings: ess_scope, kl_anchor, kl_estimator, other_model_weight, trust_region\)",
     ):
         P3OConfig().training(model="/m", loss="p3o", loss_config={"clip_low": 0.2}).validate()
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from rllib_p3o.core.losses import LOSSES, get_loss
+from rllib_p3o.core.losses.p3o import DEFAULT_OTHER_MODEL_WEIGHT
 from rllib_p3o.core.settings import BY_KEYWORD
 from rllib_p3o.p3o import P3OConfig
 from rllib_p3o.tasks.addition import AdditionTask
@@ -109,6 +110,15 @@ METHODS: Dict[str, Dict[str, Any]] = {
         },
     },
 }
+# What weights P3O's policy gradient on the tokens another model wrote (`P3OLossSettings.other_model_weight`), found
+# after the ablation below showed the KL pull toward the recorder was not all that held P3O back there: the default's
+# settings with the importance weight truncated at 1/ESS, or left out above it, instead of capped at ESS.
+OTHER_MODEL_CANDIDATES: Tuple[str, ...] = ("p3o_other_inverse_cap", "p3o_other_inverse_mask")
+for _name, _form in zip(OTHER_MODEL_CANDIDATES, ("inverse_ess_cap", "inverse_ess_mask")):
+    METHODS[_name] = {
+        "loss": "p3o",
+        "loss_config": {**METHODS["p3o_clip_version"]["loss_config"], "other_model_weight": _form},
+    }
 # Why P3O's default fell below its start on data another model recorded (offline_weaker, read then as the policy's own
 # lagging data): the two terms that act only on the policy's own rows, each on and off. Every form reads the recording
 # as the policy's own (``offline_provenance="policy"``, as before provenance), with the trust region on or off and
@@ -513,7 +523,8 @@ def canonical_method(method: str, regime: Regime, defaults: Optional[Dict[str, A
       ``"source"`` is ``"batch"`` where all rows have one source (no `OTHER_MODEL_ROWS`); scope is not read by a loss
       that is not ESS-scoped;
     - P3O's ``trust_region`` acts only on lagging rows: ``"none"`` where there are none (no `LAGGING_ROWS`);
-    - P3O's ``kl_anchor="auto"`` is ``"behavior"`` where no other model wrote rows;
+    - P3O's ``kl_anchor="auto"`` is ``"behavior"`` where no other model wrote rows, and its ``other_model_weight``
+      acts only there;
     - the clip range of a loss that clips πθ/π_old is inert with one optimizer step per batch (no `MULTI_STEP`).
     """
     spec = METHODS[method]
@@ -529,6 +540,8 @@ def canonical_method(method: str, regime: Regime, defaults: Optional[Dict[str, A
         settings["trust_region"] = "none"
     if settings.get("kl_anchor") == "auto" and OTHER_MODEL_ROWS not in traits:
         settings["kl_anchor"] = "behavior"
+    if "other_model_weight" in settings and OTHER_MODEL_ROWS not in traits:
+        settings["other_model_weight"] = DEFAULT_OTHER_MODEL_WEIGHT
     if loss.name in _CLIP_AGAINST_OLD and MULTI_STEP not in traits:
         settings.pop("clip_low", None)
         settings.pop("clip_high", None)
@@ -765,15 +778,18 @@ BENCH_INFLIGHT = Grid(
 # committed.
 PROVENANCE_METHODS: Tuple[str, ...] = (DEFAULT_METHOD, "p3o_clip", "p3o_reference") + BASELINES
 LR_FROM.update({m: DEFAULT_METHOD for m in ABLATION_METHODS})
+# The development set ran the candidates for another model's tokens after the ablation, in the same grid (they compute
+# the default's loss wherever no other model wrote rows, so they share its trials there).
+PROVENANCE_DEVELOPMENT_METHODS: Tuple[str, ...] = PROVENANCE_METHODS + OTHER_MODEL_CANDIDATES
 PROVENANCE_DEVELOPMENT = Grid(
     regimes=tuple(LR_FAMILY_REGIMES.values()),
-    methods=PROVENANCE_METHODS,
+    methods=PROVENANCE_DEVELOPMENT_METHODS,
     seeds=(0, 1, 2),
     iterations=30,
     task="sorting",
     target=0.7,
     lr_peaks=(2.5e-4, 5e-4, 1e-3),
-    lr_methods=PROVENANCE_METHODS,
+    lr_methods=PROVENANCE_DEVELOPMENT_METHODS,
     lr_seeds=(0, 1),
     lr_regimes=tuple(LR_FAMILY_REGIMES.values()),
     lr_per_method=True,

@@ -51,6 +51,12 @@ DEFAULT_TRUST_REGION = "ess_clip"  # chosen on the claims bench's development se
 # it, or each (source, policy version). "version" was chosen with the trust region (docs/results/staleness.md).
 ESS_SCOPES = ("batch", "source", "version")
 DEFAULT_ESS_SCOPE = "version"
+# The policy-gradient weight on the tokens another model wrote (a behavior model's, live or recorded;
+# `other_model_weight`), from the ESS of their group: the paper's cap ``min(r, ESS)`` as on every other token, the
+# importance weight truncated at ``1/ESS``, or left out above ``1/ESS`` (AReaL's behavior-weight mask with the cap the
+# batch's spread gives instead of a coefficient). ``1/ESS`` is the ratios' second moment over their squared mean.
+OTHER_MODEL_WEIGHTS = ("ess_cap", "inverse_ess_cap", "inverse_ess_mask")
+DEFAULT_OTHER_MODEL_WEIGHT = "ess_cap"
 
 
 def p3o_loss(
@@ -71,6 +77,8 @@ def p3o_loss(
     anchor_logprobs: Optional[torch.Tensor] = None,
     trust_region: str = DEFAULT_TRUST_REGION,
     lagging: Optional[torch.Tensor] = None,
+    other_model_rows: Optional[torch.Tensor] = None,
+    other_model_weight: str = DEFAULT_OTHER_MODEL_WEIGHT,
 ) -> Tuple[torch.Tensor, Metrics]:
     """The batch-adaptive P3O loss (``cap=False`` / ``behavior_kl=False``: its ablations, `rllib_p3o.core.losses`).
 
@@ -102,6 +110,13 @@ def p3o_loss(
         "ess_band":  the same with the band [ESS_t, 1/ESS_t]
         ℓ_t = -m_t · sg(min(r_t, ESS_t)) · logπθ_t · A_t  +  (1 - ESS_t) · K_t
 
+    Another model's tokens (``other_model_rows``: ``[B]`` bool, the rows a behavior model wrote, live or recorded)
+    take the weight ``other_model_weight`` names, with ``ESS_t`` their group's (with ``cap``)::
+
+        "ess_cap":           w_t = min(r_t, ESS_t)                      (the paper's, as every other token)
+        "inverse_ess_cap":   w_t = min(r_t, 1/ESS_t)
+        "inverse_ess_mask":  w_t = r_t · 1[r_t ≤ 1/ESS_t]
+
     A lagging token outside the band on the side its advantage pushes toward gets no policy gradient (PPO's clip,
     applied to P3O's detached weight); ``ε_t`` is the coefficient of variation of the ratios of the token's ESS
     group, so the band is the spread the data show, with no coefficient. Fresh tokens (sampled by the current
@@ -131,6 +146,10 @@ def p3o_loss(
 
     ratio = torch.exp(log_ratios.detach())
     weight = torch.minimum(ratio, ess_tok) if cap else ratio
+    if cap and other_model_rows is not None:
+        weight = torch.where(
+            other_model_rows.bool().reshape(-1, 1), other_model_weights(ratio, ess_tok, other_model_weight), weight
+        )
     trust = trust_region_terms(trust_region, ratio, adv, ess_tok, lagging, mask)
     if trust:
         weight = torch.where(trust["masked"], torch.zeros_like(weight), weight)
@@ -150,6 +169,21 @@ def p3o_loss(
     if trust:
         metrics.update(trust["metrics"])
     return loss, metrics
+
+
+def other_model_weights(ratio: torch.Tensor, ess: torch.Tensor, form: str) -> torch.Tensor:
+    """The policy-gradient weight ``w`` of `OTHER_MODEL_WEIGHTS` for ratios ``r`` (detached) with their group's
+    ``ESS`` (broadcastable): ``"ess_cap"`` ``min(r, ESS)``; ``"inverse_ess_cap"`` ``min(r, 1/ESS)``;
+    ``"inverse_ess_mask"`` ``r·1[r ≤ 1/ESS]``. No gradient."""
+    if form not in OTHER_MODEL_WEIGHTS:
+        raise ValueError(f"other_model_weight must be one of {', '.join(OTHER_MODEL_WEIGHTS)}, got {form!r}")
+    with torch.no_grad():
+        if form == "ess_cap":
+            return torch.minimum(ratio, ess)
+        inverse = 1.0 / ess.clamp(min=torch.finfo(torch.float32).tiny)
+        if form == "inverse_ess_cap":
+            return torch.minimum(ratio, inverse)
+        return torch.where(ratio <= inverse, ratio, torch.zeros_like(ratio))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +208,12 @@ class P3OLossSettings:
     (the same with the band ``[ESS, 1/ESS]``) or ``"none"`` (the paper's: only the cap); see `p3o_loss`. Fresh rows
     (on-policy, a batch's first optimizer step) and rows another model wrote are never clipped.
 
+    ``other_model_weight``: the policy-gradient weight on the tokens another model wrote (a behavior model's rows,
+    live, or a recording whose provenance is another model's): ``"ess_cap"`` (the default: ``min(r, ESS)``, the
+    paper's, as on every token), ``"inverse_ess_cap"`` (``min(r, 1/ESS)``: the importance weight truncated where
+    the group's own spread puts it) or ``"inverse_ess_mask"`` (``r`` where ``r ≤ 1/ESS``, no gradient above). ESS is
+    that of the rows' group (``ess_scope``); the policy's own rows are never affected.
+
     ``ess_scope``: over which tokens the ESS is taken. ``"version"`` (the default, chosen on the claims bench's
     development set): one ESS per data source and policy version of the optimizer step's minibatch across all learners
     (the policy's own rollouts by how many optimizer steps behind their sampling weights are, each behavior model, each
@@ -187,8 +227,13 @@ class P3OLossSettings:
     kl_anchor: str = DEFAULT_KL_ANCHOR
     trust_region: str = DEFAULT_TRUST_REGION
     ess_scope: str = DEFAULT_ESS_SCOPE
+    other_model_weight: str = DEFAULT_OTHER_MODEL_WEIGHT
 
     def __post_init__(self) -> None:
+        if self.other_model_weight not in OTHER_MODEL_WEIGHTS:
+            raise ValueError(
+                f"other_model_weight must be one of {', '.join(OTHER_MODEL_WEIGHTS)}, got {self.other_model_weight!r}"
+            )
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, got {self.kl_estimator!r}")
         if self.kl_anchor not in KL_ANCHORS:
@@ -259,6 +304,8 @@ def _p3o(inputs: LossInputs, settings: P3OLossSettings, cap: bool = True, behavi
         anchor_logprobs=kl_anchor_logprobs(inputs, settings) if behavior_kl else None,
         trust_region=settings.trust_region,
         lagging=inputs.lagging,
+        other_model_rows=inputs.other_model_rows,
+        other_model_weight=getattr(settings, "other_model_weight", DEFAULT_OTHER_MODEL_WEIGHT),
     )
     return output(loss, metrics)
 
