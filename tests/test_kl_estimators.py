@@ -153,7 +153,9 @@ def test_auto_anchor_is_pi_b_on_the_policys_rows_and_pi_old_on_another_models():
     def grad(anchor, other_rows=None):
         logp = (behavior + shift).requires_grad_(True)
         old = logp.detach() - old_shift
-        _loss("p3o", logp, behavior, adv, old=old, other_rows=other_rows, kl_estimator="k3_is", kl_anchor=anchor)
+        # The paper's weight on every row, so that only the anchor differs (`other_model_weight` has its own test).
+        settings = dict(kl_estimator="k3_is", kl_anchor=anchor, other_model_weight="ess_cap")
+        _loss("p3o", logp, behavior, adv, old=old, other_rows=other_rows, **settings)
         return logp.grad
 
     auto = grad("auto", torch.tensor([False, True]))

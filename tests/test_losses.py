@@ -112,7 +112,8 @@ def test_every_registered_loss_is_a_sweep_method_by_its_name():
         "kl_anchor": "behavior",
         "trust_region": "none",
         "ess_scope": "batch",
-    }  # bundles stay (as the grids ran them: one ESS per batch)
+        "other_model_weight": "ess_cap",
+    }  # bundles stay (as the grids ran them: one ESS per batch, the paper's weight on another model's tokens)
 
 
 def test_the_papers_reference_form_is_one_setting_away():

@@ -25,12 +25,24 @@ from rllib_p3o.sweep.grid import (
     LR_FAMILY_REGIMES,
     METHODS,
     ON_POLICY_FAMILY,
+    OTHER_MODEL_CANDIDATES,
     OTHER_MODEL_FAMILY,
     OWN_STALE_FAMILY,
-    PROVENANCE_METHODS,
+    PROVENANCE_DEVELOPMENT_METHODS,
+    REGIMES,
+    STALENESS_DEFAULT,
+    canonical_method,
     family_key,
 )
-from rllib_p3o.sweep.verdicts import COLLAPSE_RULE, TIE_RULE, standard_error, verdict
+from rllib_p3o.sweep.verdicts import (
+    CHOICE_RULE,
+    COLLAPSE_RULE,
+    TIE_RULE,
+    best_or_tied,
+    choose_default,
+    standard_error,
+    verdict,
+)
 
 DEVELOPMENT = GRIDS["sorting", "development"]
 CONFIRMATION = GRIDS["sorting", "confirmation"]
@@ -55,7 +67,7 @@ def lr_quotes(root: str, folder: str = BENCH_PROVENANCE_DEVELOPMENT) -> List[str
     choice = load_json(root, f"{folder}/lr_choice.json")
     families = [f for f in LR_FAMILY_REGIMES if f in choice["families"]]
     rows = []
-    for method in PROVENANCE_METHODS:
+    for method in PROVENANCE_DEVELOPMENT_METHODS:
         rows.append([f"`{method}`", *[f"{choice['lr_peak'][family_key(method, f)]:g}" for f in families]])
     header = ["method", *[f"{FAMILY_NAMES[f]} (`{choice['families'][f]['regime']}`)" for f in families]]
     tried = [f"{FAMILY_NAMES[f]}: {', '.join(f'{p:g}' for p in choice['families'][f]['peaks'])}" for f in families]
@@ -103,7 +115,7 @@ def ablation_quotes(g: Grid) -> List[str]:
     stats = g.stats[ABLATION_REGIME]
     start = [r["heldout_start_mean"] for (s, _), r in g.rows.items() if s == ABLATION_REGIME]
     rows = []
-    for m in (*ABLATION_METHODS, DEFAULT_METHOD):
+    for m in (*ABLATION_METHODS, STALENESS_DEFAULT):
         config = METHODS[m]["loss_config"]
         own = m in ABLATION_METHODS
         rows.append(
@@ -149,7 +161,7 @@ def effect_quotes(stats: Dict[str, Tuple[float, float, int]]) -> List[str]:
         ("p3o_own_clip_prox", "with the KL toward π_old instead of the recorder"),
         ("p3o_own_clip_nokl", "without the KL term"),
         ("p3o_own_free_nokl", "without both"),
-        (DEFAULT_METHOD, "reading the recording as another model's (P3O's default)"),
+        (STALENESS_DEFAULT, "reading the recording as another model's (P3O's default of the staleness round)"),
     ]
     parts = []
     for method, what in changes:
@@ -159,6 +171,47 @@ def effect_quotes(stats: Dict[str, Tuple[float, float, int]]) -> List[str]:
     return [
         f"Against P3O as it read this recording before provenance (`{before}`), held-out at the budget: "
         + "; ".join(parts)
+    ]
+
+
+def choice_quotes(g: Grid) -> List[str]:
+    """The weight on another model's tokens, chosen by `CHOICE_RULE` among the staleness round's default and the
+    candidates on the development set; raises unless the rule picks the grids' `DEFAULT_METHOD`."""
+    candidates = (STALENESS_DEFAULT, *OTHER_MODEL_CANDIDATES)
+    chosen = choose_default(g.stats, g.collapses, candidates)
+    if chosen != DEFAULT_METHOD:
+        raise ValueError(f"the rule chooses {chosen}, but the grids' DEFAULT_METHOD is {DEFAULT_METHOD}")
+    counts = []
+    for c in candidates:
+        held = sum(c in best_or_tied(g.stats[r]) for r in g.regimes)
+        mean = sum(g.stats[r][c][0] for r in g.regimes) / len(g.regimes)
+        form = METHODS[c]["loss_config"]["other_model_weight"]
+        counts.append(f"`{c}` (`{form}`) best or tied in {held} of {len(g.regimes)}, mean {mean:.3f}")
+    ess = _diag(g, STALENESS_DEFAULT, "ess")
+    return [
+        f"On `{ABLATION_REGIME}`'s recording the mean ESS of `{STALENESS_DEFAULT}`'s batches is {ess:.3f}: its cap "
+        "weights no token of it above that",
+        f"The candidates for another model's tokens on the development set: {words(counts)}; the rule chooses "
+        f"`{chosen}`",
+    ]
+
+
+def change_regimes(grid_regimes: Tuple[str, ...]) -> List[str]:
+    """The regimes where P3O's default computes another loss than the staleness round's default (another model wrote
+    rows there); in the others the two run the same trial."""
+    return [
+        r
+        for r in grid_regimes
+        if canonical_method(DEFAULT_METHOD, REGIMES[r]) != canonical_method(STALENESS_DEFAULT, REGIMES[r])
+    ]
+
+
+def change_quotes(grid_regimes: Tuple[str, ...]) -> List[str]:
+    acts = change_regimes(grid_regimes)
+    return [
+        f"The choice changes P3O's update in {len(acts)} of the {len(grid_regimes)} regimes, those where another model "
+        f"wrote rows ({words([f'`{r}`' for r in acts])}); in the other {len(grid_regimes) - len(acts)} it computes "
+        f"the staleness round's default, `{STALENESS_DEFAULT}`, and shares its trials"
     ]
 
 
@@ -176,8 +229,10 @@ def quotes(root: str) -> List[str]:
         TIE_RULE,
         COLLAPSE_RULE,
         f"The development set ran {distinct_trials(root, BENCH_PROVENANCE_DEVELOPMENT)} distinct trials",
-        *aim_quotes(main_grid(dev), "development", seeds),
+        *aim_quotes(main_grid(dev), "development", seeds, DEFAULT_METHOD),
         *ablation_quotes(dev),
+        *choice_quotes(main_grid(dev)),
+        *change_quotes(CONFIRMATION.regimes),
     ]
     return out + confirmation_quotes(root)
 
@@ -187,14 +242,14 @@ def confirmation_quotes(root: str) -> List[str]:
     if g is None:
         return ["The confirmation set has not run yet"]
     seeds = len(CONFIRMATION.seeds)
-    done = complete(g, seeds)
+    done = complete(g, seeds, DEFAULT_METHOD)
     out = ([g.note] if g.note else []) + [CELL_LABEL, *matrix_quotes(g, done)]
     if not done:
         return out + ["No regime of the confirmation set has all its trials yet, so it confirms nothing so far"]
     regimes_said = words([f"`{r}`" for r in done])
     return out + [
         f"The confirmation set's finished regimes: {regimes_said}",
-        *aim_quotes(g, "confirmation", seeds),
+        *aim_quotes(g, "confirmation", seeds, DEFAULT_METHOD),
         f"The confirmation set ran {distinct_trials(root, BENCH_PROVENANCE_CONFIRMATION)} distinct trials",
     ]
 
@@ -236,7 +291,8 @@ as the policy's own lagging data, so that recording got P3O's trust region and a
 files now say which model wrote them ([whose data](../guide/offline-and-recording.md#whose-data-the-policys-own-or-another-models)):
 a recording the policy's lineage made is its own data; any other, and a file that names no model, is another
 model's and is read as a behavior model's rows are. This page chooses each method's learning rate where it runs,
-asks which of P3O's terms held it back on another model's recording, and checks P3O's default on a confirmation set.
+asks which of P3O's terms held it back on another model's recording, chooses how P3O weights that model's tokens,
+and checks P3O's default on a confirmation set.
 """
 
 LR_INTRO = """## Learning rates: each method's own, per family of regimes
@@ -263,10 +319,23 @@ anchor (the recorder π_b, π_old, or no KL term), each at P3O's default's learn
 the same recording as another model's.
 """
 
+CHOICE_INTRO = """## What weights another model's tokens
+
+With the KL pull toward the recorder gone, what was left between P3O and decoupled PPO on another model's recording
+is the policy-gradient weight: P3O's cap `min(r, ESS)` holds every token of such a recording at a weight of at most
+its ESS (far below one there), so all of them count nearly alike, while decoupled PPO weights each by its importance ratio
+and leaves out the largest. Two forms that take their bound from the same ESS, with no coefficient, ran on the
+development set after the ablation, each at its own learning rate by the rule above (`other_model_weight`,
+[losses guide](../guide/losses.md#per-loss-settings-loss_config)): `inverse_ess_cap`, the ratio truncated at `1/ESS`,
+and `inverse_ess_mask`, the ratio where it is at most `1/ESS` and no gradient above (AReaL's behavior-weight mask
+with the bound the batch gives). They compute the default's update wherever no other model wrote rows.
+"""
+
 CONFIRMATION_INTRO = """## The confirmation set
 
 Every regime of the claims bench over seeds 6-8, run after the development set's choices were committed, each
-method at its family's learning rate from the development set.
+method at its family's learning rate from the development set: P3O's default as chosen above, and beside it the
+staleness round's default (`p3o_clip_version`, the two share their trials where no other model wrote rows).
 """
 
 
@@ -276,7 +345,7 @@ def page_text(root: str) -> str:
     seeds = len(DEVELOPMENT.seeds)
     main = main_grid(dev)
     matrix = matrix_quotes(main)
-    aim = aim_quotes(main, "development", seeds)
+    aim = aim_quotes(main, "development", seeds, DEFAULT_METHOD)
     parts = [
         HEADER,
         f"**In short.** {'; '.join(aim)}. {' '.join(q + '.' for q in ablation_quotes(dev)[-1:])}\n",
@@ -294,6 +363,8 @@ def page_text(root: str) -> str:
     ]
     ablation = ablation_quotes(dev)
     parts += [ablation[0] + ".\n", "\n".join(q for q in ablation if q.startswith("|")) + "\n", ablation[-1] + ".\n"]
+    parts += [CHOICE_INTRO, *[q + ".\n" for q in choice_quotes(main)], CHOICE_RULE + "\n"]
+    parts += [q + ".\n" for q in change_quotes(CONFIRMATION.regimes)]
     parts += [CONFIRMATION_INTRO]
     confirmation = confirmation_quotes(root)
     parts += (
@@ -317,9 +388,10 @@ if __name__ == "__main__":  # python -m results_check.pages.provenance: after co
 def readme_development(root: str) -> str:
     """README's sentence on the development set: where P3O's default is behind with every method at its family's lr."""
     dev = main_grid(load(root, BENCH_PROVENANCE_DEVELOPMENT, DEVELOPMENT))
-    aim = aim_quotes(dev, "development", len(DEVELOPMENT.seeds))
+    aim = aim_quotes(dev, "development", len(DEVELOPMENT.seeds), DEFAULT_METHOD)
     behind = next((q for q in aim if q.startswith("it is behind")), "it is behind in no regime")
     return (
-        "with every method at the learning rate chosen in its own family of regimes, the provenance round's "
+        "with every method at the learning rate chosen in its own family of regimes, and P3O's weight on another "
+        "model's tokens chosen there, the provenance round's "
         f"development set finds P3O's default best or tied in {aim[0].split(' best or tied in ')[1]}; {behind}"
     )

@@ -23,7 +23,7 @@ from results_check.page import Page
 from results_check.pages._fmt import load_json, pm, table, words
 from results_check.pages._paths import BENCH_CONFIRMATION, BENCH_DEVELOPMENT
 from rllib_p3o.sweep import report
-from rllib_p3o.sweep.grid import DEFAULT_CANDIDATES, DEFAULT_METHOD, GRIDS, METHODS
+from rllib_p3o.sweep.grid import DEFAULT_CANDIDATES, GRIDS, METHODS, STALENESS_DEFAULT
 from rllib_p3o.sweep.grid import Grid as SweepGrid
 from rllib_p3o.sweep.verdicts import (
     CHOICE_RULE,
@@ -182,8 +182,8 @@ def choice_quotes(g: Grid) -> List[str]:
     """The rule, each candidate's standing under it and the choice."""
     regimes = g.regimes
     chosen = choose_default(g.stats, g.collapses, DEFAULT_CANDIDATES)
-    if chosen != DEFAULT_METHOD:
-        raise ValueError(f"the rule chooses {chosen}, but the grids' DEFAULT_METHOD is {DEFAULT_METHOD}")
+    if chosen != STALENESS_DEFAULT:
+        raise ValueError(f"the rule chooses {chosen}, but the grids' STALENESS_DEFAULT is {STALENESS_DEFAULT}")
     rows = []
     for c in DEFAULT_CANDIDATES:
         collapsed = sum(g.collapses[r][c] for r in regimes)
@@ -207,7 +207,7 @@ def diagnostics_quotes(g: Grid, pairs: Optional[List[Tuple[str, str]]] = None) -
     regime of the set), mean over trials and iterations."""
     assert g.curves is not None
     if pairs is None:
-        pairs = [(r, m) for r in g.regimes for m in (DEFAULT_METHOD, BEFORE)]
+        pairs = [(r, m) for r in g.regimes for m in (STALENESS_DEFAULT, BEFORE)]
     rows = []
     for r, m in pairs:
         trials = _trials(g, r, m)
@@ -220,37 +220,39 @@ def _trials(g: Grid, regime: str, method: str) -> pd.DataFrame:
     return g.curves[(g.curves["stage"] == regime) & (g.curves["method"] == method)]
 
 
-def complete(g: Grid, seeds: int) -> List[str]:
+def complete(g: Grid, seeds: int, default: str = STALENESS_DEFAULT) -> List[str]:
     """The regimes where every method has all its ``seeds`` (a partial set's finished regimes)."""
-    return [r for r in g.regimes if DEFAULT_METHOD in g.stats[r] and all(n == seeds for _, _, n in g.stats[r].values())]
+    return [r for r in g.regimes if default in g.stats[r] and all(n == seeds for _, _, n in g.stats[r].values())]
 
 
-def standing(g: Grid, regimes: List[str]) -> Tuple[List[str], List[str], List[str], int]:
+def standing(
+    g: Grid, regimes: List[str], default: str = STALENESS_DEFAULT
+) -> Tuple[List[str], List[str], List[str], int]:
     """The default's standing over ``regimes``: where it is best or tied, where it is behind, where it is ahead of
     every peer-default loss by more than the standard error, and how many of its seeds collapsed."""
-    held = [r for r in regimes if DEFAULT_METHOD in best_or_tied(g.stats[r])]
+    held = [r for r in regimes if default in best_or_tied(g.stats[r])]
     missed = [r for r in regimes if r not in held]
     ahead = [
         r
         for r in regimes
-        if all(verdict(g.stats[r][DEFAULT_METHOD], g.stats[r][p]) == "wins" for p in PEER_DEFAULTS if p in g.stats[r])
+        if all(verdict(g.stats[r][default], g.stats[r][p]) == "wins" for p in PEER_DEFAULTS if p in g.stats[r])
     ]
-    return held, missed, ahead, sum(g.collapses[r][DEFAULT_METHOD] for r in regimes)
+    return held, missed, ahead, sum(g.collapses[r][default] for r in regimes)
 
 
-def aim_quotes(g: Grid, name: str, seeds: int) -> List[str]:
+def aim_quotes(g: Grid, name: str, seeds: int, default: str = STALENESS_DEFAULT) -> List[str]:
     """The issue's aim on one set: the default best or tied in every regime, ahead of every peer-default loss by
     more than the standard error in at least one regime, no collapsed seed (over the set's finished regimes)."""
-    regimes = complete(g, seeds)
-    held, missed, ahead, collapsed = standing(g, regimes)
-    total = sum(g.stats[r][DEFAULT_METHOD][2] for r in regimes)
+    regimes = complete(g, seeds, default)
+    held, missed, ahead, collapsed = standing(g, regimes, default)
+    total = sum(g.stats[r][default][2] for r in regimes)
     finished = " finished" if g.note or len(regimes) < len(g.regimes) else ""  # a partial set: so far
     out = [f"On the {name} set P3O's default is best or tied in {len(held)} of {len(regimes)}{finished} regimes"]
     if missed:
         gaps = []
         for r in missed:
             best = best_method(g, r)
-            gaps.append(f"`{r}` ({g.stats[r][DEFAULT_METHOD][0] - g.stats[r][best][0]:+.3f} to `{best}`)")
+            gaps.append(f"`{r}` ({g.stats[r][default][0] - g.stats[r][best][0]:+.3f} to `{best}`)")
         out.append(f"it is behind in {words(gaps)}")
     out.append(
         f"ahead of every peer's default by more than the standard error in {words([f'`{r}`' for r in ahead])}"
@@ -297,8 +299,8 @@ def confirmation_quotes(g: Optional[Grid]) -> List[str]:
 def behind_pairs(g: Grid, done: List[str]) -> List[Tuple[str, str]]:
     """Where the default is behind among the finished regimes ``done``: (regime, method) for the default, the
     reference form and the best method, whose diagnostics the page shows side by side."""
-    missed = [r for r in done if DEFAULT_METHOD not in best_or_tied(g.stats[r])]
-    return [(r, m) for r in missed for m in dict.fromkeys((DEFAULT_METHOD, REFERENCE, best_method(g, r)))]
+    missed = [r for r in done if STALENESS_DEFAULT not in best_or_tied(g.stats[r])]
+    return [(r, m) for r in missed for m in dict.fromkeys((STALENESS_DEFAULT, REFERENCE, best_method(g, r)))]
 
 
 def behind_notes(g: Grid, pairs: List[Tuple[str, str]]) -> List[str]:
@@ -315,15 +317,15 @@ def behind_notes(g: Grid, pairs: List[Tuple[str, str]]) -> List[str]:
 
     notes = []
     for r in dict.fromkeys(r for r, _ in pairs):
-        ess, stopped = diag(r, DEFAULT_METHOD, "ess"), diag(r, DEFAULT_METHOD, "masked_fraction")
+        ess, stopped = diag(r, STALENESS_DEFAULT, "ess"), diag(r, STALENESS_DEFAULT, "masked_fraction")
         best = best_method(g, r)
         if ess >= 0.999 and stopped < 0.001:
             notes.append(
                 f"In `{r}` the data are the policy's own and fresh (mean ESS {ess:.3f}, {stopped:.3f} of the tokens "
                 f"stopped): P3O's default and the reference form compute nearly the same loss there (the KL weight "
                 f"1 − ESS is at most 0.001), yet their held-out accuracy differs by "
-                f"{held(r, DEFAULT_METHOD) - held(r, REFERENCE):+.3f}, against a gap of "
-                f"{held(r, DEFAULT_METHOD) - held(r, best):+.3f} to `{best}`: with three seeds the rule calls a gap of "
+                f"{held(r, STALENESS_DEFAULT) - held(r, REFERENCE):+.3f}, against a gap of "
+                f"{held(r, STALENESS_DEFAULT) - held(r, best):+.3f} to `{best}`: with three seeds the rule calls a gap of "
                 "that size behind."
             )
         elif r.startswith("behavior_"):
@@ -331,7 +333,7 @@ def behind_notes(g: Grid, pairs: List[Tuple[str, str]]) -> List[str]:
             fell = f" and collapses in {collapsed} of {g.stats[r][REFERENCE][2]} seeds" if collapsed else ""
             notes.append(
                 f"In `{r}` P3O's default has no KL term on the behavior model's rows (KL share of the gradient "
-                f"{diag(r, DEFAULT_METHOD, 'kl_grad_share'):.3f}: they are pulled toward π_old, which with one "
+                f"{diag(r, STALENESS_DEFAULT, 'kl_grad_share'):.3f}: they are pulled toward π_old, which with one "
                 "optimizer step per batch is the policy itself) and its trust region never clips a second model's "
                 f"rows; the reference form is pulled toward the behavior model (KL share "
                 f"{diag(r, REFERENCE, 'kl_grad_share'):.3f}){fell}. `{best}` keeps a sequence only where the geometric "
@@ -395,7 +397,7 @@ OFFLINE_WEAKER_NOTE = (
 )
 CURVES_SENTENCE = (
     "Held-out accuracy and the training batch's ESS over training, mean ± std over {seeds}, P3O's default "
-    f"(`{DEFAULT_METHOD}`) thick and black (drawn by the sweep's report from the trial files):"
+    f"(`{STALENESS_DEFAULT}`) thick and black (drawn by the sweep's report from the trial files):"
 )
 # Where the page's copies of the sets' figures are, relative to the page (`results/<set>/figures/` holds the originals).
 DEVELOPMENT_FIGURES = "figures/bench-development"

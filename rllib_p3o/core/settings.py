@@ -384,7 +384,7 @@ class P3OSettings:
         "`model_fingerprint` is the policy's lineage (the weights the run starts from, or a model it was exported "
         "from) is the policy's own, gets the trust region and a KL pull toward its sampler; every other row, and every "
         "row of a file that records no model (third-party data), is another model's and gets what a behavior model's "
-        'live rows get (no trust region; under `kl_anchor="auto"` the KL toward π_old, never toward the recorder). '
+        'live rows get (no trust region; the weight `other_model_weight` names; under `kl_anchor="auto"` the KL toward π_old, never toward the recorder). '
         '`"policy"` or `"other"`: that answer for every input; or a dict `{input path: "policy" | "other"}` for some '
         'inputs (a file or a directory of them; the others `"auto"`). `rllib-p3o validate --model MODEL` and the '
         "run's first lines say how each file is read.",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from rllib_p3o.core.losses import LOSSES, get_loss
-from rllib_p3o.core.losses.p3o import DEFAULT_OTHER_MODEL_WEIGHT
+from rllib_p3o.core.losses.p3o import OTHER_MODEL_WEIGHTS
 from rllib_p3o.core.settings import BY_KEYWORD
 from rllib_p3o.p3o import P3OConfig
 from rllib_p3o.tasks.addition import AdditionTask
@@ -110,6 +110,11 @@ METHODS: Dict[str, Dict[str, Any]] = {
         },
     },
 }
+# Every P3O form above was measured with the paper's weight on another model's tokens, ``min(r, ESS)``, and names it, so
+# that its name keeps its meaning after the default changed (`P3OLossSettings.other_model_weight`).
+for _spec in METHODS.values():
+    if _spec["loss"] in ("p3o", "p3o_no_cap"):
+        _spec["loss_config"] = {**_spec["loss_config"], "other_model_weight": "ess_cap"}
 # What weights P3O's policy gradient on the tokens another model wrote (`P3OLossSettings.other_model_weight`), found
 # after the ablation below showed the KL pull toward the recorder was not all that held P3O back there: the default's
 # settings with the importance weight truncated at 1/ESS, or left out above it, instead of capped at ESS.
@@ -132,7 +137,13 @@ for _region, _trust in (("clip", "ess_clip"), ("free", "none")):
     for _anchor, _kl in (("recorder", "behavior"), ("prox", "proximal"), ("nokl", "none")):
         METHODS[f"p3o_own_{_region}_{_anchor}"] = {
             "loss": "p3o",
-            "loss_config": {"kl_estimator": "k3_is", "kl_anchor": _kl, "trust_region": _trust, "ess_scope": "version"},
+            "loss_config": {
+                "kl_estimator": "k3_is",
+                "kl_anchor": _kl,
+                "trust_region": _trust,
+                "ess_scope": "version",
+                "other_model_weight": "ess_cap",
+            },
             **_OWN,
         }
 # Every registered loss is a method too, under its own name with its default settings (a new file in
@@ -541,7 +552,7 @@ def canonical_method(method: str, regime: Regime, defaults: Optional[Dict[str, A
     if settings.get("kl_anchor") == "auto" and OTHER_MODEL_ROWS not in traits:
         settings["kl_anchor"] = "behavior"
     if "other_model_weight" in settings and OTHER_MODEL_ROWS not in traits:
-        settings["other_model_weight"] = DEFAULT_OTHER_MODEL_WEIGHT
+        settings["other_model_weight"] = OTHER_MODEL_WEIGHTS[0]
     if loss.name in _CLIP_AGAINST_OLD and MULTI_STEP not in traits:
         settings.pop("clip_low", None)
         settings.pop("clip_high", None)
@@ -705,9 +716,13 @@ BASELINES: Tuple[str, ...] = (
     "m2po",
     "decoupled_ppo",
 )
-# P3O's default in the claims bench's grids: the method whose settings are P3O's defaults (P3OLossSettings and
-# ess_scope), chosen on the development set by `rllib_p3o.sweep.verdicts.CHOICE_RULE` (docs/results/staleness.md).
-DEFAULT_METHOD = "p3o_clip_version"
+# P3O's default in the staleness round's grids, chosen on its development set by `rllib_p3o.sweep.verdicts.CHOICE_RULE`
+# (docs/results/staleness.md): the trust region and one ESS per policy version.
+STALENESS_DEFAULT = "p3o_clip_version"
+# P3O's default now: the method whose settings are P3O's defaults (`P3OLossSettings`), the staleness round's with the
+# weight on another model's tokens the provenance round's development set chose by the same rule
+# (docs/results/provenance.md).
+DEFAULT_METHOD = "p3o_other_inverse_mask"
 # The development set's methods, as it ran: 0.2's default, the paper's reference form, the candidates, the baselines.
 DEVELOPMENT_METHODS: Tuple[str, ...] = ("p3o_source", "p3o_reference") + STALENESS_CANDIDATES + BASELINES
 # The development set: the three regimes where P3O's 0.3 default lost (the bench's async regime is one version old),
@@ -732,7 +747,7 @@ BENCH_DEVELOPMENT = Grid(
 )
 # The confirmation set: every regime of the bench and three harder variants, seeds 3-5, run once after the default was
 # committed; P3O's chosen default, the paper's reference form and every baseline, at the development set's lr.
-CONFIRMATION_METHODS: Tuple[str, ...] = (DEFAULT_METHOD, "p3o_reference") + BASELINES
+CONFIRMATION_METHODS: Tuple[str, ...] = (STALENESS_DEFAULT, "p3o_reference") + BASELINES
 # The regimes where the data are stale first (the harder variants, then the development set's own), so that a run cut
 # short has the cells the choice is about; then the bench's other regimes.
 _STALE_FIRST: Tuple[str, ...] = (
@@ -761,7 +776,7 @@ BENCH_CONFIRMATION = Grid(
 # GRPO-clip, seeds 0-2, at the development set's lr choice.
 BENCH_INFLIGHT = Grid(
     regimes=("async_staleness_4", "async_staleness_4_inflight"),
-    methods=(DEFAULT_METHOD, "grpo_eps0.2"),
+    methods=(STALENESS_DEFAULT, "grpo_eps0.2"),
     seeds=(0, 1, 2),
     iterations=30,
     task="sorting",
@@ -776,8 +791,8 @@ BENCH_INFLIGHT = Grid(
 # the ablation that says which of P3O's terms held it back there. The development set: seeds 0-2 in each family's
 # regime; the confirmation set: every regime of the bench, seeds 6-8, after the development set's choices were
 # committed.
-PROVENANCE_METHODS: Tuple[str, ...] = (DEFAULT_METHOD, "p3o_clip", "p3o_reference") + BASELINES
-LR_FROM.update({m: DEFAULT_METHOD for m in ABLATION_METHODS})
+PROVENANCE_METHODS: Tuple[str, ...] = (STALENESS_DEFAULT, "p3o_clip", "p3o_reference") + BASELINES
+LR_FROM.update({m: STALENESS_DEFAULT for m in ABLATION_METHODS})
 # The development set ran the candidates for another model's tokens after the ablation, in the same grid (they compute
 # the default's loss wherever no other model wrote rows, so they share its trials there).
 PROVENANCE_DEVELOPMENT_METHODS: Tuple[str, ...] = PROVENANCE_METHODS + OTHER_MODEL_CANDIDATES
@@ -800,9 +815,12 @@ PROVENANCE_DEVELOPMENT = Grid(
     recording_per_seed=True,
     regime_methods={"offline_weaker": ABLATION_METHODS},
 )
+# The confirmation set: P3O's default (as chosen there), the staleness round's default (what the choice changed:
+# they differ only where another model wrote rows), ESS per source, the paper's form and every baseline.
+PROVENANCE_CONFIRMATION_METHODS: Tuple[str, ...] = (DEFAULT_METHOD,) + PROVENANCE_METHODS
 PROVENANCE_CONFIRMATION = Grid(
     regimes=CONFIRMATION_REGIMES,
-    methods=PROVENANCE_METHODS,
+    methods=PROVENANCE_CONFIRMATION_METHODS,
     seeds=(6, 7, 8),
     iterations=30,
     task="sorting",
@@ -831,7 +849,7 @@ ADDITION_REGIMES: Tuple[str, ...] = (
 ADDITION_DEVELOPMENT = Grid(**{**PROVENANCE_DEVELOPMENT.__dict__, "task": "addition", "regime_methods": {}})
 ADDITION_CONFIRMATION = Grid(
     regimes=ADDITION_REGIMES,
-    methods=PROVENANCE_METHODS,
+    methods=PROVENANCE_CONFIRMATION_METHODS,
     seeds=(3, 4, 5),
     iterations=30,
     task="addition",

@@ -3,7 +3,9 @@ registration.
 
 P3O has no coefficients: the ESS of the batch takes the place of a clip range and a KL coefficient. Its settings say
 only *which* KL the trust-region term estimates and toward which policy (`rllib_p3o.core.losses.kl_estimators`),
-and what bounds the policy gradient on lagging tokens (`rllib_p3o.core.losses.trust_region`). What it needs from the
+what bounds the policy gradient on lagging tokens (`rllib_p3o.core.losses.trust_region`) and how another model's
+tokens are weighted (`other_model_weights`: the paper's cap ``min(r, ESS)`` gives them all nearly one weight; the
+default leaves out those whose ratio exceeds ``1/ESS`` and keeps ``r`` on the rest). What it needs from the
 learner: π_old for the KL anchor ``"proximal"`` always, for ``"auto"`` only where another model wrote rows.
 
     p3o          -sg(min(r, ESS))·logπθ·A + (1 - ESS)·K(πθ, π_a)
@@ -56,7 +58,9 @@ DEFAULT_ESS_SCOPE = "version"
 # importance weight truncated at ``1/ESS``, or left out above ``1/ESS`` (AReaL's behavior-weight mask with the cap the
 # batch's spread gives instead of a coefficient). ``1/ESS`` is the ratios' second moment over their squared mean.
 OTHER_MODEL_WEIGHTS = ("ess_cap", "inverse_ess_cap", "inverse_ess_mask")
-DEFAULT_OTHER_MODEL_WEIGHT = "ess_cap"
+# Chosen on the provenance round's development set (docs/results/provenance.md): with "ess_cap" P3O stayed 0.21 below
+# decoupled PPO on a weaker model's recording; both 1/ESS forms tied with it, and the rule picked the mask.
+DEFAULT_OTHER_MODEL_WEIGHT = "inverse_ess_mask"
 
 
 def p3o_loss(
@@ -199,7 +203,7 @@ class P3OLossSettings:
     the learner's weights at the start of the iteration, everywhere; one forward pass per update) or ``"none"`` (no
     KL term at all: ``p3o_no_kl``'s objective, with this setting's trust region). The paper's
     reference implementation is ``loss="p3o_reference"`` (``kl_estimator="k3_clamped", kl_anchor="behavior",
-    trust_region="none", ess_scope="batch"``).
+    trust_region="none", ess_scope="batch", other_model_weight="ess_cap"``).
 
     ``trust_region``: what bounds the policy-gradient term on *lagging* tokens, the policy's own tokens sampled by
     weights the learner has moved from since (stale async rows, every optimizer step after a batch's first, offline
@@ -209,9 +213,10 @@ class P3OLossSettings:
     (on-policy, a batch's first optimizer step) and rows another model wrote are never clipped.
 
     ``other_model_weight``: the policy-gradient weight on the tokens another model wrote (a behavior model's rows,
-    live, or a recording whose provenance is another model's): ``"ess_cap"`` (the default: ``min(r, ESS)``, the
-    paper's, as on every token), ``"inverse_ess_cap"`` (``min(r, 1/ESS)``: the importance weight truncated where
-    the group's own spread puts it) or ``"inverse_ess_mask"`` (``r`` where ``r ≤ 1/ESS``, no gradient above). ESS is
+    live, or a recording whose provenance is another model's): ``"inverse_ess_mask"`` (the default: ``r`` where
+    ``r ≤ 1/ESS``, no gradient above; chosen on the provenance round's development set), ``"inverse_ess_cap"``
+    (``min(r, 1/ESS)``: the importance weight truncated where the group's own spread puts it) or ``"ess_cap"``
+    (``min(r, ESS)``, the paper's, as on every other token). ESS is
     that of the rows' group (``ess_scope``); the policy's own rows are never affected.
 
     ``ess_scope``: over which tokens the ESS is taken. ``"version"`` (the default, chosen on the claims bench's
@@ -345,7 +350,11 @@ def p3o_no_kl(inputs: LossInputs, settings: P3OScopeSettings) -> LossOutput:
 # The paper's reference implementation (FeynRL `algs/P3O/p3o.py`): the k3 toward π_b with its exponent clamped to ±10,
 # the cap only, one ESS per batch.
 PAPER_SETTINGS = P3OLossSettings(
-    kl_estimator="k3_clamped", kl_anchor="behavior", trust_region="none", ess_scope="batch"
+    kl_estimator="k3_clamped",
+    kl_anchor="behavior",
+    trust_region="none",
+    ess_scope="batch",
+    other_model_weight="ess_cap",
 )
 
 
@@ -355,5 +364,5 @@ def p3o_reference(inputs: LossInputs, settings: NoSettings) -> LossOutput:
     ``ℓ_t = -sg(min(r_t, ESS))·logπθ_t·A_t + (1 - ESS)·k3_clamped(πθ, π_b)_t`` with one ESS over the whole batch
     (not ESS-scoped: it has no ``ess_scope``), no trust region. The same as ``loss="p3o"`` with
     ``loss_config={"kl_estimator": "k3_clamped", "kl_anchor": "behavior", "trust_region": "none", "ess_scope":
-    "batch"}``."""
+    "batch", "other_model_weight": "ess_cap"}``."""
     return _p3o(inputs, PAPER_SETTINGS)
