@@ -1,16 +1,15 @@
 """Async sampling with bounded staleness, and frozen behavior models mixed into prompt groups (real Ray + vLLM)."""
 
+import os
 from collections import Counter, defaultdict
 
+import pyarrow.parquet as pq
 import pytest
-import ray
 import torch
 from helpers import tiny_config
 
 from rllib_p3o.core import metrics as m
-from rllib_p3o.core.sources import POLICY, source_id
-from rllib_p3o.data.episodes import episodes_to_records
-from rllib_p3o.runner.env_runner import VLLMEnvRunner
+from rllib_p3o.core.sources import POLICY
 from rllib_p3o.tasks import build_tiny_model
 
 
@@ -18,26 +17,35 @@ def _config(model, **training):
     return tiny_config(model, rows=400, max_tokens=3, **training)
 
 
-def test_behavior_model_takes_its_share_of_every_group(ray_session, tiny_model, tiny_untied_model):
+@pytest.fixture(scope="module")
+def sync_run_with_a_behavior_model(ray_session, tiny_model, tiny_untied_model, tmp_path_factory):
+    """One sync iteration with a frozen behavior model writing 3 of each group's 4 completions at its own temperature,
+    recorded: (the iteration's result, its recorded rows). The tests below check different things of this one run."""
+    record = tmp_path_factory.mktemp("behavior_share")
     cfg = _config(
-        tiny_model, behavior_models=[{"model": tiny_untied_model, "name": "frozen", "samples": 3, "temperature": 1.3}]
+        tiny_model,
+        behavior_models=[{"model": tiny_untied_model, "name": "frozen", "samples": 3, "temperature": 1.3}],
+        record_rollouts=str(record),
     )
-    runner = ray.remote(num_cpus=1)(VLLMEnvRunner).remote(config=cfg, worker_index=1, num_workers=1)
+    algo = cfg.build_algo()
     try:
-        records = episodes_to_records(ray.get(runner.sample.remote()))
+        result = algo.train()
     finally:
-        ray.get(runner.stop.remote())
-        ray.kill(runner)
+        algo.stop()
+    return result, pq.read_table(os.path.join(record, "part-0000000.parquet")).to_pylist()
+
+
+def test_behavior_model_takes_its_share_of_every_group(sync_run_with_a_behavior_model):
+    _, rows = sync_run_with_a_behavior_model
     groups = defaultdict(Counter)
-    for r in records:
-        groups[r["group_id"]][r["source_id"]] += 1
+    for r in rows:
+        groups[r["group_id"]][r["source"]] += 1
     assert len(groups) == 8
     for counts in groups.values():
-        assert counts == {source_id(POLICY): 1, source_id("behavior/frozen"): 3}
-    frozen = [r for r in records if r["source_id"] == source_id("behavior/frozen")]
-    assert {r["infos"]["temperature"] for r in frozen} == {1.3} and {r["infos"]["source"] for r in frozen} == {
-        "behavior/frozen"
-    }
+        assert counts == {POLICY: 1, "behavior/frozen": 3}
+    frozen = [r for r in rows if r["source"] == "behavior/frozen"]
+    assert {round(r["temperature"], 4) for r in frozen} == {1.3}
+    assert {round(r["temperature"], 4) for r in rows if r["source"] == POLICY} == {1.0}
 
 
 def test_async_run_with_behavior_model(ray_session, tiny_model, tiny_untied_model):
@@ -74,13 +82,9 @@ def test_async_run_with_behavior_model(ray_session, tiny_model, tiny_untied_mode
     assert m.IDLE_TIME_S in results[-1]["env_runners"]
 
 
-def test_sync_run_drops_nothing_and_reports_zero_staleness(ray_session, tiny_model):
-    algo = _config(tiny_model).build_algo()
-    try:
-        res = algo.train()
-    finally:
-        algo.stop()
-    assert res[m.P3O][m.STALENESS_MAX] == 0
+def test_sync_run_drops_nothing_and_reports_zero_staleness(sync_run_with_a_behavior_model):
+    result, _ = sync_run_with_a_behavior_model
+    assert result[m.P3O][m.STALENESS_MAX] == 0
 
 
 def test_behavior_model_with_another_tokenizer_fails_at_start(tiny_model, tmp_path):

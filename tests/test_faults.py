@@ -46,27 +46,29 @@ def _sampled(record_dir, iteration):
     return sorted((r["group_id"], r["prompt"], r["source"], tuple(r["completion_ids"])) for r in table)
 
 
+def _kept(record_dir, iterations):
+    """(sampled completions, policy versions) of each recorded iteration, read into memory: a run that goes on after
+    its checkpoint is the uninterrupted run, and the restored run then writes over its files."""
+    return [(_sampled(record_dir, it), _policy_versions(record_dir, it)) for it in range(iterations)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("num_env_runners", [0, 2])
 def test_restored_run_samples_what_the_uninterrupted_run_samples(
     ray_session, tiny_model, tiny_untied_model, tmp_path, num_env_runners
 ):
     behavior = tiny_untied_model if num_env_runners else None
-    straight = _config(tiny_model, tmp_path / "straight", num_env_runners, behavior).build_algo()
-    try:
-        for _ in range(4):
-            straight.train()
-    finally:
-        straight.stop()
-
-    first = _config(tiny_model, tmp_path / "resumed", num_env_runners, behavior).build_algo()
+    record = tmp_path / "run"
+    first = _config(tiny_model, record, num_env_runners, behavior).build_algo()
     try:
         for _ in range(2):
             first.train()
         first.save_to_path(str(tmp_path / "ckpt"))
-        first.train()  # an iteration after the checkpoint: its recording must be replaced, not kept beside
+        for _ in range(2):  # goes on as if uninterrupted; the restored run must replace these recordings, not add
+            first.train()
     finally:
         first.stop()
+    straight = _kept(record, 4)
     resumed = P3O.from_checkpoint(str(tmp_path / "ckpt"))
     try:
         assert resumed.iteration == 2
@@ -75,17 +77,18 @@ def test_restored_run_samples_what_the_uninterrupted_run_samples(
     finally:
         resumed.stop()
 
-    assert sorted(os.listdir(tmp_path / "resumed")) == [f"part-{i:07d}.parquet" for i in range(4)]
+    assert sorted(os.listdir(record)) == [f"part-{i:07d}.parquet" for i in range(4)]
     for it in range(4):
-        a, b = _sampled(tmp_path / "straight", it), _sampled(tmp_path / "resumed", it)
-        assert [x[:3] for x in a] == [x[:3] for x in b], f"iteration {it + 1}: other prompts"
+        assert [x[:3] for x in straight[it][0]] == [x[:3] for x in _sampled(record, it)], (
+            f"iteration {it + 1}: other prompts"
+        )
     # The iteration after the restore samples with the checkpoint's weights: the very same completions.
-    assert _sampled(tmp_path / "straight", 2) == _sampled(tmp_path / "resumed", 2)
+    assert straight[2][0] == _sampled(record, 2)
     # ... and records them under the same weights version: the initial weights are v1, each iteration adds one.
-    versions = [_policy_versions(tmp_path / "resumed", it) for it in range(4)]
-    assert versions == [_policy_versions(tmp_path / "straight", it) for it in range(4)] == [[1], [2], [3], [4]]
+    versions = [_policy_versions(record, it) for it in range(4)]
+    assert versions == [v for _, v in straight] == [[1], [2], [3], [4]]
     # 4 prompts per iteration over 24 rows: the 16 prompts of 4 iterations are 16 different rows.
-    prompts = [p for it in range(4) for _, p, source, _ in _sampled(tmp_path / "resumed", it) if source == "policy"]
+    prompts = [p for it in range(4) for _, p, source, _ in _sampled(record, it) if source == "policy"]
     assert len(set(prompts)) == 16
 
 
@@ -213,21 +216,17 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one_and_res
 ):
     from rllib_p3o.driver.checkpoints import DamagedCheckpointError
 
-    straight = _config(tiny_model, tmp_path / "straight", 0).build_algo()
-    try:
-        for _ in range(3):
-            straight.train()
-    finally:
-        straight.stop()
-
-    first = _config(tiny_model, tmp_path / "resumed", 0).build_algo()
+    record = tmp_path / "run"
+    first = _config(tiny_model, record, 0).build_algo()
     trial = tmp_path / "trial"
     try:
         for i in (1, 2):
             first.train()
             first.save_to_path(str(trial / f"checkpoint_{i:06d}"))  # Tune's layout: checkpoint_<n> in the trial dir
+        first.train()  # the uninterrupted run's third iteration
     finally:
         first.stop()
+    straight = _kept(record, 3)
     newest = str(trial / "checkpoint_000002")
     damaged = _largest_file(newest)
     with open(damaged, "r+b") as f:
@@ -245,7 +244,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one_and_res
     finally:
         resumed.stop()
     for it in range(3):  # the same prompts and, after the restore, the very same completions
-        assert _sampled(tmp_path / "straight", it) == _sampled(tmp_path / "resumed", it), f"iteration {it + 1}"
+        assert straight[it][0] == _sampled(record, it), f"iteration {it + 1}"
 
     # Nothing intact before it: the error names the checkpoint and the file, and says what to do.
     os.remove(os.path.join(str(trial / "checkpoint_000001"), "p3o_manifest.json"))

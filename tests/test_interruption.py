@@ -105,11 +105,14 @@ def test_ctrl_c_is_reported_exits_non_zero_and_the_printed_restore_call_continue
     by then."""
     (script,), _ = runnable_blocks()
     # The page's run may reach its held-out target at its first evaluation (iteration 5) and end there, before any row
-    # after a checkpoint: the target is raised out of reach so that the run is still going at row 6 (nothing else of
-    # the script changes).
-    target = 'stop={"heldout_reward": 0.9,'
+    # after a checkpoint: the target is raised out of reach so that the run is still going at row 6.
+    # The run's length is cut from 40 iterations to 12 (the restore then trains 6..12, not 6..40): still well past
+    # row 6, so Ctrl-C always lands before the run ends.
+    target = 'stop={"heldout_reward": 0.9, "training_iteration": 40}'
     assert target in script, "the getting-started script's stop criterion changed: update this test"
-    (tmp_path / "first_run.py").write_text(script.replace(target, 'stop={"heldout_reward": 1.01,'))
+    (tmp_path / "first_run.py").write_text(
+        script.replace(target, 'stop={"heldout_reward": 1.01, "training_iteration": 12}')
+    )
     copy_demo_base_model(demo_base_model, tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "first_run.py"],
@@ -159,4 +162,4 @@ def test_ctrl_c_is_reported_exits_non_zero_and_the_printed_restore_call_continue
         iterations = [json.loads(line)["training_iteration"] for line in f]
     # (Iterations after the checkpoint that were logged before Ctrl-C are in the file twice: trained again.)
     assert iterations[:5] == [1, 2, 3, 4, 5] and iterations[-len(rows) :] == rows, iterations
-    assert "resumed:" in done.stdout and done.stdout.rstrip().endswith("True"), resumed[-3000:]
+    assert rows[-1] == 12 and "resumed: 12 True" in done.stdout, resumed[-3000:]

@@ -12,6 +12,7 @@ import pytest
 import ray.cloudpickle
 
 from rllib_p3o import P3O, P3OConfig
+from rllib_p3o.cli import main as cli_main
 from rllib_p3o.core import metrics as m
 from rllib_p3o.core.config_error import ConfigError
 from rllib_p3o.core.sources import POLICY, is_other_model_id, offline_source_name
@@ -94,15 +95,16 @@ def test_a_whole_file_problem_is_worded_as_one_and_a_nan_reward_is_named_as_nan_
     )
 
 
-def test_cli_exit_status(processes, tmp_path, tiny_model):
+def test_cli_exit_status(tmp_path, tiny_model, capsys):
+    """``rllib-p3o validate``'s exit status and screen, through the CLI's entry point in process (the console script
+    itself runs in test_cli's fresh-interpreter export)."""
     # The text-only row first: pyarrow takes the columns from the first row.
     good = _write(tmp_path / "good.parquet", [dict(GOOD, prompt_ids=None, prompt="(01+02)%10="), GOOD])
     bad = _write(tmp_path / "bad.parquet", [GOOD, dict(GOOD, reward=math.inf)])
-    cli = [sys.executable, "-m", "rllib_p3o.cli", "validate"]
-    ok = subprocess.run(cli + [good, "--model", tiny_model], capture_output=True, text=True)
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    res = subprocess.run(cli + [str(tmp_path), "--model", tiny_model], capture_output=True, text=True)
-    assert res.returncode == 1 and f"{bad} row 1 column 'reward'" in res.stdout
+    assert cli_main(["validate", good, "--model", tiny_model]) == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert cli_main(["validate", str(tmp_path), "--model", tiny_model]) == 1
+    assert f"{bad} row 1 column 'reward'" in capsys.readouterr().out
 
 
 def test_recorder_files_are_complete_or_absent(tmp_path):
@@ -128,7 +130,7 @@ def test_recorder_files_are_complete_or_absent(tmp_path):
     assert row["policy_version"] == 2 and row["group_id"] == "7" and row["source"] == POLICY
 
 
-def test_unscored_completions_are_recorded_with_a_null_reward_counted_not_rejected(processes, tmp_path, tiny_model):
+def test_unscored_completions_are_recorded_with_a_null_reward_counted_not_rejected(tmp_path, tiny_model, capsys):
     """A completion no reward function scored (reward NaN in the run) is recorded with a null reward: the recording
     validates, its unscored rows counted (training leaves them out); NaN in an earlier recording means the same."""
     record = {
@@ -148,9 +150,9 @@ def test_unscored_completions_are_recorded_with_a_null_reward_counted_not_reject
     assert "3 row(s): OK; 1 unscored (reward null: left out of training)" in report.summary()
     earlier = validate_trajectories(_write(tmp_path / "earlier.parquet", [GOOD, dict(GOOD, reward=math.nan)]))
     assert earlier.ok and len(earlier.unscored) == 1
-    cli = [sys.executable, "-m", "rllib_p3o.cli", "validate", str(tmp_path / "rec"), "--model", tiny_model]
-    done = subprocess.run(cli, capture_output=True, text=True)
-    assert done.returncode == 0 and "1 unscored" in done.stdout, done.stdout + done.stderr
+    status = cli_main(["validate", str(tmp_path / "rec"), "--model", tiny_model])
+    out = capsys.readouterr().out
+    assert status == 0 and "1 unscored" in out, out
 
 
 def test_filled_advantages_are_the_group_advantages_in_file_order(tmp_path):

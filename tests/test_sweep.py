@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -368,9 +369,10 @@ def test_regime_matrix_puts_each_regime_on_a_row_bolds_its_best_and_counts_colla
 
 
 def test_sweep_compare_ignores_the_machines_columns_fails_on_a_training_value_and_sets_two_runs_side_by_side(
-    processes, tmp_path
+    tmp_path, capsys
 ):
-    # `python -m rllib_p3o.sweep.compare` on files the sweep's own writer wrote (no Ray: it reads files only).
+    # `python -m rllib_p3o.sweep.compare`'s entry point, in process, on files the sweep's own writer wrote (it reads
+    # files only); its exit status is what main returns.
     reference, rerun = str(tmp_path / "reference"), str(tmp_path / "rerun")
     for method in ("p3o", "cispo"):
         _write_trial(reference, "on_policy", (method, 0, 5e-4), 0.7)
@@ -382,10 +384,11 @@ def test_sweep_compare_ignores_the_machines_columns_fails_on_a_training_value_an
     frame.to_csv(report.trial_path(rerun, "on_policy", "p3o_seed0_lr0.0005"), index=False)
 
     def compare(*extra):
+        from rllib_p3o.sweep.compare import main
+
         trials = [os.path.join(reference, "trials"), os.path.join(rerun, "trials")]
-        args = [sys.executable, "-m", "rllib_p3o.sweep.compare", *trials, *extra]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
-        return subprocess.run(args, env=env, capture_output=True, text=True)
+        status = main([*trials, *extra])
+        return SimpleNamespace(returncode=status, stdout=capsys.readouterr().out, stderr="")
 
     done = compare("--json", str(tmp_path / "c.json"))
     assert done.returncode == 0, done.stdout + done.stderr
