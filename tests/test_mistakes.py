@@ -15,7 +15,7 @@ from rllib_p3o import P3O, P3OConfig
 from rllib_p3o.driver.preflight import ClusterTooSmallError, check_model_path
 from rllib_p3o.driver.weight_sync import LearnerProbes
 from rllib_p3o.sync.probe import PolicyDivergedError, ProbeResult, WeightSyncError
-from rllib_p3o.tasks import ArithmeticTask
+from rllib_p3o.tasks import ArithmeticTask, arithmetic_reward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "tests", "readme_style_job.py")
@@ -211,31 +211,54 @@ tune.Tuner("P3O", param_space=config, run_config=tune.RunConfig(storage_path=sto
 
 @pytest.mark.slow
 def test_a_mistake_in_a_tuner_script_ends_it_as_one_line_before_any_trial_starts(tiny_model, tmp_path):
-    """Before, each message came at the end of a 40-line traceback through Tune's internals."""
+    """Before, each message came at the end of a 40-line traceback through Tune's internals. The one line is the
+    process's own (`rllib_p3o.driver.one_line_errors`' excepthook): one script, one mistake, as a user runs it."""
     (tmp_path / "job.py").write_text(TUNER_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "RLLIB_P3O_"))}
     env.update(RAY_ADDRESS="local", PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
-    for mistake, message in (
-        (
-            "key",
-            "ConfigError: env_config has unknown key(s) 'reward_func' (did you mean 'reward_funcs' or 'reward_fn'?)",
-        ),
-        ("file", f"ConfigError: env_config['dataset']: no such file or directory: {tmp_path}/trian.jsonl"),
-        ("max_tokens", "ConfigError: max_tokens=4096 leaves no room for a prompt in the model's context of 128 tokens"),
-    ):
-        storage = tmp_path / mistake
-        done = subprocess.run(
-            [sys.executable, "job.py", tiny_model, mistake, str(storage)],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        last = done.stderr.strip().splitlines()[-1]
-        assert done.returncode == 1 and last.startswith(message), done.stderr[-3000:]
-        assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
-        assert not glob.glob(str(storage / "*" / "P3O_*")), "a trial started"
+    message = "ConfigError: env_config has unknown key(s) 'reward_func' (did you mean 'reward_funcs' or 'reward_fn'?)"
+    storage = tmp_path / "key"
+    done = subprocess.run(
+        [sys.executable, "job.py", tiny_model, "key", str(storage)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and last.startswith(message), done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    assert not glob.glob(str(storage / "*" / "P3O_*")), "a trial started"
+
+
+@pytest.mark.parametrize(
+    "mistake, message",
+    [
+        ("file", "env_config['dataset']: no such file or directory: {tmp}/trian.jsonl"),
+        ("max_tokens", "max_tokens=4096 leaves no room for a prompt in the model's context of 128 tokens"),
+    ],
+)
+def test_the_tuner_scripts_other_mistakes_are_config_errors_before_any_trial_starts(
+    ray_session, tiny_model, tmp_path, monkeypatch, mistake, message
+):
+    """The script's other mistakes, on the session's Ray in process (how a script prints them is the test above)."""
+    from ray import tune
+
+    from rllib_p3o.core.config_error import ConfigError
+
+    monkeypatch.chdir(tmp_path)  # the script's relative dataset path is the working directory's
+    env_config = {"dataset": ArithmeticTask().train_rows()[:16], "reward_fn": arithmetic_reward}
+    training = {"model": tiny_model, "max_tokens": 3}
+    if mistake == "file":
+        env_config["dataset"] = "trian.jsonl"
+    else:
+        training["max_tokens"] = 4096
+    config = P3OConfig().environment(env_config=env_config).training(**training)
+    storage = tmp_path / mistake
+    with pytest.raises(ConfigError, match=re.escape(message.format(tmp=tmp_path))):
+        tune.Tuner("P3O", param_space=config, run_config=tune.RunConfig(storage_path=str(storage), verbose=0)).fit()
+    assert not glob.glob(str(storage / "*" / "P3O_*")), "a trial started"
 
 
 def test_a_tuner_script_finds_its_mistakes_before_ray_starts_with_validate_as_the_page_says(tiny_model):
