@@ -12,13 +12,14 @@ def test_each_form_weights_ratios_as_its_formula_says():
     assert other_model_weights(ratio, ess, "ess_cap")[0].tolist() == pytest.approx([0.1, 0.25, 0.25, 0.25])
     assert other_model_weights(ratio, ess, "inverse_ess_cap")[0].tolist() == pytest.approx([0.1, 1.0, 3.0, 4.0])
     assert other_model_weights(ratio, ess, "inverse_ess_mask")[0].tolist() == pytest.approx([0.1, 1.0, 3.0, 0.0])
+    assert other_model_weights(ratio, ess, "ess_scaled_mask")[0].tolist() == pytest.approx([0.025, 0.25, 0.75, 0.0])
     with pytest.raises(ValueError, match="other_model_weight must be one of"):
         other_model_weights(ratio, ess, "clip")
     with pytest.raises(ValueError, match="other_model_weight must be one of"):
         P3OLossSettings(other_model_weight="clip")
 
 
-@pytest.mark.parametrize("form", ["ess_cap", "inverse_ess_cap", "inverse_ess_mask"])
+@pytest.mark.parametrize("form", ["ess_cap", "inverse_ess_cap", "inverse_ess_mask", "ess_scaled_mask"])
 def test_only_another_models_rows_change_and_their_gradient_is_the_forms_weight(form):
     # Row 0 another model's (ratios 0.5, 1, 2, 4), row 1 the policy's own (ratios 1); one ESS over the batch.
     behavior = -torch.log(torch.tensor([[0.5, 1.0, 2.0, 4.0], [1.0, 1.0, 1.0, 1.0]]))
@@ -37,6 +38,7 @@ def test_only_another_models_rows_change_and_their_gradient_is_the_forms_weight(
         "ess_cap": [min(r, ess) for r in ratios[:4]],
         "inverse_ess_cap": [min(r, 1 / ess) for r in ratios[:4]],
         "inverse_ess_mask": [r if r <= 1 / ess else 0.0 for r in ratios[:4]],
+        "ess_scaled_mask": [ess * r if r <= 1 / ess else 0.0 for r in ratios[:4]],
     }[form]
     # d/dlogπ of -w·logπ·A / N with N = 8 valid tokens.
     assert (-8 * logprobs.grad[0]).tolist() == pytest.approx(expected_other)

@@ -250,8 +250,26 @@ def confirmation_quotes(root: str) -> List[str]:
     return out + [
         f"The confirmation set's finished regimes: {regimes_said}",
         *aim_quotes(g, "confirmation", seeds, DEFAULT_METHOD),
+        *choice_confirmed(g, done, STALENESS_DEFAULT, DEFAULT_METHOD, "The weight on another model's tokens"),
+        *choice_confirmed(
+            g, done, "p3o_clip", STALENESS_DEFAULT, "One ESS per policy version (against one per source)"
+        ),
         f"The confirmation set ran {distinct_trials(root, BENCH_PROVENANCE_CONFIRMATION)} distinct trials",
     ]
+
+
+def choice_confirmed(g: Grid, done: List[str], before: str, chosen: str, what: str) -> List[str]:
+    """A choice on the confirmation set: ``chosen`` against ``before`` in each finished regime where the two run
+    different trials (elsewhere they compute the same update), the difference with its standard error and verdict."""
+    parts = []
+    for r in done:
+        if CONFIRMATION.same_run_as(r, chosen) == CONFIRMATION.same_run_as(r, before):
+            continue
+        diff, se, v = _effect(g.stats[r], before, chosen)
+        parts.append(f"`{r}` {diff:+.3f} (SE {se:.3f}, {dict(wins='ahead', loses='behind', ties='tied')[v]})")
+    if not parts:
+        return [f"{what}: no finished regime of the confirmation set where `{chosen}` and `{before}` differ yet"]
+    return [f"{what}, `{chosen}` against `{before}` where they differ: {'; '.join(parts)}"]
 
 
 PAGE = Page(

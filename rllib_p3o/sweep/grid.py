@@ -117,9 +117,10 @@ for _spec in METHODS.values():
         _spec["loss_config"] = {**_spec["loss_config"], "other_model_weight": "ess_cap"}
 # What weights P3O's policy gradient on the tokens another model wrote (`P3OLossSettings.other_model_weight`), found
 # after the ablation below showed the KL pull toward the recorder was not all that held P3O back there: the default's
-# settings with the importance weight truncated at 1/ESS, or left out above it, instead of capped at ESS.
-OTHER_MODEL_CANDIDATES: Tuple[str, ...] = ("p3o_other_inverse_cap", "p3o_other_inverse_mask")
-for _name, _form in zip(OTHER_MODEL_CANDIDATES, ("inverse_ess_cap", "inverse_ess_mask")):
+# settings with the importance weight truncated at 1/ESS, or left out above it, instead of capped at ESS; and, after
+# the mask chosen first fell behind with a live weaker model on its confirmation seeds, the mask scaled by ESS.
+OTHER_MODEL_CANDIDATES: Tuple[str, ...] = ("p3o_other_inverse_cap", "p3o_other_inverse_mask", "p3o_other_scaled_mask")
+for _name, _form in zip(OTHER_MODEL_CANDIDATES, ("inverse_ess_cap", "inverse_ess_mask", "ess_scaled_mask")):
     METHODS[_name] = {
         "loss": "p3o",
         "loss_config": {**METHODS["p3o_clip_version"]["loss_config"], "other_model_weight": _form},
@@ -796,8 +797,10 @@ LR_FROM.update({m: STALENESS_DEFAULT for m in ABLATION_METHODS})
 # The development set ran the candidates for another model's tokens after the ablation, in the same grid (they compute
 # the default's loss wherever no other model wrote rows, so they share its trials there).
 PROVENANCE_DEVELOPMENT_METHODS: Tuple[str, ...] = PROVENANCE_METHODS + OTHER_MODEL_CANDIDATES
+# The development set: the three lr families' regimes, and a live weaker model (added with the ESS-scaled mask, after
+# the first choice fell behind there on its confirmation seeds; another model's lr family, so no lr stage of its own).
 PROVENANCE_DEVELOPMENT = Grid(
-    regimes=tuple(LR_FAMILY_REGIMES.values()),
+    regimes=(*LR_FAMILY_REGIMES.values(), "behavior_weaker"),
     methods=PROVENANCE_DEVELOPMENT_METHODS,
     seeds=(0, 1, 2),
     iterations=30,
@@ -815,13 +818,18 @@ PROVENANCE_DEVELOPMENT = Grid(
     recording_per_seed=True,
     regime_methods={"offline_weaker": ABLATION_METHODS},
 )
-# The confirmation set: P3O's default (as chosen there), the staleness round's default (what the choice changed:
-# they differ only where another model wrote rows), ESS per source, the paper's form and every baseline.
-PROVENANCE_CONFIRMATION_METHODS: Tuple[str, ...] = (DEFAULT_METHOD,) + PROVENANCE_METHODS
+# The confirmation set: P3O's default (as chosen there), the first choice and the staleness round's default (what the
+# choices changed: they differ only where another model wrote rows), ESS per source, the paper's form and every
+# baseline, on seeds 9-11: seeds 6-8 confirmed the first choice in the regimes where it acts and informed the second
+# (`PROVENANCE_FIRST_CONFIRMATION`).
+FIRST_CHOICE = "p3o_other_inverse_mask"
+PROVENANCE_CONFIRMATION_METHODS: Tuple[str, ...] = tuple(
+    dict.fromkeys((DEFAULT_METHOD, FIRST_CHOICE, *PROVENANCE_METHODS))
+)
 PROVENANCE_CONFIRMATION = Grid(
     regimes=CONFIRMATION_REGIMES,
     methods=PROVENANCE_CONFIRMATION_METHODS,
-    seeds=(6, 7, 8),
+    seeds=(9, 10, 11),
     iterations=30,
     task="sorting",
     target=0.7,
@@ -829,6 +837,16 @@ PROVENANCE_CONFIRMATION = Grid(
     dedupe=True,
     recording_per_seed=True,
     lr_choice_from="results/bench-provenance-development/lr_choice.json",
+)
+# The first choice's confirmation (`FIRST_CHOICE`, docs/results/provenance.md): seeds 6-8 in the regimes where it acts,
+# run after it was committed; it fell behind with a live weaker model, which the development set then gained.
+PROVENANCE_FIRST_CONFIRMATION = Grid(
+    **{
+        **PROVENANCE_CONFIRMATION.__dict__,
+        "regimes": ("offline_weaker", "behavior_weaker"),
+        "methods": (FIRST_CHOICE, *PROVENANCE_METHODS),
+        "seeds": (6, 7, 8),
+    }
 )
 # The second bench task (docs/results/addition.md): every method of the sorting bench, its lr chosen per lr family by
 # the same rule on the task's own development seeds (0-2), then a confirmation set on seeds 3-5 in the task's regimes:
@@ -860,7 +878,7 @@ ADDITION_CONFIRMATION = Grid(
     lr_choice_from="results/bench-addition-development/lr_choice.json",
 )
 # Rounds of the claims bench's development and confirmation sets, the latest first (``rllib-p3o sweep --round``).
-ROUNDS: Tuple[str, ...] = ("provenance", "staleness")
+ROUNDS: Tuple[str, ...] = ("provenance", "first-choice", "staleness")
 GRIDS: Dict[Tuple[str, str], Grid] = {
     ("arithmetic", "quick"): QUICK,
     ("arithmetic", "full"): FULL,
@@ -868,6 +886,7 @@ GRIDS: Dict[Tuple[str, str], Grid] = {
     ("sorting", "full"): BENCH_FULL,
     ("sorting", "development"): PROVENANCE_DEVELOPMENT,
     ("sorting", "confirmation"): PROVENANCE_CONFIRMATION,
+    ("sorting", "first-choice-confirmation"): PROVENANCE_FIRST_CONFIRMATION,
     ("sorting", "staleness-development"): BENCH_DEVELOPMENT,
     ("sorting", "staleness-confirmation"): BENCH_CONFIRMATION,
     ("sorting", "inflight"): BENCH_INFLIGHT,

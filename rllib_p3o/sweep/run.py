@@ -698,7 +698,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=ROUNDS,
         default=ROUNDS[0],
         help="which round's --development or --confirmation set: %(default)s (the latest: data another model "
-        "recorded, docs/results/provenance.md) or staleness (docs/results/staleness.md)",
+        "recorded, docs/results/provenance.md), first-choice (--confirmation only: that round's first choice of "
+        "P3O's weight on another model's tokens, on seeds 6-8) or staleness (docs/results/staleness.md)",
     )
     parser.add_argument("--regimes", nargs="+", choices=sorted(REGIMES))
     parser.add_argument("--methods", nargs="+", choices=sorted(METHODS))

@@ -57,7 +57,7 @@ DEFAULT_ESS_SCOPE = "version"
 # `other_model_weight`), from the ESS of their group: the paper's cap ``min(r, ESS)`` as on every other token, the
 # importance weight truncated at ``1/ESS``, or left out above ``1/ESS`` (AReaL's behavior-weight mask with the cap the
 # batch's spread gives instead of a coefficient). ``1/ESS`` is the ratios' second moment over their squared mean.
-OTHER_MODEL_WEIGHTS = ("ess_cap", "inverse_ess_cap", "inverse_ess_mask")
+OTHER_MODEL_WEIGHTS = ("ess_cap", "inverse_ess_cap", "inverse_ess_mask", "ess_scaled_mask")
 # Chosen on the provenance round's development set (docs/results/provenance.md): with "ess_cap" P3O stayed 0.21 below
 # decoupled PPO on a weaker model's recording; both 1/ESS forms tied with it, and the rule picked the mask.
 DEFAULT_OTHER_MODEL_WEIGHT = "inverse_ess_mask"
@@ -120,6 +120,7 @@ def p3o_loss(
         "ess_cap":           w_t = min(r_t, ESS_t)                      (the paper's, as every other token)
         "inverse_ess_cap":   w_t = min(r_t, 1/ESS_t)
         "inverse_ess_mask":  w_t = r_t · 1[r_t ≤ 1/ESS_t]
+        "ess_scaled_mask":   w_t = ESS_t · r_t · 1[r_t ≤ 1/ESS_t]
 
     A lagging token outside the band on the side its advantage pushes toward gets no policy gradient (PPO's clip,
     applied to P3O's detached weight); ``ε_t`` is the coefficient of variation of the ratios of the token's ESS
@@ -178,7 +179,9 @@ def p3o_loss(
 def other_model_weights(ratio: torch.Tensor, ess: torch.Tensor, form: str) -> torch.Tensor:
     """The policy-gradient weight ``w`` of `OTHER_MODEL_WEIGHTS` for ratios ``r`` (detached) with their group's
     ``ESS`` (broadcastable): ``"ess_cap"`` ``min(r, ESS)``; ``"inverse_ess_cap"`` ``min(r, 1/ESS)``;
-    ``"inverse_ess_mask"`` ``r·1[r ≤ 1/ESS]``. No gradient."""
+    ``"inverse_ess_mask"`` ``r·1[r ≤ 1/ESS]``; ``"ess_scaled_mask"`` ``ESS·r·1[r ≤ 1/ESS]`` (the mask's shape, the
+    cap's share: the importance weights average about 1 under π_b, so the group's tokens weigh about ESS in all, as
+    under the cap, beside the policy's own tokens of weight about 1). No gradient."""
     if form not in OTHER_MODEL_WEIGHTS:
         raise ValueError(f"other_model_weight must be one of {', '.join(OTHER_MODEL_WEIGHTS)}, got {form!r}")
     with torch.no_grad():
@@ -187,7 +190,8 @@ def other_model_weights(ratio: torch.Tensor, ess: torch.Tensor, form: str) -> to
         inverse = 1.0 / ess.clamp(min=torch.finfo(torch.float32).tiny)
         if form == "inverse_ess_cap":
             return torch.minimum(ratio, inverse)
-        return torch.where(ratio <= inverse, ratio, torch.zeros_like(ratio))
+        masked = torch.where(ratio <= inverse, ratio, torch.zeros_like(ratio))
+        return masked * ess if form == "ess_scaled_mask" else masked
 
 
 @dataclasses.dataclass(frozen=True)
