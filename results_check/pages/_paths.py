@@ -11,3 +11,4 @@ BENCH_CONFIRMATION = "results/bench-confirmation"  # ... and its confirmation se
 BENCH_INFLIGHT = "results/bench-inflight"  # the bench's async regime with and without in-flight weight updates
 BENCH_PROVENANCE_DEVELOPMENT = "results/bench-provenance-development"  # offline provenance: the development set
 BENCH_PROVENANCE_CONFIRMATION = "results/bench-provenance-confirmation"  # ... and its confirmation set
+BENCH_PROVENANCE_FIRST_CONFIRMATION = "results/bench-provenance-first-confirmation"  # ... its first choice's

@@ -16,11 +16,16 @@ from typing import Dict, List, Optional, Tuple
 
 from results_check.page import Page
 from results_check.pages._fmt import load_json, pm, table, words
-from results_check.pages._paths import BENCH_PROVENANCE_CONFIRMATION, BENCH_PROVENANCE_DEVELOPMENT
+from results_check.pages._paths import (
+    BENCH_PROVENANCE_CONFIRMATION,
+    BENCH_PROVENANCE_DEVELOPMENT,
+    BENCH_PROVENANCE_FIRST_CONFIRMATION,
+)
 from results_check.pages.staleness import Grid, aim_quotes, complete, load, matrix_quotes
 from rllib_p3o.sweep.grid import (
     ABLATION_METHODS,
     DEFAULT_METHOD,
+    FIRST_CHOICE,
     GRIDS,
     LR_FAMILY_REGIMES,
     METHODS,
@@ -34,6 +39,7 @@ from rllib_p3o.sweep.grid import (
     canonical_method,
     family_key,
 )
+from rllib_p3o.sweep.grid import Grid as SweepGrid
 from rllib_p3o.sweep.verdicts import (
     CHOICE_RULE,
     COLLAPSE_RULE,
@@ -46,6 +52,7 @@ from rllib_p3o.sweep.verdicts import (
 
 DEVELOPMENT = GRIDS["sorting", "development"]
 CONFIRMATION = GRIDS["sorting", "confirmation"]
+FIRST_CONFIRMATION = GRIDS["sorting", "first-choice-confirmation"]
 # How the page names each lr family (`rllib_p3o.sweep.grid.LR_FAMILY_REGIMES`: the regime its rate is chosen in).
 FAMILY_NAMES = {
     ON_POLICY_FAMILY: "on-policy",
@@ -174,26 +181,45 @@ def effect_quotes(stats: Dict[str, Tuple[float, float, int]]) -> List[str]:
     ]
 
 
-def choice_quotes(g: Grid) -> List[str]:
-    """The weight on another model's tokens, chosen by `CHOICE_RULE` among the staleness round's default and the
-    candidates on the development set; raises unless the rule picks the grids' `DEFAULT_METHOD`."""
-    candidates = (STALENESS_DEFAULT, *OTHER_MODEL_CANDIDATES)
-    chosen = choose_default(g.stats, g.collapses, candidates)
-    if chosen != DEFAULT_METHOD:
-        raise ValueError(f"the rule chooses {chosen}, but the grids' DEFAULT_METHOD is {DEFAULT_METHOD}")
+# The two choices of the weight on another model's tokens: the first over the development set's first three regimes
+# and the first two candidates; the second over all its regimes (a live weaker model added) and every candidate.
+FIRST_CHOICE_REGIMES = tuple(LR_FAMILY_REGIMES.values())
+FIRST_CANDIDATES = (STALENESS_DEFAULT, *OTHER_MODEL_CANDIDATES[:2])
+SECOND_CANDIDATES = (STALENESS_DEFAULT, *OTHER_MODEL_CANDIDATES)
+
+
+def choice_quotes(
+    g: Grid, candidates: Tuple[str, ...], regimes: Tuple[str, ...], expected: str, name: str
+) -> List[str]:
+    """A choice of the weight on another model's tokens by `CHOICE_RULE` among ``candidates`` over ``regimes`` of the
+    development set; raises unless the rule picks ``expected`` (what the grids name)."""
+    stats = {r: g.stats[r] for r in regimes}
+    chosen = choose_default(stats, {r: g.collapses[r] for r in regimes}, candidates)
+    if chosen != expected:
+        raise ValueError(f"the rule chooses {chosen}, but the grids name {expected}")
     counts = []
     for c in candidates:
-        held = sum(c in best_or_tied(g.stats[r]) for r in g.regimes)
-        mean = sum(g.stats[r][c][0] for r in g.regimes) / len(g.regimes)
+        held = sum(c in best_or_tied(stats[r]) for r in regimes)
+        mean = sum(stats[r][c][0] for r in regimes) / len(regimes)
         form = METHODS[c]["loss_config"]["other_model_weight"]
-        counts.append(f"`{c}` (`{form}`) best or tied in {held} of {len(g.regimes)}, mean {mean:.3f}")
+        counts.append(f"`{c}` (`{form}`) best or tied in {held} of {len(regimes)}, mean {mean:.4f}")
+    return [f"The {name} over {words([f'`{r}`' for r in regimes])}: {words(counts)}; the rule chooses `{chosen}`"]
+
+
+def ess_quote(g: Grid) -> str:
     ess = _diag(g, STALENESS_DEFAULT, "ess")
-    return [
+    return (
         f"On `{ABLATION_REGIME}`'s recording the mean ESS of `{STALENESS_DEFAULT}`'s batches is {ess:.3f}: its cap "
-        "weights no token of it above that",
-        f"The candidates for another model's tokens on the development set: {words(counts)}; the rule chooses "
-        f"`{chosen}`",
-    ]
+        "weights no token of it above that"
+    )
+
+
+def first_choice(g: Grid) -> List[str]:
+    return choice_quotes(g, FIRST_CANDIDATES, FIRST_CHOICE_REGIMES, FIRST_CHOICE, "first choice")
+
+
+def second_choice(g: Grid) -> List[str]:
+    return choice_quotes(g, SECOND_CANDIDATES, tuple(g.regimes), DEFAULT_METHOD, "second choice")
 
 
 def change_regimes(grid_regimes: Tuple[str, ...]) -> List[str]:
@@ -231,7 +257,10 @@ def quotes(root: str) -> List[str]:
         f"The development set ran {distinct_trials(root, BENCH_PROVENANCE_DEVELOPMENT)} distinct trials",
         *aim_quotes(main_grid(dev), "development", seeds, DEFAULT_METHOD),
         *ablation_quotes(dev),
-        *choice_quotes(main_grid(dev)),
+        ess_quote(dev),
+        *first_choice(main_grid(dev)),
+        *first_confirmation_quotes(root),
+        *second_choice(main_grid(dev)),
         *change_quotes(CONFIRMATION.regimes),
     ]
     return out + confirmation_quotes(root)
@@ -258,12 +287,36 @@ def confirmation_quotes(root: str) -> List[str]:
     ]
 
 
-def choice_confirmed(g: Grid, done: List[str], before: str, chosen: str, what: str) -> List[str]:
-    """A choice on the confirmation set: ``chosen`` against ``before`` in each finished regime where the two run
+def first_confirmation_quotes(root: str) -> List[str]:
+    """The first choice (`FIRST_CHOICE`) on its confirmation seeds, in the regimes where it acts: the matrix, where it
+    stands and what it did against the staleness round's default."""
+    g = load(root, BENCH_PROVENANCE_FIRST_CONFIRMATION, FIRST_CONFIRMATION)
+    if g is None:
+        raise ValueError(f"no {BENCH_PROVENANCE_FIRST_CONFIRMATION}/summary.json")
+    if g.note:
+        raise ValueError(f"the first choice's confirmation is partial: {g.note}")
+    seeds = len(FIRST_CONFIRMATION.seeds)
+    done = complete(g, seeds, FIRST_CHOICE)
+    return [
+        CELL_LABEL,
+        *matrix_quotes(g, done),
+        *aim_quotes(g, "first choice's confirmation", seeds, FIRST_CHOICE, who=f"the first choice (`{FIRST_CHOICE}`)"),
+        *choice_confirmed(
+            g, done, STALENESS_DEFAULT, FIRST_CHOICE, "The first choice's weight", grid=FIRST_CONFIRMATION
+        ),
+        f"The first choice's confirmation ran {distinct_trials(root, BENCH_PROVENANCE_FIRST_CONFIRMATION)} distinct "
+        "trials",
+    ]
+
+
+def choice_confirmed(
+    g: Grid, done: List[str], before: str, chosen: str, what: str, grid: SweepGrid = CONFIRMATION
+) -> List[str]:
+    """A choice on a confirmation set: ``chosen`` against ``before`` in each finished regime where the two run
     different trials (elsewhere they compute the same update), the difference with its standard error and verdict."""
     parts = []
     for r in done:
-        if CONFIRMATION.same_run_as(r, chosen) == CONFIRMATION.same_run_as(r, before):
+        if grid.same_run_as(r, chosen) == grid.same_run_as(r, before):
             continue
         diff, se, v = _effect(g.stats[r], before, chosen)
         parts.append(f"`{r}` {diff:+.3f} (SE {se:.3f}, {dict(wins='ahead', loses='behind', ties='tied')[v]})")
@@ -279,6 +332,8 @@ PAGE = Page(
         "seeds 0-2",
         "seeds 0-1",
         "seeds 6-8",
+        "seeds 9-11",
+        "Seeds 6-8",
         "30 iterations of 512 completions",
         "4 versions old",
     ),
@@ -341,19 +396,37 @@ CHOICE_INTRO = """## What weights another model's tokens
 
 With the KL pull toward the recorder gone, what was left between P3O and decoupled PPO on another model's recording
 is the policy-gradient weight: P3O's cap `min(r, ESS)` holds every token of such a recording at a weight of at most
-its ESS (far below one there), so all of them count nearly alike, while decoupled PPO weights each by its importance ratio
-and leaves out the largest. Two forms that take their bound from the same ESS, with no coefficient, ran on the
+its ESS (far below one there), so all of them count nearly alike, while decoupled PPO weights each by its importance
+ratio and leaves out the largest. Two forms that take their bound from the same ESS, with no coefficient, ran on the
 development set after the ablation, each at its own learning rate by the rule above (`other_model_weight`,
-[losses guide](../guide/losses.md#per-loss-settings-loss_config)): `inverse_ess_cap`, the ratio truncated at `1/ESS`,
-and `inverse_ess_mask`, the ratio where it is at most `1/ESS` and no gradient above (AReaL's behavior-weight mask
-with the bound the batch gives). They compute the default's update wherever no other model wrote rows.
+[losses guide](../guide/losses.md#another-models-tokens-other_model_weight)): `inverse_ess_cap`, the ratio truncated
+at `1/ESS`, and `inverse_ess_mask`, the ratio where it is at most `1/ESS` and no gradient above (AReaL's
+behavior-weight mask with the bound the batch gives). They compute the default's update wherever no other model wrote
+rows. The choice rule, as on the staleness page:
+"""
+
+FIRST_CONFIRMATION_INTRO = """## The first choice on its confirmation seeds
+
+The first choice was committed and run on seeds 6-8 in the two regimes where it acts and the development set did not
+cover both: the weaker model's recording (`offline_weaker`) and the same weaker model live, writing half of each
+prompt group beside the policy (`behavior_weaker`), every method at its family's learning rate
+(`rllib-p3o sweep --task sorting --confirmation --round first-choice`; `results/bench-provenance-first-confirmation/`).
+"""
+
+SECOND_CHOICE_INTRO = """## The second choice
+
+With the policy's own tokens in the same groups at full weight, the mask weights the other model's tokens up to
+`1/ESS` and they take over the update; the cap held their share to about ESS. The ESS-scaled mask (`ess_scaled_mask`:
+`ESS·r` up to `1/ESS`) keeps the mask's shape and the cap's share. It ran on the development set, which gained the
+live weaker model (`behavior_weaker`, seeds 0-2, every method at its family's learning rate), and the rule chose again
+over all of its regimes. Seeds 6-8 informed this choice, so the confirmation set runs on seeds 9-11.
 """
 
 CONFIRMATION_INTRO = """## The confirmation set
 
-Every regime of the claims bench over seeds 6-8, run after the development set's choices were committed, each
+Every regime of the claims bench over seeds 9-11, run after the development set's choices were committed, each
 method at its family's learning rate from the development set: P3O's default as chosen above, and beside it the
-staleness round's default (`p3o_clip_version`, the two share their trials where no other model wrote rows).
+first choice and the staleness round's default (they share their trials where no other model wrote rows).
 """
 
 
@@ -381,7 +454,11 @@ def page_text(root: str) -> str:
     ]
     ablation = ablation_quotes(dev)
     parts += [ablation[0] + ".\n", "\n".join(q for q in ablation if q.startswith("|")) + "\n", ablation[-1] + ".\n"]
-    parts += [CHOICE_INTRO, *[q + ".\n" for q in choice_quotes(main)], CHOICE_RULE + "\n"]
+    parts += [CHOICE_INTRO, ess_quote(dev) + ".\n", CHOICE_RULE + "\n", *[q + ".\n" for q in first_choice(main)]]
+    first = first_confirmation_quotes(root)
+    parts += [FIRST_CONFIRMATION_INTRO, first[0] + ".\n", "\n".join(q for q in first if q.startswith("|")) + "\n"]
+    parts += [q + ".\n" for q in first[1:] if not q.startswith("|")]
+    parts += [SECOND_CHOICE_INTRO, *[q + ".\n" for q in second_choice(main)]]
     parts += [q + ".\n" for q in change_quotes(CONFIRMATION.regimes)]
     parts += [CONFIRMATION_INTRO]
     confirmation = confirmation_quotes(root)

@@ -240,14 +240,16 @@ def standing(
     return held, missed, ahead, sum(g.collapses[r][default] for r in regimes)
 
 
-def aim_quotes(g: Grid, name: str, seeds: int, default: str = STALENESS_DEFAULT) -> List[str]:
+def aim_quotes(
+    g: Grid, name: str, seeds: int, default: str = STALENESS_DEFAULT, who: str = "P3O's default"
+) -> List[str]:
     """The issue's aim on one set: the default best or tied in every regime, ahead of every peer-default loss by
     more than the standard error in at least one regime, no collapsed seed (over the set's finished regimes)."""
     regimes = complete(g, seeds, default)
     held, missed, ahead, collapsed = standing(g, regimes, default)
     total = sum(g.stats[r][default][2] for r in regimes)
     finished = " finished" if g.note or len(regimes) < len(g.regimes) else ""  # a partial set: so far
-    out = [f"On the {name} set P3O's default is best or tied in {len(held)} of {len(regimes)}{finished} regimes"]
+    out = [f"On the {name} set {who} is best or tied in {len(held)} of {len(regimes)}{finished} regimes"]
     if missed:
         gaps = []
         for r in missed:

@@ -723,7 +723,7 @@ STALENESS_DEFAULT = "p3o_clip_version"
 # P3O's default now: the method whose settings are P3O's defaults (`P3OLossSettings`), the staleness round's with the
 # weight on another model's tokens the provenance round's development set chose by the same rule
 # (docs/results/provenance.md).
-DEFAULT_METHOD = "p3o_other_inverse_mask"
+DEFAULT_METHOD = "p3o_other_inverse_cap"
 # The development set's methods, as it ran: 0.2's default, the paper's reference form, the candidates, the baselines.
 DEVELOPMENT_METHODS: Tuple[str, ...] = ("p3o_source", "p3o_reference") + STALENESS_CANDIDATES + BASELINES
 # The development set: the three regimes where P3O's 0.3 default lost (the bench's async regime is one version old),

@@ -5,7 +5,7 @@ P3O has no coefficients: the ESS of the batch takes the place of a clip range an
 only *which* KL the trust-region term estimates and toward which policy (`rllib_p3o.core.losses.kl_estimators`),
 what bounds the policy gradient on lagging tokens (`rllib_p3o.core.losses.trust_region`) and how another model's
 tokens are weighted (`other_model_weights`: the paper's cap ``min(r, ESS)`` gives them all nearly one weight; the
-default leaves out those whose ratio exceeds ``1/ESS`` and keeps ``r`` on the rest). What it needs from the
+default keeps ``r`` and truncates it at ``1/ESS``). What it needs from the
 learner: π_old for the KL anchor ``"proximal"`` always, for ``"auto"`` only where another model wrote rows.
 
     p3o          -sg(min(r, ESS))·logπθ·A + (1 - ESS)·K(πθ, π_a)
@@ -59,8 +59,9 @@ DEFAULT_ESS_SCOPE = "version"
 # batch's spread gives instead of a coefficient). ``1/ESS`` is the ratios' second moment over their squared mean.
 OTHER_MODEL_WEIGHTS = ("ess_cap", "inverse_ess_cap", "inverse_ess_mask", "ess_scaled_mask")
 # Chosen on the provenance round's development set (docs/results/provenance.md): with "ess_cap" P3O stayed 0.21 below
-# decoupled PPO on a weaker model's recording; both 1/ESS forms tied with it, and the rule picked the mask.
-DEFAULT_OTHER_MODEL_WEIGHT = "inverse_ess_mask"
+# decoupled PPO on a weaker model's recording, where both 1/ESS forms tie with it; with the same model live beside the
+# policy "ess_cap" is best and the 1/ESS forms are behind. The rule's choice over its four regimes: the truncation.
+DEFAULT_OTHER_MODEL_WEIGHT = "inverse_ess_cap"
 
 
 def p3o_loss(
@@ -217,10 +218,11 @@ class P3OLossSettings:
     (on-policy, a batch's first optimizer step) and rows another model wrote are never clipped.
 
     ``other_model_weight``: the policy-gradient weight on the tokens another model wrote (a behavior model's rows,
-    live, or a recording whose provenance is another model's): ``"inverse_ess_mask"`` (the default: ``r`` where
-    ``r ≤ 1/ESS``, no gradient above; chosen on the provenance round's development set), ``"inverse_ess_cap"``
-    (``min(r, 1/ESS)``: the importance weight truncated where the group's own spread puts it) or ``"ess_cap"``
-    (``min(r, ESS)``, the paper's, as on every other token). ESS is
+    live, or a recording whose provenance is another model's): ``"inverse_ess_cap"`` (the default, chosen on the
+    provenance round's development set: ``min(r, 1/ESS)``, the importance weight truncated where the group's own
+    spread puts it), ``"inverse_ess_mask"`` (``r`` where ``r ≤ 1/ESS``, no gradient above), ``"ess_scaled_mask"``
+    (``ESS·r`` where ``r ≤ 1/ESS``) or ``"ess_cap"`` (``min(r, ESS)``, the paper's, as on every other token; best
+    with a live second model writing part of each group beside the policy: docs/results/provenance.md). ESS is
     that of the rows' group (``ess_scope``); the policy's own rows are never affected.
 
     ``ess_scope``: over which tokens the ESS is taken. ``"version"`` (the default, chosen on the claims bench's
