@@ -241,12 +241,18 @@ def change_quotes(grid_regimes: Tuple[str, ...]) -> List[str]:
     ]
 
 
+def load_complete(root: str, folder: str, grid: SweepGrid, name: str) -> Grid:
+    """A set's files, which must be there and complete (ValueError naming ``name`` otherwise)."""
+    g = load(root, folder, grid)
+    if g is None:
+        raise ValueError(f"no {folder}/summary.json")
+    if g.note:
+        raise ValueError(f"{name} is partial: {g.note}")
+    return g
+
+
 def quotes(root: str) -> List[str]:
-    dev = load(root, BENCH_PROVENANCE_DEVELOPMENT, DEVELOPMENT)
-    if dev is None:
-        raise ValueError(f"no {BENCH_PROVENANCE_DEVELOPMENT}/summary.json")
-    if dev.note:
-        raise ValueError(f"the development set is partial: {dev.note}")
+    dev = load_complete(root, BENCH_PROVENANCE_DEVELOPMENT, DEVELOPMENT, "the development set")
     seeds = len(DEVELOPMENT.seeds)
     out = [
         *lr_quotes(root),
@@ -290,11 +296,7 @@ def confirmation_quotes(root: str) -> List[str]:
 def first_confirmation_quotes(root: str) -> List[str]:
     """The first choice (`FIRST_CHOICE`) on its confirmation seeds, in the regimes where it acts: the matrix, where it
     stands and what it did against the staleness round's default."""
-    g = load(root, BENCH_PROVENANCE_FIRST_CONFIRMATION, FIRST_CONFIRMATION)
-    if g is None:
-        raise ValueError(f"no {BENCH_PROVENANCE_FIRST_CONFIRMATION}/summary.json")
-    if g.note:
-        raise ValueError(f"the first choice's confirmation is partial: {g.note}")
+    g = load_complete(root, BENCH_PROVENANCE_FIRST_CONFIRMATION, FIRST_CONFIRMATION, "the first choice's confirmation")
     seeds = len(FIRST_CONFIRMATION.seeds)
     done = complete(g, seeds, FIRST_CHOICE)
     return [
