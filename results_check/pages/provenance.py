@@ -381,9 +381,11 @@ its own offline recording) at the stale rate, data another model recorded or sam
 
 DEVELOPMENT_INTRO = """## The development set
 
-The three families' regimes over seeds 0-2, 30 iterations of 512 completions each: `on_policy`, `async_staleness_4`
+The three lr families' regimes over seeds 0-2, 30 iterations of 512 completions each: `on_policy`, `async_staleness_4`
 (async sampling, data up to 4 versions old) and `offline_weaker` (offline only: a recording a weaker checkpoint made,
-one per seed, read by its provenance as another model's), every method at its family's learning rate.
+one per seed, read by its provenance as another model's), every method at its family's learning rate; and, added with
+the second choice's candidate ([below](#the-second-choice)), `behavior_weaker` (the same weaker model live, writing
+half of each prompt group beside the policy; another model's family).
 """
 
 ABLATION_INTRO = """## Which term held P3O back on another model's recording
