@@ -413,8 +413,9 @@ FIRST_CONFIRMATION_INTRO = """## The first choice on its confirmation seeds
 
 The first choice was committed and run on seeds 6-8 in the two regimes where it acts and the development set did not
 cover both: the weaker model's recording (`offline_weaker`) and the same weaker model live, writing half of each
-prompt group beside the policy (`behavior_weaker`), every method at its family's learning rate
-(`rllib-p3o sweep --task sorting --confirmation --round first-choice`; `results/bench-provenance-first-confirmation/`).
+prompt group beside the policy (`behavior_weaker`), every method at its family's learning rate:
+`rllib-p3o sweep --task sorting --confirmation --round first-choice --parallel 2 --out runs/bench-provenance-first-confirmation`
+(its files are in `results/bench-provenance-first-confirmation/`).
 """
 
 SECOND_CHOICE_INTRO = """## The second choice
