@@ -316,7 +316,7 @@ def _p3o(inputs: LossInputs, settings: P3OLossSettings, cap: bool = True, behavi
         trust_region=settings.trust_region,
         lagging=inputs.lagging,
         other_model_rows=inputs.other_model_rows,
-        other_model_weight=getattr(settings, "other_model_weight", DEFAULT_OTHER_MODEL_WEIGHT),
+        other_model_weight=settings.other_model_weight,
     )
     return output(loss, metrics)
 
