@@ -188,7 +188,10 @@ def _regime_batch(traits, rows=8, tokens=6, seed=0):
     behavior = logp + 0.3 * torch.randn(rows, tokens, generator=g)
     source = torch.zeros(rows, dtype=torch.long)
     staleness = torch.zeros(rows, dtype=torch.long)
-    if sweep_grid.OTHER_MODEL_ROWS in traits:
+    if sweep_grid.OTHER_MODEL_ROWS in traits and sweep_grid.OFFLINE_ROWS in traits:  # another model's recording
+        source[:] = source_id("offline/behavior/weaker")
+        staleness[:] = -1
+    elif sweep_grid.OTHER_MODEL_ROWS in traits:  # a live model writes half of each group
         source[rows // 2 :] = source_id("behavior/weaker")
         staleness[rows // 2 :] = -1
     if sweep_grid.VERSIONS in traits:
@@ -225,11 +228,22 @@ def _method_gradient(method, batch):
     return float(out.loss.detach()), logp.grad
 
 
-@pytest.mark.parametrize("grid", [sweep_grid.BENCH_DEVELOPMENT, sweep_grid.BENCH_CONFIRMATION], ids=["dev", "confirm"])
+@pytest.mark.parametrize(
+    "grid",
+    [
+        sweep_grid.BENCH_DEVELOPMENT,
+        sweep_grid.BENCH_CONFIRMATION,
+        sweep_grid.PROVENANCE_DEVELOPMENT,
+        sweep_grid.PROVENANCE_CONFIRMATION,
+    ],
+    ids=["dev", "confirm", "provenance-dev", "provenance-confirm"],
+)
 def test_methods_that_share_a_run_compute_the_same_loss_and_gradient_bit_for_bit(grid):
     shared = 0
     for regime in grid.regimes:
-        batch = _regime_batch(sweep_grid.REGIMES[regime].traits)
+        batch = _regime_batch(
+            sweep_grid.method_traits(grid.methods_in(regime)[0], sweep_grid.REGIMES[regime], grid.method_defaults)
+        )
         for method in grid.methods_in(regime):
             twin = grid.same_run_as(regime, method)
             loss, grad = _method_gradient(method, batch)
@@ -253,3 +267,17 @@ def test_methods_in_separate_runs_differ_where_the_regime_tells_them_apart():
     assert not torch.equal(_method_gradient("p3o_clip", batch)[1], _method_gradient("p3o_source", batch)[1])
     two = _regime_batch(sweep_grid.REGIMES["two_steps_per_batch"].traits)
     assert not torch.equal(_method_gradient("grpo_tis_eps0.4", two)[1], _method_gradient("grpo_tis_eps0.2", two)[1])
+
+
+def test_the_other_model_weight_alone_shares_a_run_only_where_it_computes_and_trains_at_the_same_rate():
+    # On a weaker model's recording it is the truncation; beside a live weaker model it is the cap, but the cap's lr
+    # was chosen on the recording, where it is not the cap: no shared trial there.
+    grid = sweep_grid.PROVENANCE_DEVELOPMENT
+    assert grid.same_run_as("offline_weaker", "p3o_other_alone") == "p3o_other_inverse_cap"
+    assert grid.same_run_as("on_policy", "p3o_other_alone") == "p3o_clip_version"
+    assert grid.same_run_as("behavior_weaker", "p3o_other_alone") == "p3o_other_alone"
+    live = _regime_batch(sweep_grid.REGIMES["behavior_weaker"].traits)
+    assert torch.equal(_method_gradient("p3o_other_alone", live)[1], _method_gradient("p3o_clip_version", live)[1])
+    recorded = _regime_batch(sweep_grid.REGIMES["offline_weaker"].traits)
+    alone = _method_gradient("p3o_other_alone", recorded)[1]
+    assert not torch.equal(alone, _method_gradient("p3o_clip_version", recorded)[1])

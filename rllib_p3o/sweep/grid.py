@@ -8,12 +8,14 @@ can change in a reused actor); a method is a set of `RESETTABLE_KEYS` overrides.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple, Union
 
 from rllib_p3o.core.losses import LOSSES, get_loss
-from rllib_p3o.core.losses.p3o import OTHER_MODEL_WEIGHTS
+from rllib_p3o.core.losses.p3o import ALONE_FORM, OTHER_MODEL_WEIGHTS
 from rllib_p3o.core.settings import BY_KEYWORD
 from rllib_p3o.p3o import P3OConfig
 from rllib_p3o.tasks.addition import AdditionTask
@@ -21,6 +23,9 @@ from rllib_p3o.tasks.arithmetic import ArithmeticTask
 from rllib_p3o.tasks.bench_config import EVAL_SAMPLES_PER_PROMPT, addition_config, bench_config
 from rllib_p3o.tasks.demo_config import demo_config
 from rllib_p3o.tasks.sorting import SortingTask
+
+# The repository this package lives in: grids name the committed results they build on relative to it.
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Methods: name -> config overrides (all keys in `rllib_p3o.driver.trial_reuse.RESETTABLE_KEYS`).
 # The demo sweep's P3O and its ablations were measured with P3O's KL as it was then (and as the paper writes it): the
@@ -118,9 +123,17 @@ for _spec in METHODS.values():
 # What weights P3O's policy gradient on the tokens another model wrote (`P3OLossSettings.other_model_weight`), found
 # after the ablation below showed the KL pull toward the recorder was not all that held P3O back there: the default's
 # settings with the importance weight truncated at 1/ESS, or left out above it, instead of capped at ESS; and, after
-# the mask chosen first fell behind with a live weaker model on its confirmation seeds, the mask scaled by ESS.
-OTHER_MODEL_CANDIDATES: Tuple[str, ...] = ("p3o_other_inverse_cap", "p3o_other_inverse_mask", "p3o_other_scaled_mask")
-for _name, _form in zip(OTHER_MODEL_CANDIDATES, ("inverse_ess_cap", "inverse_ess_mask", "ess_scaled_mask")):
+# the mask chosen first fell behind with a live weaker model on its confirmation seeds, the mask scaled by ESS; and,
+# after the cap and the truncation each stayed best on one side (the truncation on a recording trained alone, the cap
+# with a live model beside the policy's own rows) on both sets that had run, the truncation alone and the cap beside.
+OTHER_MODEL_CANDIDATES: Tuple[str, ...] = (
+    "p3o_other_inverse_cap",
+    "p3o_other_inverse_mask",
+    "p3o_other_scaled_mask",
+    "p3o_other_alone",
+)
+_FORMS = ("inverse_ess_cap", "inverse_ess_mask", "ess_scaled_mask", ALONE_FORM)
+for _name, _form in zip(OTHER_MODEL_CANDIDATES, _FORMS):
     METHODS[_name] = {
         "loss": "p3o",
         "loss_config": {**METHODS["p3o_clip_version"]["loss_config"], "other_model_weight": _form},
@@ -526,6 +539,38 @@ def family_key(method: str, family: str) -> str:
     return f"{method}@{family}"
 
 
+def method_peak(lr_peak: Union[float, Dict[str, float]], method: str, regime: Optional[str] = None) -> float:
+    """A method's peak lr: the one peak of the grid, the method's own best (in ``regime``'s lr family where the
+    choice was made per family, `Grid.lr_per_family`), or that of its `LR_FROM` twin."""
+    if not isinstance(lr_peak, dict):
+        return float(lr_peak)
+    if regime is not None:
+        family = lr_family(regime)
+        for name in (method, LR_FROM.get(method)):
+            if name and family_key(name, family) in lr_peak:
+                return float(lr_peak[family_key(name, family)])
+    return float(lr_peak[method] if method in lr_peak else lr_peak[LR_FROM[method]])
+
+
+def repository_path(path: str) -> str:
+    """``path`` as given when absolute, else relative to the repository this package lives in (a grid names the
+    committed results it builds on, `Grid.lr_choice_from`)."""
+    return path if os.path.isabs(path) else os.path.join(REPOSITORY, path)
+
+
+@functools.lru_cache(maxsize=None)
+def read_lr_peaks(path: str) -> Dict[str, float]:
+    """The ``lr_peak`` of a committed `lr_choice.json` (`Grid.lr_choice_from`)."""
+    with open(repository_path(path)) as f:
+        return json.load(f)["lr_peak"]
+
+
+def _other_model_rows_alone(traits: FrozenSet[str]) -> bool:
+    """Whether a regime's minibatches hold another model's rows and none of the policy's own: every offline regime
+    trains on its recording alone (`_offline`), so its rows are all another model's where they are any."""
+    return OTHER_MODEL_ROWS in traits and OFFLINE_ROWS in traits and LAGGING_ROWS not in traits
+
+
 def canonical_method(method: str, regime: Regime, defaults: Optional[Dict[str, Any]] = None) -> Tuple[Any, ...]:
     """What ``method`` computes in ``regime``: its loss, its settings (defaults filled in) and ESS scope, with every
     setting the regime's batches cannot tell apart replaced by its equivalent. Two methods with the same canonical form
@@ -536,7 +581,8 @@ def canonical_method(method: str, regime: Regime, defaults: Optional[Dict[str, A
       that is not ESS-scoped;
     - P3O's ``trust_region`` acts only on lagging rows: ``"none"`` where there are none (no `LAGGING_ROWS`);
     - P3O's ``kl_anchor="auto"`` is ``"behavior"`` where no other model wrote rows, and its ``other_model_weight``
-      acts only there;
+      acts only there (``"inverse_ess_cap_alone"``: ``"inverse_ess_cap"`` on a recording trained alone, ``"ess_cap"``
+      beside the policy's own rows);
     - the clip range of a loss that clips πθ/π_old is inert with one optimizer step per batch (no `MULTI_STEP`).
     """
     spec = METHODS[method]
@@ -552,6 +598,8 @@ def canonical_method(method: str, regime: Regime, defaults: Optional[Dict[str, A
         settings["trust_region"] = "none"
     if settings.get("kl_anchor") == "auto" and OTHER_MODEL_ROWS not in traits:
         settings["kl_anchor"] = "behavior"
+    if settings.get("other_model_weight") == ALONE_FORM and OTHER_MODEL_ROWS in traits:
+        settings["other_model_weight"] = "inverse_ess_cap" if _other_model_rows_alone(traits) else "ess_cap"
     if "other_model_weight" in settings and OTHER_MODEL_ROWS not in traits:
         settings["other_model_weight"] = OTHER_MODEL_WEIGHTS[0]
     if loss.name in _CLIP_AGAINST_OLD and MULTI_STEP not in traits:
@@ -612,11 +660,28 @@ class Grid:
         ``dedupe`` is off, always ``method``."""
         if not self.dedupe:
             return method
-        form = canonical_method(method, REGIMES[regime], self.method_defaults)
+        form = self._trial_form(regime, method)
         for other in methods if methods is not None else self.methods_in(regime):
-            if canonical_method(other, REGIMES[regime], self.method_defaults) == form:
+            if self._trial_form(regime, other) == form:
                 return other
         return method
+
+    def _trial_form(self, regime: str, method: str) -> Tuple[Any, ...]:
+        """What a trial of ``method`` in ``regime`` computes: its `canonical_method` there, and its lr. The lr is the
+        peak read from ``lr_choice_from`` where that file exists; with ``lr_per_family`` (chosen by this grid's own
+        lr stage) the method's form in its family's lr regime stands for it, since the trials there chose it. Two
+        methods alike in a regime but not in its lr regime may train at different rates, so they share no trial."""
+        form = canonical_method(method, REGIMES[regime], self.method_defaults)
+        if self.lr_choice_from and os.path.exists(repository_path(self.lr_choice_from)):
+            peaks = read_lr_peaks(self.lr_choice_from)
+            known = any(
+                name in peaks or family_key(name, lr_family(regime)) in peaks for name in (method, LR_FROM.get(method))
+            )
+            return (form, method_peak(peaks, method, regime) if known else None)
+        lr_regime = LR_FAMILY_REGIMES[lr_family(regime)]
+        if self.lr_per_family and lr_regime != regime:
+            return (form, canonical_method(method, REGIMES[lr_regime], self.method_defaults))
+        return form
 
     def runs_in(self, regime: str, methods: Optional[Tuple[str, ...]] = None) -> Tuple[str, ...]:
         """The methods whose trials a regime's stage runs: one per distinct `canonical_method` (`same_run_as`)."""

@@ -40,7 +40,6 @@ from rllib_p3o.sweep.grid import (
     CELL,
     GRIDS,
     LR_FAMILY_REGIMES,
-    LR_FROM,
     METHOD,
     METHOD_KEYS,
     METHODS,
@@ -51,15 +50,15 @@ from rllib_p3o.sweep.grid import (
     Prepared,
     cell_value,
     family_key,
-    lr_family,
     lr_schedule,
+    method_peak,
     method_value,
     regime_config,
+    repository_path,
     seed_inputs,
 )
 
 LR_CHOICE = "lr_choice.json"
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class SweepInterrupted(Exception):
@@ -343,7 +342,7 @@ def choose_lr(
     stage's rows. With ``lr_extend`` the bracket grows upward (the top peak doubled, for the methods whose best it
     is) until every method's best peak is inside it; with ``lr_per_family`` downward too (the bottom peak halved)."""
     if grid.lr_choice_from:
-        path = _repository_path(grid.lr_choice_from)
+        path = repository_path(grid.lr_choice_from)
         say(f"[lr] peak lr per method from {path}")
         return json.load(open(path))["lr_peak"], pd.DataFrame()
     if not grid.lr_peaks:
@@ -416,12 +415,6 @@ def _lr_bracket(
     return peaks, curves, choice
 
 
-def _repository_path(path: str) -> str:
-    """``path`` as given when absolute, else relative to the repository this package lives in (a grid names the
-    committed results it builds on, `Grid.lr_choice_from`)."""
-    return path if os.path.isabs(path) else os.path.join(REPOSITORY, path)
-
-
 def _best_at_bottom(choice: Dict, method: str, peaks: List[float]) -> bool:
     """Whether ``method``'s best peak is the bracket's lowest and better than the next one: a tie there (a method that
     learns nothing at any peak, where ties go to the smaller peak) is no reason to try a lower one."""
@@ -470,19 +463,6 @@ def lr_choice(curves: pd.DataFrame, grid: Grid, peaks: Optional[List[float]] = N
 
 
 StageRows = Callable[[str, List[tuple]], pd.DataFrame]
-
-
-def method_peak(lr_peak: Union[float, Dict[str, float]], method: str, regime: Optional[str] = None) -> float:
-    """A method's peak lr: the one peak of the grid, the method's own best (in ``regime``'s lr family where the
-    choice was made per family, `Grid.lr_per_family`), or that of its `LR_FROM` twin."""
-    if not isinstance(lr_peak, dict):
-        return float(lr_peak)
-    if regime is not None:
-        family = lr_family(regime)
-        for name in (method, LR_FROM.get(method)):
-            if name and family_key(name, family) in lr_peak:
-                return float(lr_peak[family_key(name, family)])
-    return float(lr_peak[method] if method in lr_peak else lr_peak[LR_FROM[method]])
 
 
 def regime_frames(
@@ -557,7 +537,7 @@ def report_saved(out: str, grid: Grid) -> Dict:
     lr_peak: Union[None, float, Dict[str, float]] = grid.default_lr
     lr_curves = pd.DataFrame()
     if grid.lr_choice_from:
-        lr_peak = json.load(open(_repository_path(grid.lr_choice_from)))["lr_peak"]
+        lr_peak = json.load(open(repository_path(grid.lr_choice_from)))["lr_peak"]
     elif grid.lr_peaks:
         chosen = os.path.join(out, LR_CHOICE)
         written = json.load(open(chosen)) if os.path.exists(chosen) else {}

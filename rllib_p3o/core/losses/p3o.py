@@ -20,8 +20,9 @@ import dataclasses
 from typing import Any, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
-from rllib_p3o.core.batch_stats import Metrics, log_ratio_stats, token_mean
+from rllib_p3o.core.batch_stats import Metrics, log_ratio_stats, reduce_across_learners, token_mean
 from rllib_p3o.core.losses.kl_estimators import KL_ESTIMATORS, get_kl_estimator
 from rllib_p3o.core.losses.parts import (
     diagnostics,
@@ -56,8 +57,12 @@ DEFAULT_ESS_SCOPE = "version"
 # The policy-gradient weight on the tokens another model wrote (a behavior model's, live or recorded;
 # `other_model_weight`), from the ESS of their group: the paper's cap ``min(r, ESS)`` as on every other token, the
 # importance weight truncated at ``1/ESS``, or left out above ``1/ESS`` (AReaL's behavior-weight mask with the cap the
-# batch's spread gives instead of a coefficient). ``1/ESS`` is the ratios' second moment over their squared mean.
-OTHER_MODEL_WEIGHTS = ("ess_cap", "inverse_ess_cap", "inverse_ess_mask", "ess_scaled_mask")
+# batch's spread gives instead of a coefficient). ``1/ESS`` is the ratios' second moment over their squared mean. The
+# last form takes the truncation where another model's tokens are alone in the minibatch (a recording trained alone)
+# and the cap where the policy's own tokens are beside them (a live model writing part of each group): on both
+# confirmation sets so far the truncation was better alone and the cap better beside the policy's own tokens.
+OTHER_MODEL_WEIGHTS = ("ess_cap", "inverse_ess_cap", "inverse_ess_mask", "ess_scaled_mask", "inverse_ess_cap_alone")
+ALONE_FORM = "inverse_ess_cap_alone"
 # Chosen on the provenance round's development set (docs/results/provenance.md): with "ess_cap" P3O stayed 0.21 below
 # decoupled PPO on a weaker model's recording, where both 1/ESS forms tie with it; with the same model live beside the
 # policy "ess_cap" is best and the 1/ESS forms are behind. The rule's choice over its four regimes: the truncation.
@@ -122,6 +127,8 @@ def p3o_loss(
         "inverse_ess_cap":   w_t = min(r_t, 1/ESS_t)
         "inverse_ess_mask":  w_t = r_t · 1[r_t ≤ 1/ESS_t]
         "ess_scaled_mask":   w_t = ESS_t · r_t · 1[r_t ≤ 1/ESS_t]
+        "inverse_ess_cap_alone": w_t = min(r_t, 1/ESS_t) where no valid token of the global minibatch is the
+                             policy's own, min(r_t, ESS_t) where some are (`other_models_alone`)
 
     A lagging token outside the band on the side its advantage pushes toward gets no policy gradient (PPO's clip,
     applied to P3O's detached weight); ``ε_t`` is the coefficient of variation of the ratios of the token's ESS
@@ -152,9 +159,13 @@ def p3o_loss(
 
     ratio = torch.exp(log_ratios.detach())
     weight = torch.minimum(ratio, ess_tok) if cap else ratio
+    # A collective on every learner, whether or not its share of the minibatch holds another model's rows.
+    alone = cap and other_model_weight == ALONE_FORM and other_models_alone(mask, other_model_rows)
     if cap and other_model_rows is not None:
         weight = torch.where(
-            other_model_rows.bool().reshape(-1, 1), other_model_weights(ratio, ess_tok, other_model_weight), weight
+            other_model_rows.bool().reshape(-1, 1),
+            other_model_weights(ratio, ess_tok, other_model_weight, alone=alone),
+            weight,
         )
     trust = trust_region_terms(trust_region, ratio, adv, ess_tok, lagging, mask)
     if trust:
@@ -177,14 +188,26 @@ def p3o_loss(
     return loss, metrics
 
 
-def other_model_weights(ratio: torch.Tensor, ess: torch.Tensor, form: str) -> torch.Tensor:
+def other_models_alone(mask: torch.Tensor, other_model_rows: Optional[torch.Tensor]) -> bool:
+    """Whether no valid token of the global minibatch (every learner's share) is the policy's own: ``mask`` [B, T]
+    valid tokens, ``other_model_rows`` [B] another model's rows (None: none on this learner). An all-reduce (max) when
+    several learners train, so every learner answers alike."""
+    own = mask if other_model_rows is None else mask & ~other_model_rows.bool().reshape(-1, 1)
+    flag = own.any().to(torch.float32).reshape(1)
+    return not bool(reduce_across_learners(flag, dist.ReduceOp.MAX)[0] > 0)
+
+
+def other_model_weights(ratio: torch.Tensor, ess: torch.Tensor, form: str, alone: bool = False) -> torch.Tensor:
     """The policy-gradient weight ``w`` of `OTHER_MODEL_WEIGHTS` for ratios ``r`` (detached) with their group's
     ``ESS`` (broadcastable): ``"ess_cap"`` ``min(r, ESS)``; ``"inverse_ess_cap"`` ``min(r, 1/ESS)``;
     ``"inverse_ess_mask"`` ``r·1[r ≤ 1/ESS]``; ``"ess_scaled_mask"`` ``ESS·r·1[r ≤ 1/ESS]`` (the mask's shape, the
     cap's share: the importance weights average about 1 under π_b, so the group's tokens weigh about ESS in all, as
-    under the cap, beside the policy's own tokens of weight about 1). No gradient."""
+    under the cap, beside the policy's own tokens of weight about 1); ``"inverse_ess_cap_alone"``: ``min(r, 1/ESS)``
+    where another model's tokens are ``alone`` in the minibatch, else ``min(r, ESS)``. No gradient."""
     if form not in OTHER_MODEL_WEIGHTS:
         raise ValueError(f"other_model_weight must be one of {', '.join(OTHER_MODEL_WEIGHTS)}, got {form!r}")
+    if form == ALONE_FORM:
+        form = "inverse_ess_cap" if alone else "ess_cap"
     with torch.no_grad():
         if form == "ess_cap":
             return torch.minimum(ratio, ess)
@@ -221,9 +244,11 @@ class P3OLossSettings:
     live, or a recording whose provenance is another model's): ``"inverse_ess_cap"`` (the default, chosen on the
     provenance round's development set: ``min(r, 1/ESS)``, the importance weight truncated where the group's own
     spread puts it), ``"inverse_ess_mask"`` (``r`` where ``r ≤ 1/ESS``, no gradient above), ``"ess_scaled_mask"``
-    (``ESS·r`` where ``r ≤ 1/ESS``) or ``"ess_cap"`` (``min(r, ESS)``, the paper's, as on every other token; best
-    with a live second model writing part of each group beside the policy: docs/results/provenance.md). ESS is
-    that of the rows' group (``ess_scope``); the policy's own rows are never affected.
+    (``ESS·r`` where ``r ≤ 1/ESS``), ``"ess_cap"`` (``min(r, ESS)``, the paper's, as on every other token; best
+    with a live second model writing part of each group beside the policy: docs/results/provenance.md) or
+    ``"inverse_ess_cap_alone"`` (``min(r, 1/ESS)`` where the minibatch holds only another model's tokens, as when a
+    recording trains alone; ``min(r, ESS)`` where the policy's own tokens are beside them). ESS is that of the rows'
+    group (``ess_scope``); the policy's own rows are never affected.
 
     ``ess_scope``: over which tokens the ESS is taken. ``"version"`` (the default, chosen on the claims bench's
     development set): one ESS per data source and policy version of the optimizer step's minibatch across all learners
