@@ -31,7 +31,8 @@ What the default loss (``loss="p3o"``) does on each kind of row: fresh rows of t
 optimizer step) get the paper's ``-sg(min(r, ESS))·logπθ·A + (1 - ESS)·KL(πθ ‖ π_b)``; the policy's own lagging rows
 (stale async data, later optimizer steps on a batch, offline data) get the same with a trust region from the ESS
 (``trust_region="ess_clip"``) and, per policy version, an ESS of their own (``ess_scope="version"``); a second model's
-rows keep their importance ratio, truncated at 1/ESS of their own ESS (``other_model_weight="inverse_ess_cap"``),
+rows keep their importance ratio, truncated at 1/ESS of their own ESS where the minibatch holds only such rows (a
+recording trained alone) and capped at their ESS beside the policy's own (``other_model_weight="inverse_ess_cap_alone"``),
 and are pulled toward π_old, never toward that model (``kl_anchor="auto"``). The paper's
 reference implementation is ``loss="p3o_reference"`` (`rllib_p3o.core.losses.p3o`).
 

@@ -5,7 +5,7 @@ P3O has no coefficients: the ESS of the batch takes the place of a clip range an
 only *which* KL the trust-region term estimates and toward which policy (`rllib_p3o.core.losses.kl_estimators`),
 what bounds the policy gradient on lagging tokens (`rllib_p3o.core.losses.trust_region`) and how another model's
 tokens are weighted (`other_model_weights`: the paper's cap ``min(r, ESS)`` gives them all nearly one weight; the
-default keeps ``r`` and truncates it at ``1/ESS``). What it needs from the
+default keeps ``r`` truncated at ``1/ESS`` where they are alone in the minibatch and caps it beside the policy's own). What it needs from the
 learner: π_old for the KL anchor ``"proximal"`` always, for ``"auto"`` only where another model wrote rows.
 
     p3o          -sg(min(r, ESS))·logπθ·A + (1 - ESS)·K(πθ, π_a)
@@ -64,9 +64,10 @@ DEFAULT_ESS_SCOPE = "version"
 OTHER_MODEL_WEIGHTS = ("ess_cap", "inverse_ess_cap", "inverse_ess_mask", "ess_scaled_mask", "inverse_ess_cap_alone")
 ALONE_FORM = "inverse_ess_cap_alone"
 # Chosen on the provenance round's development set (docs/results/provenance.md): with "ess_cap" P3O stayed 0.21 below
-# decoupled PPO on a weaker model's recording, where both 1/ESS forms tie with it; with the same model live beside the
-# policy "ess_cap" is best and the 1/ESS forms are behind. The rule's choice over its four regimes: the truncation.
-DEFAULT_OTHER_MODEL_WEIGHT = "inverse_ess_cap"
+# decoupled PPO on a weaker model's recording, where the 1/ESS forms tie with it; with the same model live beside the
+# policy "ess_cap" is best and the 1/ESS forms are behind. The rule's third choice over its four regimes (each
+# candidate best or tied in at most 2, chosen by the mean): the truncation alone, the cap beside the policy's own.
+DEFAULT_OTHER_MODEL_WEIGHT = ALONE_FORM
 
 
 def p3o_loss(
@@ -241,14 +242,14 @@ class P3OLossSettings:
     (on-policy, a batch's first optimizer step) and rows another model wrote are never clipped.
 
     ``other_model_weight``: the policy-gradient weight on the tokens another model wrote (a behavior model's rows,
-    live, or a recording whose provenance is another model's): ``"inverse_ess_cap"`` (the default, chosen on the
+    live, or a recording whose provenance is another model's): ``"inverse_ess_cap_alone"`` (the default, chosen on the
     provenance round's development set: ``min(r, 1/ESS)``, the importance weight truncated where the group's own
-    spread puts it), ``"inverse_ess_mask"`` (``r`` where ``r ≤ 1/ESS``, no gradient above), ``"ess_scaled_mask"``
+    spread puts it, where the minibatch holds only another model's tokens, as when a recording trains alone;
+    ``min(r, ESS)`` where the policy's own tokens are beside them), ``"inverse_ess_cap"`` (the truncation always),
+    ``"inverse_ess_mask"`` (``r`` where ``r ≤ 1/ESS``, no gradient above), ``"ess_scaled_mask"``
     (``ESS·r`` where ``r ≤ 1/ESS``), ``"ess_cap"`` (``min(r, ESS)``, the paper's, as on every other token; best
-    with a live second model writing part of each group beside the policy: docs/results/provenance.md) or
-    ``"inverse_ess_cap_alone"`` (``min(r, 1/ESS)`` where the minibatch holds only another model's tokens, as when a
-    recording trains alone; ``min(r, ESS)`` where the policy's own tokens are beside them). ESS is that of the rows'
-    group (``ess_scope``); the policy's own rows are never affected.
+    with a live second model writing part of each group beside the policy: docs/results/provenance.md). ESS is that
+    of the rows' group (``ess_scope``); the policy's own rows are never affected.
 
     ``ess_scope``: over which tokens the ESS is taken. ``"version"`` (the default, chosen on the claims bench's
     development set): one ESS per data source and policy version of the optimizer step's minibatch across all learners
