@@ -35,6 +35,7 @@ from rllib_p3o.sweep.grid import (
     OWN_STALE_FAMILY,
     PROVENANCE_DEVELOPMENT_METHODS,
     REGIMES,
+    SECOND_CHOICE,
     STALENESS_DEFAULT,
     canonical_method,
     family_key,
@@ -181,11 +182,13 @@ def effect_quotes(stats: Dict[str, Tuple[float, float, int]]) -> List[str]:
     ]
 
 
-# The two choices of the weight on another model's tokens: the first over the development set's first three regimes
-# and the first two candidates; the second over all its regimes (a live weaker model added) and every candidate.
+# The three choices of the weight on another model's tokens: the first over the development set's first three regimes
+# and the first two candidates; the second over all its regimes (a live weaker model added) and the first three; the
+# third over all its regimes and every candidate (the truncation alone, the cap beside the policy's own, added).
 FIRST_CHOICE_REGIMES = tuple(LR_FAMILY_REGIMES.values())
 FIRST_CANDIDATES = (STALENESS_DEFAULT, *OTHER_MODEL_CANDIDATES[:2])
-SECOND_CANDIDATES = (STALENESS_DEFAULT, *OTHER_MODEL_CANDIDATES)
+SECOND_CANDIDATES = (STALENESS_DEFAULT, *OTHER_MODEL_CANDIDATES[:3])
+THIRD_CANDIDATES = (STALENESS_DEFAULT, *OTHER_MODEL_CANDIDATES)
 
 
 def choice_quotes(
@@ -219,12 +222,16 @@ def first_choice(g: Grid) -> List[str]:
 
 
 def second_choice(g: Grid) -> List[str]:
-    return choice_quotes(g, SECOND_CANDIDATES, tuple(g.regimes), DEFAULT_METHOD, "second choice")
+    return choice_quotes(g, SECOND_CANDIDATES, tuple(g.regimes), SECOND_CHOICE, "second choice")
+
+
+def third_choice(g: Grid) -> List[str]:
+    return choice_quotes(g, THIRD_CANDIDATES, tuple(g.regimes), DEFAULT_METHOD, "third choice")
 
 
 def change_regimes(grid_regimes: Tuple[str, ...]) -> List[str]:
     """The regimes where P3O's default computes another loss than the staleness round's default (another model wrote
-    rows there); in the others the two run the same trial."""
+    rows there)."""
     return [
         r
         for r in grid_regimes
@@ -232,13 +239,32 @@ def change_regimes(grid_regimes: Tuple[str, ...]) -> List[str]:
     ]
 
 
-def change_quotes(grid_regimes: Tuple[str, ...]) -> List[str]:
-    acts = change_regimes(grid_regimes)
-    return [
-        f"The choice changes P3O's update in {len(acts)} of the {len(grid_regimes)} regimes, those where another model "
-        f"wrote rows ({words([f'`{r}`' for r in acts])}); in the other {len(grid_regimes) - len(acts)} it computes "
-        f"the staleness round's default, `{STALENESS_DEFAULT}`, and shares its trials"
+def change_quotes(grid: SweepGrid, root: str) -> List[str]:
+    """Where the choice changes P3O's update on ``grid``: its loss, or only its learning rate (the same loss as the
+    staleness round's default at its family's rate, chosen where the two differ), or nothing (they share trials)."""
+    regimes = grid.regimes
+    acts = change_regimes(regimes)
+    rate = [
+        r
+        for r in regimes
+        if r not in acts and grid.same_run_as(r, DEFAULT_METHOD) != grid.same_run_as(r, STALENESS_DEFAULT)
     ]
+    same = len(regimes) - len(acts) - len(rate)
+    out = [
+        f"The choice changes P3O's loss in {len(acts)} of the {len(regimes)} regimes "
+        f"({words([f'`{r}`' for r in acts])}, where a minibatch holds only another model's rows)"
+    ]
+    if rate:
+        peaks = load_json(root, f"{BENCH_PROVENANCE_DEVELOPMENT}/lr_choice.json")["lr_peak"]
+        family = OTHER_MODEL_FAMILY
+        out.append(
+            f"In {len(rate)} ({words([f'`{r}`' for r in rate])}, a live model beside the policy's own rows) it computes "
+            f"the staleness round's default's loss, `{STALENESS_DEFAULT}`'s, at its own family's learning rate "
+            f"({peaks[family_key(DEFAULT_METHOD, family)]:g} against {peaks[family_key(STALENESS_DEFAULT, family)]:g}), "
+            "so the two run apart"
+        )
+    out.append(f"In the other {same} it computes `{STALENESS_DEFAULT}`'s update and shares its trials")
+    return out
 
 
 def load_complete(root: str, folder: str, grid: SweepGrid, name: str) -> Grid:
@@ -267,7 +293,8 @@ def quotes(root: str) -> List[str]:
         *first_choice(main_grid(dev)),
         *first_confirmation_quotes(root),
         *second_choice(main_grid(dev)),
-        *change_quotes(CONFIRMATION.regimes),
+        *third_choice(main_grid(dev)),
+        *change_quotes(CONFIRMATION, root),
     ]
     return out + confirmation_quotes(root)
 
@@ -286,6 +313,7 @@ def confirmation_quotes(root: str) -> List[str]:
         f"The confirmation set's finished regimes: {regimes_said}",
         *aim_quotes(g, "confirmation", seeds, DEFAULT_METHOD),
         *choice_confirmed(g, done, STALENESS_DEFAULT, DEFAULT_METHOD, "The weight on another model's tokens"),
+        *choice_confirmed(g, done, SECOND_CHOICE, DEFAULT_METHOD, "The third choice against the second"),
         *choice_confirmed(
             g, done, "p3o_clip", STALENESS_DEFAULT, "One ESS per policy version (against one per source)"
         ),
@@ -427,11 +455,22 @@ live weaker model (`behavior_weaker`, seeds 0-2, every method at its family's le
 over all of its regimes. Seeds 6-8 informed this choice, so the confirmation set runs on seeds 9-11.
 """
 
+THIRD_CHOICE_INTRO = """## The third choice
+
+On both sets run so far the truncation was best on a recording trained alone and the cap with a live model beside the
+policy's own tokens; the second choice took one of them everywhere. The third candidate (`inverse_ess_cap_alone`)
+takes the truncation where a minibatch holds only another model's tokens and the cap where the policy's own are
+beside them. It computes the truncation on the recording (and shares its trials there) and the cap with the live
+model, at the learning rate its family chose on the recording, so it ran there on seeds 0-2 before the rule chose
+again over all four regimes. No trial of the confirmation set had finished when this choice was committed.
+"""
+
 CONFIRMATION_INTRO = """## The confirmation set
 
 Every regime of the claims bench over seeds 9-11, run after the development set's choices were committed, each
 method at its family's learning rate from the development set: P3O's default as chosen above, and beside it the
-first choice and the staleness round's default (they share their trials where no other model wrote rows).
+second and first choices and the staleness round's default (they share their trials where no other model wrote
+rows).
 """
 
 
@@ -464,7 +503,8 @@ def page_text(root: str) -> str:
     parts += [FIRST_CONFIRMATION_INTRO, first[0] + ".\n", "\n".join(q for q in first if q.startswith("|")) + "\n"]
     parts += [q + ".\n" for q in first[1:] if not q.startswith("|")]
     parts += [SECOND_CHOICE_INTRO, *[q + ".\n" for q in second_choice(main)]]
-    parts += [q + ".\n" for q in change_quotes(CONFIRMATION.regimes)]
+    parts += [THIRD_CHOICE_INTRO, *[q + ".\n" for q in third_choice(main)]]
+    parts += [q + ".\n" for q in change_quotes(CONFIRMATION, root)]
     parts += [CONFIRMATION_INTRO]
     confirmation = confirmation_quotes(root)
     parts += (
