@@ -1,5 +1,6 @@
 """Two real processes (torch.distributed, gloo), each holding half of a batch, against one process holding it all."""
 
+import inspect
 import os
 import tempfile
 
@@ -20,7 +21,31 @@ def _p3o_by_source(logp, behavior, adv, mask, rows=slice(None)):
     return p3o_loss(logp, behavior, adv, mask, ess_groups=SOURCES[rows], num_ess_groups=2)
 
 
-LOSSES = {"p3o": p3o_loss, "grpo": grpo_loss, "p3o_by_source": _p3o_by_source}
+# Another model's rows: rank 0's half only (the policy's own rows are all on rank 1), or every row. Whether they are
+# alone in the minibatch is a question about both ranks: rank 0 alone must not take the truncation.
+OTHER_ROWS = {"p3o_other_beside": torch.arange(8) < 4, "p3o_other_alone": torch.ones(8, dtype=torch.bool)}
+
+
+def _p3o_other(name):
+    def loss(logp, behavior, adv, mask, rows=slice(None)):
+        return p3o_loss(
+            logp,
+            behavior,
+            adv,
+            mask,
+            other_model_rows=OTHER_ROWS[name][rows],
+            other_model_weight="inverse_ess_cap_alone",
+        )
+
+    return loss
+
+
+LOSSES = {
+    "p3o": p3o_loss,
+    "grpo": grpo_loss,
+    "p3o_by_source": _p3o_by_source,
+    **{name: _p3o_other(name) for name in OTHER_ROWS},
+}
 
 
 def _full_batch():
@@ -39,7 +64,7 @@ def _run(fn, logp, behavior, adv, mask, rows=slice(None)):
     lp = logp.clone().requires_grad_(True)
     # A parameter shared by every row, as model weights are: its gradient is a sum over rows (and ranks).
     theta = torch.zeros(logp.shape[1], requires_grad=True)
-    extra = {"rows": rows} if fn is _p3o_by_source else {}
+    extra = {"rows": rows} if "rows" in inspect.signature(fn).parameters else {}
     loss, metrics = fn(lp + 0.5 * theta, behavior, adv, mask, **extra)
     loss.backward()
     return loss.detach(), lp.grad, theta.grad, {k: float(v) for k, v in metrics.items()}
@@ -61,7 +86,7 @@ def _worker(rank, world, init_file, loss_name, out_dir):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("loss_name", ["p3o", "grpo", "p3o_by_source"])
+@pytest.mark.parametrize("loss_name", ["p3o", "grpo", "p3o_by_source", *OTHER_ROWS])
 def test_two_gloo_processes_match_one_process(loss_name, tmp_path):
     init_file = tempfile.mktemp(dir=tmp_path)
     mp.spawn(_worker, args=(2, init_file, loss_name, str(tmp_path)), nprocs=2, join=True)
@@ -80,3 +105,17 @@ def test_two_gloo_processes_match_one_process(loss_name, tmp_path):
     torch.testing.assert_close(torch.cat([shards[0]["grad"], shards[1]["grad"]]), grad)
     torch.testing.assert_close(shards[0]["theta_grad"] + shards[1]["theta_grad"], theta_grad)
     assert theta_grad.abs().sum() > 0
+
+
+def test_the_weight_alone_differs_beside_the_policys_own_rows():
+    # So that the two-process cases above can fail: with the policy's rows present the other rows get the cap, not
+    # the truncation they get alone.
+    logp, behavior, adv, mask = _full_batch()
+    beside = _run(LOSSES["p3o_other_beside"], logp, behavior, adv, mask)[1][:4]
+    truncated = _run(
+        lambda *a, rows=slice(None): p3o_loss(
+            *a, other_model_rows=OTHER_ROWS["p3o_other_beside"], other_model_weight="inverse_ess_cap"
+        ),
+        logp, behavior, adv, mask,
+    )[1][:4]  # fmt: skip
+    assert not torch.allclose(beside, truncated)
