@@ -270,14 +270,18 @@ def test_methods_in_separate_runs_differ_where_the_regime_tells_them_apart():
 
 
 def test_the_other_model_weight_alone_shares_a_run_only_where_it_computes_and_trains_at_the_same_rate():
-    # On a weaker model's recording it is the truncation; beside a live weaker model it is the cap, but the cap's lr
-    # was chosen on the recording, where it is not the cap: no shared trial there.
+    # On a weaker model's recording it is the truncation; beside a live weaker model it computes the cap, but the
+    # cap's lr was chosen on the recording, where it is not the cap: no shared trial there.
     grid = sweep_grid.PROVENANCE_DEVELOPMENT
-    assert grid.same_run_as("offline_weaker", "p3o_other_alone") == "p3o_other_inverse_cap"
-    assert grid.same_run_as("on_policy", "p3o_other_alone") == "p3o_clip_version"
-    assert grid.same_run_as("behavior_weaker", "p3o_other_alone") == "p3o_other_alone"
-    live = _regime_batch(sweep_grid.REGIMES["behavior_weaker"].traits)
-    assert torch.equal(_method_gradient("p3o_other_alone", live)[1], _method_gradient("p3o_clip_version", live)[1])
-    recorded = _regime_batch(sweep_grid.REGIMES["offline_weaker"].traits)
-    alone = _method_gradient("p3o_other_alone", recorded)[1]
-    assert not torch.equal(alone, _method_gradient("p3o_clip_version", recorded)[1])
+    owners = {r: grid.same_run_as(r, "p3o_other_alone") for r in ("offline_weaker", "on_policy", "behavior_weaker")}
+    assert owners == {
+        "offline_weaker": "p3o_other_inverse_cap",
+        "on_policy": "p3o_clip_version",
+        "behavior_weaker": "p3o_other_alone",
+    }
+    for regime, computes_the_cap in (("behavior_weaker", True), ("offline_weaker", False)):
+        batch = _regime_batch(sweep_grid.REGIMES[regime].traits)
+        same = torch.equal(
+            _method_gradient("p3o_other_alone", batch)[1], _method_gradient("p3o_clip_version", batch)[1]
+        )
+        assert same == computes_the_cap, regime
