@@ -535,3 +535,17 @@ def readme_development(root: str) -> str:
         "model's tokens chosen there, the provenance round's "
         f"development set finds P3O's default best or tied in {aim[0].split(' best or tied in ')[1]}; {behind}"
     )
+
+
+def readme_confirmation(root: str) -> Optional[str]:
+    """README's clause on the provenance confirmation set's finished regimes (None before any has finished)."""
+    g = load(root, BENCH_PROVENANCE_CONFIRMATION, CONFIRMATION)
+    done = complete(g, len(CONFIRMATION.seeds), DEFAULT_METHOD) if g is not None else []
+    if not done:
+        return None
+    aim = aim_quotes(g, "confirmation", len(CONFIRMATION.seeds), DEFAULT_METHOD)
+    behind = next((q for q in aim if q.startswith("it is behind")), "it is behind in none")
+    return (
+        f"on its confirmation set, seeds 9-11 run after the choice, P3O's default is best or tied in "
+        f"{aim[0].split(' best or tied in ')[1]} ({words([f'`{r}`' for r in done])}); {behind}"
+    )

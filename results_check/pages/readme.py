@@ -38,6 +38,7 @@ def quotes(root: str) -> List[str]:
         headline,
         *([standing] if standing else []),
         provenance.readme_development(root),
+        *([confirmed] if (confirmed := provenance.readme_confirmation(root)) else []),
         # The feature list's claims sweep: how the bench's lr was chosen, and the trials its command runs.
         f"on the claims bench's sorting task, P3O vs the baselines peers ship, {claims.lr_sentence(bench_lr)}",
         f"--out runs/bench # the claims bench: {bench_report['cost']['trials']} trials",

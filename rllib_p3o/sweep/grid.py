@@ -673,11 +673,10 @@ class Grid:
         methods alike in a regime but not in its lr regime may train at different rates, so they share no trial."""
         form = canonical_method(method, REGIMES[regime], self.method_defaults)
         if self.lr_choice_from and os.path.exists(repository_path(self.lr_choice_from)):
-            peaks = read_lr_peaks(self.lr_choice_from)
-            known = any(
-                name in peaks or family_key(name, lr_family(regime)) in peaks for name in (method, LR_FROM.get(method))
-            )
-            return (form, method_peak(peaks, method, regime) if known else None)
+            try:
+                return (form, method_peak(read_lr_peaks(self.lr_choice_from), method, regime))
+            except KeyError:  # a method the file names no rate for (not one of the grid's regime methods)
+                return (form, None)
         lr_regime = LR_FAMILY_REGIMES[lr_family(regime)]
         if self.lr_per_family and lr_regime != regime:
             return (form, canonical_method(method, REGIMES[lr_regime], self.method_defaults))
