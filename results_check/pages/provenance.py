@@ -296,7 +296,8 @@ def quotes(root: str) -> List[str]:
         *third_choice(main_grid(dev)),
         *change_quotes(CONFIRMATION, root),
     ]
-    return out + confirmation_quotes(root)
+    confirmed = readme_confirmation(root)
+    return out + confirmation_quotes(root) + ([confirmed] if confirmed else [])
 
 
 def confirmation_quotes(root: str) -> List[str]:
@@ -312,7 +313,14 @@ def confirmation_quotes(root: str) -> List[str]:
     return out + [
         f"The confirmation set's finished regimes: {regimes_said}",
         *aim_quotes(g, "confirmation", seeds, DEFAULT_METHOD),
-        *choice_confirmed(g, done, STALENESS_DEFAULT, DEFAULT_METHOD, "The weight on another model's tokens"),
+        *choice_confirmed(
+            g,
+            done,
+            STALENESS_DEFAULT,
+            DEFAULT_METHOD,
+            "P3O's default against the staleness round's (the weight on a recording trained alone, the learning rate "
+            "with a live model)",
+        ),
         *choice_confirmed(g, done, SECOND_CHOICE, DEFAULT_METHOD, "The third choice against the second"),
         *choice_confirmed(
             g, done, "p3o_clip", STALENESS_DEFAULT, "One ESS per policy version (against one per source)"
@@ -470,7 +478,10 @@ CONFIRMATION_INTRO = """## The confirmation set
 Every regime of the claims bench over seeds 9-11, run after the development set's choices were committed, each
 method at its family's learning rate from the development set: P3O's default as chosen above, and beside it the
 second and first choices and the staleness round's default (they share their trials where no other model wrote
-rows).
+rows). The regimes where the choices act ran first:
+`rllib-p3o sweep --task sorting --confirmation --parallel 2 --out runs/bench-provenance-confirmation --regimes offline_weaker behavior_weaker behavior_stronger`
+(its files are in `results/bench-provenance-confirmation/`); the same command without `--regimes` runs the others,
+and this section is written from whatever has finished.
 """
 
 
@@ -483,7 +494,9 @@ def page_text(root: str) -> str:
     aim = aim_quotes(main, "development", seeds, DEFAULT_METHOD)
     parts = [
         HEADER,
-        f"**In short.** {'; '.join(aim)}. {' '.join(q + '.' for q in ablation_quotes(dev)[-1:])}\n",
+        f"**In short.** {'; '.join(aim)}. {' '.join(q + '.' for q in ablation_quotes(dev)[-1:])}"
+        + (f" Then, {confirmed}." if (confirmed := readme_confirmation(root)) else "")
+        + "\n",
         LR_INTRO,
         "\n".join(q for q in lr_quotes(root) if q.startswith("|")) + "\n",
         *[q + ".\n" for q in lr_quotes(root) if not q.startswith("|")],
@@ -505,24 +518,28 @@ def page_text(root: str) -> str:
     parts += [SECOND_CHOICE_INTRO, *[q + ".\n" for q in second_choice(main)]]
     parts += [THIRD_CHOICE_INTRO, *[q + ".\n" for q in third_choice(main)]]
     parts += [q + ".\n" for q in change_quotes(CONFIRMATION, root)]
-    parts += [CONFIRMATION_INTRO]
-    confirmation = confirmation_quotes(root)
-    parts += (
-        ["\n".join(q for q in confirmation if q.startswith("|")) + "\n"]
-        if any(q.startswith("|") for q in confirmation)
-        else []
-    )
-    parts += [q + ".\n" for q in confirmation if not q.startswith("|")]
+    parts += [CONFIRMATION_INTRO, *confirmation_text(root)]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+def confirmation_text(root: str) -> List[str]:
+    """The confirmation section's paragraphs: how far it has run, the cell label and matrix, then its sentences, the
+    default's standing in one."""
+    confirmation = confirmation_quotes(root)
+    g = load(root, BENCH_PROVENANCE_CONFIRMATION, CONFIRMATION)
+    aim = aim_quotes(g, "confirmation", len(CONFIRMATION.seeds), DEFAULT_METHOD) if g is not None else []
+    if not any(q.startswith("|") for q in confirmation):
+        return [q + ".\n" for q in confirmation]
+    said = [q for q in confirmation if not q.startswith("|") and q != CELL_LABEL and q not in aim]
+    note = [said.pop(0).rstrip(".") + ".\n"] if g.note else []
+    table_rows = "\n".join(q for q in confirmation if q.startswith("|")) + "\n"
+    standing = ["; ".join(aim) + ".\n"] if aim and aim[0] in confirmation else []
+    return [*note, CELL_LABEL + ".\n", table_rows, said[0] + ".\n", *standing, *[q + ".\n" for q in said[1:]]]
 
 
 def write_page(root: str) -> None:
     with open(os.path.join(root, PAGE.path), "w") as f:
         f.write(page_text(root))
-
-
-if __name__ == "__main__":  # python -m results_check.pages.provenance: after committing a set's files
-    write_page(".")
 
 
 def readme_development(root: str) -> str:
@@ -549,3 +566,7 @@ def readme_confirmation(root: str) -> Optional[str]:
         f"on its confirmation set, seeds 9-11 run after the choice, P3O's default is best or tied in "
         f"{aim[0].split(' best or tied in ')[1]} ({words([f'`{r}`' for r in done])}); {behind}"
     )
+
+
+if __name__ == "__main__":  # python -m results_check.pages.provenance: after committing a set's files
+    write_page(".")
