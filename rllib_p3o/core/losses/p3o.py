@@ -22,7 +22,7 @@ from typing import Any, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from rllib_p3o.core.batch_stats import Metrics, log_ratio_stats, reduce_across_learners, token_mean
+from rllib_p3o.core.batch_stats import Metrics, distributed, log_ratio_stats, reduce_across_learners, token_mean
 from rllib_p3o.core.losses.kl_estimators import KL_ESTIMATORS, get_kl_estimator
 from rllib_p3o.core.losses.parts import (
     diagnostics,
@@ -160,8 +160,14 @@ def p3o_loss(
 
     ratio = torch.exp(log_ratios.detach())
     weight = torch.minimum(ratio, ess_tok) if cap else ratio
-    # A collective on every learner, whether or not its share of the minibatch holds another model's rows.
-    alone = cap and other_model_weight == ALONE_FORM and other_models_alone(mask, other_model_rows)
+    # A collective on every learner, whether or not its share of the minibatch holds another model's rows; one
+    # process without such rows has nothing to weigh (and no device sync to pay).
+    alone = (
+        cap
+        and other_model_weight == ALONE_FORM
+        and (other_model_rows is not None or distributed())
+        and other_models_alone(mask, other_model_rows)
+    )
     if cap and other_model_rows is not None:
         weight = torch.where(
             other_model_rows.bool().reshape(-1, 1),
