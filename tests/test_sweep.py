@@ -512,3 +512,14 @@ def test_the_committed_claims_report_is_what_the_report_reads_from_its_trials(tm
     assert not derived["note"] and not committed["note"]  # the whole grid: nothing missing
     assert derived["verdict_sentences"] == committed["verdict_sentences"]
     pd.testing.assert_frame_equal(pd.DataFrame(derived["summary"]), pd.DataFrame(committed["summary"]))
+
+
+def test_lr_flag_sets_every_methods_rate_even_where_the_grid_reads_a_committed_choice():
+    """``--lr`` on a confirmation set (whose rates come from a committed lr_choice.json) runs every method at it."""
+    from rllib_p3o.sweep.run import _grid, _parser
+
+    args = ["--task", "sorting", "--confirmation", "--regimes", "four_steps_per_batch", "--methods", "p3o_clip_version"]
+    chosen = _grid(_parser().parse_args(args))
+    assert chosen.lr_choice_from
+    grid = _grid(_parser().parse_args([*args, "--lr", "0.00025"]))
+    assert (grid.lr_choice_from, grid.lr_per_family, grid.lr_peaks, grid.default_lr) == (None, False, (), 0.00025)

@@ -685,7 +685,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", nargs="+", choices=sorted(METHODS))
     parser.add_argument("--seeds", nargs="+", type=int)
     parser.add_argument("--iterations", type=int, help="iterations of 512 completions per trial")
-    parser.add_argument("--lr", type=float, help="peak learning rate for every method (skips the lr stage)")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        help="peak learning rate for every method (skips the lr stage, and a committed lr choice a grid would read)",
+    )
     parser.add_argument("--base-model", help="a base model directory instead of building the task's")
     parser.add_argument(
         "--report-only",
@@ -735,7 +739,8 @@ def _grid(args: argparse.Namespace) -> Grid:
     if args.iterations:
         changes["iterations"] = args.iterations
     if args.lr:
-        changes.update(lr_peaks=(), default_lr=args.lr)
+        # One rate for every method: it replaces the lr stage and any committed choice the grid would read.
+        changes.update(lr_peaks=(), default_lr=args.lr, lr_choice_from=None, lr_per_family=False)
     return Grid(**{**grid.__dict__, **changes})
 
 
