@@ -127,13 +127,14 @@ def _cell(g: Grid, regime: str, method: str, bold: bool) -> str:
 
 
 def matrix_quotes(g: Grid, regimes_done: Optional[List[str]] = None) -> List[str]:
-    """The regime × method matrix, best or tied in bold (only in ``regimes_done``, the regimes whose trials have all
-    finished; every regime when None), collapses counted, and the regimes that show nothing."""
-    done = g.regimes if regimes_done is None else regimes_done
-    best = {r: set(best_or_tied(g.stats[r])) if r in done else set() for r in g.regimes}
+    """The regime × method matrix of ``regimes_done``, the regimes whose trials have all finished (every regime when
+    None: a regime still running would show cells of fewer seeds), best or tied in bold, collapses counted, and the
+    regimes that show nothing."""
+    done = g.regimes if regimes_done is None else [r for r in g.regimes if r in regimes_done]
+    best = {r: set(best_or_tied(g.stats[r])) for r in done}
     out = table(
-        ["method", *[f"`{r}`" for r in g.regimes]],
-        [[f"`{m}`", *[_cell(g, r, m, m in best[r]) for r in g.regimes]] for m in g.methods],
+        ["method", *[f"`{r}`" for r in done]],
+        [[f"`{m}`", *[_cell(g, r, m, m in best[r]) for r in done]] for m in g.methods],
     )
     no_difference = [r for r in done if all_tie(g.stats[r])]
     if no_difference:
