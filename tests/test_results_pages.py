@@ -137,6 +137,13 @@ ONE_NUMBER_CHANGED = [
         _set("results/benchmarks/faults.json", ["runner_kill", "seconds_to_recover"], 16.2),  # 14 s
         "runner back, with verified weights, 16 s (7 iterations) after the kill",
     ),
+    (
+        "docs/results/provenance.md",
+        [f"results/bench-provenance-{s}" for s in ("development", "first-confirmation", "confirmation")]
+        + ["results/bench-provenance-confirmation-rate"],
+        _set("results/bench-provenance-confirmation-rate/summary.json", ["summary", 0, "heldout_at_budget_mean"], 0.9),
+        "scores 0.900 ± 0.027 (0 of 3 seeds collapsed)",  # 0.856: the default at the best method's rate
+    ),
 ]
 
 
@@ -254,3 +261,21 @@ def test_the_claims_page_fails_when_a_result_of_p3os_default_changes(tmp_path):
     problems = check_page(page, root)
     assert any(p.startswith("derived text not on the page: | `behavior_weaker` |") for p in problems), problems
     assert any("the weaker behavior model it ends at" in p for p in problems), problems
+
+
+def test_a_partial_sets_matrix_shows_only_its_finished_regimes():
+    """A regime still running has cells of fewer seeds: the matrix of a partial set leaves it out."""
+    from results_check.pages.staleness import Grid, complete, matrix_quotes
+
+    stats = {
+        "on_policy": {"a": (0.8, 0.01, 3), "b": (0.7, 0.01, 3)},
+        "async_staleness_4": {"a": (0.9, 0.0, 1), "b": (0.5, 0.02, 3)},
+    }
+    collapses = {r: {m: 0 for m in s} for r, s in stats.items()}
+    g = Grid("x", {}, {}, list(stats), ["a", "b"], stats, collapses, None)
+    done = complete(g, 3, "a")
+    assert done == ["on_policy"]
+    header, _, row_a, row_b = matrix_quotes(g, done)
+    assert header == "| method | `on_policy` |"
+    assert (row_a, row_b) == ("| `a` | **0.800 ± 0.010** |", "| `b` | 0.700 ± 0.010 |")
+    assert "`async_staleness_4`" in matrix_quotes(g)[0]  # every regime when the set is complete

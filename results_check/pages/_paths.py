@@ -12,3 +12,4 @@ BENCH_INFLIGHT = "results/bench-inflight"  # the bench's async regime with and w
 BENCH_PROVENANCE_DEVELOPMENT = "results/bench-provenance-development"  # offline provenance: the development set
 BENCH_PROVENANCE_CONFIRMATION = "results/bench-provenance-confirmation"  # ... and its confirmation set
 BENCH_PROVENANCE_FIRST_CONFIRMATION = "results/bench-provenance-first-confirmation"  # ... its first choice's
+BENCH_PROVENANCE_RATE = "results/bench-provenance-confirmation-rate"  # ... its default at another learning rate

@@ -20,6 +20,7 @@ from results_check.pages._paths import (
     BENCH_PROVENANCE_CONFIRMATION,
     BENCH_PROVENANCE_DEVELOPMENT,
     BENCH_PROVENANCE_FIRST_CONFIRMATION,
+    BENCH_PROVENANCE_RATE,
 )
 from results_check.pages.staleness import Grid, aim_quotes, complete, load, matrix_quotes
 from rllib_p3o.sweep.grid import (
@@ -39,6 +40,7 @@ from rllib_p3o.sweep.grid import (
     STALENESS_DEFAULT,
     canonical_method,
     family_key,
+    method_peak,
 )
 from rllib_p3o.sweep.grid import Grid as SweepGrid
 from rllib_p3o.sweep.verdicts import (
@@ -68,6 +70,7 @@ CELL_LABEL = (
 # What each ablation form does with the recording (read as the policy's own lagging rows, as before provenance).
 _REGION = {"ess_clip": "on", "none": "off"}
 _ANCHOR = {"behavior": "the recorder (π_b)", "proximal": "π_old", "none": "none"}
+_SAID = {"wins": "ahead", "loses": "behind", "ties": "tied"}  # a verdict of B against A, as the page says it
 
 
 def lr_quotes(root: str, folder: str = BENCH_PROVENANCE_DEVELOPMENT) -> List[str]:
@@ -174,8 +177,7 @@ def effect_quotes(stats: Dict[str, Tuple[float, float, int]]) -> List[str]:
     parts = []
     for method, what in changes:
         diff, se, v = _effect(stats, before, method)
-        said = {"wins": "ahead", "loses": "behind", "ties": "tied"}[v]
-        parts.append(f"{what}: {diff:+.3f} (SE {se:.3f}, {said})")
+        parts.append(f"{what}: {diff:+.3f} (SE {se:.3f}, {_SAID[v]})")
     return [
         f"Against P3O as it read this recording before provenance (`{before}`), held-out at the budget: "
         + "; ".join(parts)
@@ -297,7 +299,7 @@ def quotes(root: str) -> List[str]:
         *change_quotes(CONFIRMATION, root),
     ]
     confirmed = readme_confirmation(root)
-    return out + confirmation_quotes(root) + ([confirmed] if confirmed else [])
+    return out + confirmation_quotes(root) + ([confirmed] if confirmed else []) + rate_quotes(root)
 
 
 def confirmation_quotes(root: str) -> List[str]:
@@ -329,6 +331,41 @@ def confirmation_quotes(root: str) -> List[str]:
     ]
 
 
+def rate_quotes(root: str) -> List[str]:
+    """Where P3O's default is behind on the confirmation set, the same update on the same seeds at the learning rate
+    of the regime's highest mean (`BENCH_PROVENANCE_RATE`): how much of the gap its family's rate makes. A diagnosis,
+    not a choice: nothing was changed by it."""
+    rate = load(root, BENCH_PROVENANCE_RATE)
+    conf = load(root, BENCH_PROVENANCE_CONFIRMATION, CONFIRMATION)
+    if rate is None or conf is None:
+        return []
+    rate_lr = float(rate.report["lr_peak"])
+    finished = complete(conf, len(CONFIRMATION.seeds), DEFAULT_METHOD)
+    out = []
+    for regime in rate.regimes:
+        if regime not in finished:
+            raise ValueError(f"{BENCH_PROVENANCE_RATE} ran `{regime}`, which the confirmation set has not finished")
+        for method in rate.methods:
+            if CONFIRMATION.same_run_as(regime, method) != CONFIRMATION.same_run_as(regime, DEFAULT_METHOD):
+                raise ValueError(f"`{method}` does not compute P3O's default's update in `{regime}`")
+            best = max(conf.stats[regime], key=lambda m: conf.stats[regime][m][0])
+            if not math.isclose(method_peak(conf.report["lr_peak"], best, regime), rate_lr):
+                raise ValueError(f"{BENCH_PROVENANCE_RATE} ran `{regime}` at {rate_lr:g}, not at `{best}`'s rate")
+            stats = {"own": conf.stats[regime][DEFAULT_METHOD], "rate": rate.stats[regime][method]}
+            stats["best"] = conf.stats[regime][best]
+            own_lr = method_peak(conf.report["lr_peak"], DEFAULT_METHOD, regime)
+            gain, gain_se, _ = _effect(stats, "own", "rate")
+            gap, gap_se, v = _effect(stats, "best", "rate")
+            collapses = rate.collapses[regime][method]
+            out.append(
+                f"`{regime}`: P3O's default at {rate_lr:g}, the rate of `{best}` (the regime's highest mean), scores "
+                f"{pm(*stats['rate'])} ({collapses} of {stats['rate'][2]} seeds collapsed), against "
+                f"{pm(*stats['own'])} at its family's rate {own_lr:g} ({gain:+.3f}, SE {gain_se:.3f}); against `{best}` "
+                f"({pm(*stats['best'])}) it is {_SAID[v]} ({gap:+.3f}, SE {gap_se:.3f})"
+            )
+    return out
+
+
 def first_confirmation_quotes(root: str) -> List[str]:
     """The first choice (`FIRST_CHOICE`) on its confirmation seeds, in the regimes where it acts: the matrix, where it
     stands and what it did against the staleness round's default."""
@@ -357,7 +394,7 @@ def choice_confirmed(
         if grid.same_run_as(r, chosen) == grid.same_run_as(r, before):
             continue
         diff, se, v = _effect(g.stats[r], before, chosen)
-        parts.append(f"`{r}` {diff:+.3f} (SE {se:.3f}, {dict(wins='ahead', loses='behind', ties='tied')[v]})")
+        parts.append(f"`{r}` {diff:+.3f} (SE {se:.3f}, {_SAID[v]})")
     if not parts:
         return [f"{what}: no finished regime of the confirmation set where `{chosen}` and `{before}` differ yet"]
     return [f"{what}, `{chosen}` against `{before}` where they differ: {'; '.join(parts)}"]
@@ -485,6 +522,17 @@ and this section is written from whatever has finished.
 """
 
 
+RATE_INTRO = """## Where the default is behind: its learning rate
+
+Where P3O's default is behind on the confirmation set and no other model wrote rows, it computes the staleness
+round's update at its family's learning rate, chosen in `async_staleness_4`. The same update ran again on the same
+seeds at the rate of the regime's highest mean:
+`rllib-p3o sweep --task sorting --confirmation --regimes four_steps_per_batch --methods p3o_clip_version --lr 0.00025 --base-model runs/bench-provenance-confirmation/prep/base_model --out runs/bench-provenance-confirmation-rate`
+(`p3o_clip_version`'s trials are the default's there; its files are in `results/bench-provenance-confirmation-rate/`).
+It is a diagnosis run after the confirmation set, not a choice: no rate was changed by it.
+"""
+
+
 def page_text(root: str) -> str:
     """The whole page, its prose around the quotes `quotes` derives from the files."""
     dev = load(root, BENCH_PROVENANCE_DEVELOPMENT, DEVELOPMENT)
@@ -519,6 +567,8 @@ def page_text(root: str) -> str:
     parts += [THIRD_CHOICE_INTRO, *[q + ".\n" for q in third_choice(main)]]
     parts += [q + ".\n" for q in change_quotes(CONFIRMATION, root)]
     parts += [CONFIRMATION_INTRO, *confirmation_text(root)]
+    if rate := rate_quotes(root):
+        parts += [RATE_INTRO, *[q + ".\n" for q in rate]]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
 
 
@@ -562,9 +612,11 @@ def readme_confirmation(root: str) -> Optional[str]:
         return None
     aim = aim_quotes(g, "confirmation", len(CONFIRMATION.seeds), DEFAULT_METHOD)
     behind = next((q for q in aim if q.startswith("it is behind")), "it is behind in none")
+    total = len(CONFIRMATION.regimes)
+    to_run = f" ({total - len(done)} of its {total} still to run)" if len(done) < total else ""
     return (
         f"on its confirmation set, seeds 9-11 run after the choice, P3O's default is best or tied in "
-        f"{aim[0].split(' best or tied in ')[1]} ({words([f'`{r}`' for r in done])}); {behind}"
+        f"{aim[0].split(' best or tied in ')[1]}{to_run}; {behind}"
     )
 
 
