@@ -527,7 +527,7 @@ RATE_INTRO = """## Where the default is behind: its learning rate
 Where P3O's default is behind on the confirmation set and no other model wrote rows, it computes the staleness
 round's update at its family's learning rate, chosen in `async_staleness_4`. The same update ran again on the same
 seeds at the rate of the regime's highest mean:
-`rllib-p3o sweep --task sorting --confirmation --regimes four_steps_per_batch --methods p3o_clip_version --lr 0.00025 --base-model runs/bench-provenance-confirmation/prep/base_model --out runs/bench-provenance-confirmation-rate`
+`rllib-p3o sweep --task sorting --confirmation --regimes four_steps_per_batch two_steps_per_batch --methods p3o_clip_version --lr 0.00025 --base-model runs/bench-provenance-confirmation/prep/base_model --out runs/bench-provenance-confirmation-rate`
 (`p3o_clip_version`'s trials are the default's there; its files are in `results/bench-provenance-confirmation-rate/`).
 It is a diagnosis run after the confirmation set, not a choice: no rate was changed by it.
 """
@@ -598,8 +598,8 @@ def readme_development(root: str) -> str:
     aim = aim_quotes(dev, "development", len(DEVELOPMENT.seeds), DEFAULT_METHOD)
     behind = next((q for q in aim if q.startswith("it is behind")), "it is behind in no regime")
     return (
-        "with every method at the learning rate chosen in its own family of regimes, and P3O's weight on another "
-        "model's tokens chosen there, the provenance round's "
+        "with each method at the rate chosen in its family of regimes and P3O's weight on another model's tokens "
+        "chosen there, the provenance round's "
         f"development set finds P3O's default best or tied in {aim[0].split(' best or tied in ')[1]}; {behind}"
     )
 
@@ -613,9 +613,9 @@ def readme_confirmation(root: str) -> Optional[str]:
     aim = aim_quotes(g, "confirmation", len(CONFIRMATION.seeds), DEFAULT_METHOD)
     behind = next((q for q in aim if q.startswith("it is behind")), "it is behind in none")
     total = len(CONFIRMATION.regimes)
-    to_run = f" ({total - len(done)} of its {total} still to run)" if len(done) < total else ""
+    to_run = f" ({total - len(done)} of {total} to run)" if len(done) < total else ""
     return (
-        f"on its confirmation set, seeds 9-11 run after the choice, P3O's default is best or tied in "
+        f"on its confirmation set (seeds 9-11, run after the choice) the default is best or tied in "
         f"{aim[0].split(' best or tied in ')[1]}{to_run}; {behind}"
     )
 
