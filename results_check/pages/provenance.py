@@ -1,6 +1,7 @@
 """docs/results/provenance.md: offline data read by their provenance, from the claims bench's provenance round: its
 development set (`results/bench-provenance-development`: `summary.json`, `curves.csv`, `lr_choice.json`, `trials/`)
-and its confirmation set (`results/bench-provenance-confirmation`, a partial report while it still runs).
+and its confirmation set (`results/bench-provenance-confirmation`, a partial report while it still runs), with the
+diagnosis of its learning rate where the default is behind (`results/bench-provenance-confirmation-rate`).
 
 What the page says is derived here: each method's learning rate per lr family, the regime × method matrix (cells
 labelled, the standard-error rule stated), the ablation in `offline_weaker` that says which of P3O's terms held it back
