@@ -97,6 +97,8 @@ NOT_RUN = {
     ("docs/guide/sweep.md", ".venv/bin/rllib-p3o sweep --task sorting --development --parallel 2 --out runs/bench-provenance-development"): _MINUTES,
     ("docs/guide/sweep.md", ".venv/bin/rllib-p3o sweep --task sorting --confirmation --round first-choice --parallel 2 --out runs/bench-provenance-first-confirmation"): _MINUTES,
     ("docs/guide/sweep.md", ".venv/bin/rllib-p3o sweep --task sorting --confirmation --parallel 2 --out runs/bench-provenance-confirmation"): _MINUTES,
+    ("docs/guide/sweep.md", ".venv/bin/rllib-p3o sweep --task addition --development --parallel 2 --out runs/bench-addition-development"): _MINUTES,
+    ("docs/guide/sweep.md", ".venv/bin/rllib-p3o sweep --task addition --confirmation --parallel 2 --out runs/bench-addition-confirmation"): _MINUTES,
     ("docs/guide/environments.md", "python examples/environments.py reasoning-gym"): "minutes each on 2 cores; the same "
     "wiring is trained end to end by tests/test_reward_recipes.py, tests/test_openenv_env.py, tests/test_reward_models.py "
     "and tests/test_verifiers_env.py",

@@ -523,3 +523,21 @@ def test_lr_flag_sets_every_methods_rate_even_where_the_grid_reads_a_committed_c
     assert chosen.lr_choice_from
     grid = _grid(_parser().parse_args([*args, "--lr", "0.00025"]))
     assert (grid.lr_choice_from, grid.lr_per_family, grid.lr_peaks, grid.default_lr) == (None, False, (), 0.00025)
+
+
+def test_a_set_whose_lr_choice_is_not_committed_stops_before_ray_and_says_what_to_run(monkeypatch, tmp_path, capsys):
+    """A confirmation set reads its rates from its development set's lr_choice.json. Without that file the sweep
+    exits 2 at once, naming the file and the command that writes it, before Ray starts or a model is prepared (Ray
+    is stubbed to fail the test if it is reached: the part this test is not about)."""
+    import ray
+
+    from rllib_p3o.sweep import run as sweep_run
+
+    grid = sweep_run.GRIDS["addition", "confirmation"]
+    missing = type(grid)(**{**grid.__dict__, "lr_choice_from": "results/no-such-set/lr_choice.json"})
+    monkeypatch.setitem(sweep_run.GRIDS, ("addition", "confirmation"), missing)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
+    assert sweep_run.main(["--task", "addition", "--confirmation", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "results/no-such-set/lr_choice.json" in err and "--development" in err and "--lr" in err
+    assert not os.path.exists(tmp_path / "out" / "prep")

@@ -914,7 +914,7 @@ PROVENANCE_FIRST_CONFIRMATION = Grid(
         "seeds": (6, 7, 8),
     }
 )
-# The second bench task (docs/results/addition.md): every method of the sorting bench, its lr chosen per lr family by
+# The second bench task (docs/guide/sweep.md, rllib_p3o/tasks/addition.py): every method of the sorting bench, its lr chosen per lr family by
 # the same rule on the task's own development seeds (0-2), then a confirmation set on seeds 3-5 in the task's regimes:
 # the sorting bench's, and in-flight weight updates, which its completions (~27 tokens) are long enough to span.
 ADDITION_REGIMES: Tuple[str, ...] = (

@@ -611,7 +611,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=sorted(TASKS),
         default="arithmetic",
         help="arithmetic: the demo's task (the easy control); sorting: the claims bench; addition: the claims bench's "
-        "second task (3-digit sums with the carries written out: docs/results/addition.md)",
+        "second task (3-digit sums with the carries written out: docs/guide/sweep.md)",
     )
     size = parser.add_mutually_exclusive_group()
     size.add_argument(
@@ -760,6 +760,15 @@ def _report_only(out: str, grid: Grid) -> int:
 def _run(out: str, grid: Grid, args: argparse.Namespace) -> int:
     """Start Ray with the libraries quiet, run the sweep and print its table; 130 when it was interrupted (its
     finished trials are saved, and a rerun continues)."""
+    if grid.lr_choice_from and not os.path.exists(repository_path(grid.lr_choice_from)):
+        # Before Ray and the prepared models: without the file the sweep would prepare for minutes, then stop.
+        print(
+            f"rllib-p3o sweep: this grid runs each method at the learning rate its development set chose, read from "
+            f"{grid.lr_choice_from}, which does not exist: run the development set first (`--development`, same "
+            "--task) and commit its lr_choice.json there, or give one rate to every method with --lr",
+            file=sys.stderr,
+        )
+        return 2
     import logging
 
     import ray
