@@ -279,3 +279,31 @@ def test_a_partial_sets_matrix_shows_only_its_finished_regimes():
     assert header == "| method | `on_policy` |"
     assert (row_a, row_b) == ("| `a` | **0.800 ± 0.010** |", "| `b` | 0.700 ± 0.010 |")
     assert "`async_staleness_4`" in matrix_quotes(g)[0]  # every regime when the set is complete
+
+
+def test_the_default_is_counted_apart_where_each_of_its_additions_acts_and_the_files_must_agree():
+    """The provenance page counts P3O's default's standing where its trust region acts (own lagging tokens), where its
+    weight on another model's rows acts and where neither does, from the regimes' traits; the tokens the trust
+    region stopped in the files must agree (above 0 exactly where the policy's own tokens lag), or the page fails."""
+    import pandas as pd
+
+    from results_check.pages.provenance import scope_quote
+    from results_check.pages.staleness import Grid
+
+    stats = {
+        "async_staleness_4": {"d": (0.8, 0.01, 3), "b": (0.7, 0.01, 3)},
+        "behavior_weaker": {"d": (0.6, 0.01, 3), "b": (0.7, 0.01, 3)},
+        "on_policy": {"d": (0.8, 0.01, 3), "b": (0.8, 0.01, 3)},
+    }
+    stopped = {"async_staleness_4": 0.04, "behavior_weaker": 0.0, "on_policy": 0.0}
+    curves = pd.DataFrame([{"stage": r, "method": "d", "masked_fraction": f} for r, f in stopped.items()])
+    g = Grid("x", {}, {}, list(stats), ["d", "b"], stats, {r: {"d": 0, "b": 0} for r in stats}, curves)
+    said = scope_quote(g, list(stats), default="d")
+    assert "(the policy's own tokens lag: `async_staleness_4`) it is best or tied in 1 of 1;" in said
+    assert "(`behavior_weaker`) in 0 of 1;" in said
+    assert said.endswith(
+        "(one policy version, no other model: `on_policy`) in 1 of 1, 1 of them a regime where every method ties"
+    )
+    curves.loc[curves["stage"] == "on_policy", "masked_fraction"] = 0.01
+    with pytest.raises(ValueError, match="on_policy: the trust region stopped 0.0100"):
+        scope_quote(g, list(stats), default="d")

@@ -1,6 +1,6 @@
 """docs/results/provenance.md: offline data read by their provenance, from the claims bench's provenance round: its
 development set (`results/bench-provenance-development`: `summary.json`, `curves.csv`, `lr_choice.json`, `trials/`)
-and its confirmation set (`results/bench-provenance-confirmation`, a partial report while it still runs), with the
+and its confirmation set (`results/bench-provenance-confirmation`; a partial set's finished regimes only), with the
 diagnosis of its learning rate where the default is behind (`results/bench-provenance-confirmation-rate`).
 
 What the page says is derived here: each method's learning rate per lr family, the regime × method matrix (cells
@@ -29,11 +29,13 @@ from rllib_p3o.sweep.grid import (
     DEFAULT_METHOD,
     FIRST_CHOICE,
     GRIDS,
+    LAGGING_ROWS,
     LR_FAMILY_REGIMES,
     METHODS,
     ON_POLICY_FAMILY,
     OTHER_MODEL_CANDIDATES,
     OTHER_MODEL_FAMILY,
+    OTHER_MODEL_ROWS,
     OWN_STALE_FAMILY,
     PROVENANCE_DEVELOPMENT_METHODS,
     REGIMES,
@@ -48,6 +50,7 @@ from rllib_p3o.sweep.verdicts import (
     CHOICE_RULE,
     COLLAPSE_RULE,
     TIE_RULE,
+    all_tie,
     best_or_tied,
     choose_default,
     standard_error,
@@ -314,8 +317,9 @@ def confirmation_quotes(root: str) -> List[str]:
         return out + ["No regime of the confirmation set has all its trials yet, so it confirms nothing so far"]
     regimes_said = words([f"`{r}`" for r in done])
     return out + [
-        f"The confirmation set's finished regimes: {regimes_said}",
+        *([f"The confirmation set's finished regimes: {regimes_said}"] if len(done) < len(g.regimes) else []),
         *aim_quotes(g, "confirmation", seeds, DEFAULT_METHOD),
+        scope_quote(g, done),
         *choice_confirmed(
             g,
             done,
@@ -330,6 +334,44 @@ def confirmation_quotes(root: str) -> List[str]:
         ),
         f"The confirmation set ran {distinct_trials(root, BENCH_PROVENANCE_CONFIRMATION)} distinct trials",
     ]
+
+
+def scope_groups(regimes: List[str]) -> Dict[str, List[str]]:
+    """The regimes by which of P3O's default's additions to its base loss acts there: another model wrote rows (its
+    weight on them), the policy's own tokens lag (its trust region), or neither (one policy version, no other
+    model)."""
+    groups: Dict[str, List[str]] = {"other": [], "lagging": [], "plain": []}
+    for r in regimes:
+        traits = REGIMES[r].traits
+        groups["other" if OTHER_MODEL_ROWS in traits else "lagging" if LAGGING_ROWS in traits else "plain"].append(r)
+    return groups
+
+
+def scope_quote(g: Grid, regimes: List[str], default: str = DEFAULT_METHOD) -> str:
+    """The default's standing counted apart where its trust region acts, where its weight on another model's rows
+    acts and where neither does. The grouping comes from the regimes' traits and is checked against
+    the files: the tokens the trust region stopped are above 0 in every lagging regime and 0 in the others."""
+    groups = scope_groups(regimes)
+    for r in regimes:
+        stopped = g.curves[(g.curves["stage"] == r) & (g.curves["method"] == default)]["masked_fraction"].mean()
+        if (stopped > 0) != (r in groups["lagging"]):
+            raise ValueError(f"{r}: the trust region stopped {stopped:.4f} of the default's tokens, against its traits")
+    held = [r for r in regimes if default in best_or_tied(g.stats[r])]
+    ties = [r for r in regimes if all_tie(g.stats[r])]
+
+    def count(group: str) -> str:
+        rs = groups[group]
+        tied = [r for r in rs if r in ties]
+        all_said = f", {len(tied)} of them a regime where every method ties" if tied else ""
+        return f"{sum(r in held for r in rs)} of {len(rs)}{all_said}"
+
+    return (
+        f"Counted by what the default changes: where its trust region acts (the policy's own tokens lag: "
+        f"{words([f'`{r}`' for r in groups['lagging']])}) it is best or tied in {count('lagging')}; where its weight on "
+        f"another model's rows acts ({words([f'`{r}`' for r in groups['other']])}) in {count('other')}; where "
+        f"neither acts (one policy version, no other model: "
+        f"{words([f'`{r}`' for r in groups['plain']])}) in {count('plain')}"
+    )
 
 
 def rate_quotes(root: str) -> List[str]:
@@ -516,10 +558,10 @@ CONFIRMATION_INTRO = """## The confirmation set
 Every regime of the claims bench over seeds 9-11, run after the development set's choices were committed, each
 method at its family's learning rate from the development set: P3O's default as chosen above, and beside it the
 second and first choices and the staleness round's default (they share their trials where no other model wrote
-rows). The regimes where the choices act ran first:
-`rllib-p3o sweep --task sorting --confirmation --parallel 2 --out runs/bench-provenance-confirmation --regimes offline_weaker behavior_weaker behavior_stronger`
-(its files are in `results/bench-provenance-confirmation/`); the same command without `--regimes` runs the others,
-and this section is written from whatever has finished.
+rows): `rllib-p3o sweep --task sorting --confirmation --parallel 2 --out runs/bench-provenance-confirmation` (its
+files are in `results/bench-provenance-confirmation/`). The regimes where the choices act ran first, with
+`--regimes offline_weaker behavior_weaker behavior_stronger` added, then the same command without it ran the others
+(a rerun of a command skips the trials it has saved).
 """
 
 
