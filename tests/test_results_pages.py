@@ -307,3 +307,26 @@ def test_the_default_is_counted_apart_where_each_of_its_additions_acts_and_the_f
     curves.loc[curves["stage"] == "on_policy", "masked_fraction"] = 0.01
     with pytest.raises(ValueError, match="on_policy: the trust region stopped 0.0100"):
         scope_quote(g, list(stats), default="d")
+
+
+def test_where_another_model_wrote_rows_the_page_says_whether_the_default_ends_above_its_start():
+    """`start_quote`: the mean held-out accuracy at the first evaluation and at the budget, and the seeds that end
+    above their own start, counted per seed (one seed below its start is counted as not above)."""
+    import pandas as pd
+
+    from results_check.pages.provenance import start_quote
+    from results_check.pages.staleness import Grid
+
+    heldout = {0: (0.3, 0.6), 1: (0.3, 0.5), 2: (0.3, 0.2)}  # seed: (iteration 1, iteration 30)
+    curves = pd.DataFrame(
+        [
+            {"stage": "offline_weaker", "method": "d", "seed": seed, "iteration": it, "heldout": value}
+            for seed, values in heldout.items()
+            for it, value in zip((30, 1), reversed(values))  # rows out of order: the first evaluation is by iteration
+        ]
+        + [{"stage": "on_policy", "method": "d", "seed": 0, "iteration": 1, "heldout": 0.9}]
+    )
+    g = Grid("x", {}, {}, ["offline_weaker", "on_policy"], ["d"], {}, {}, curves)
+    assert start_quote(g, ["offline_weaker", "on_policy"], default="d").endswith(
+        ": `offline_weaker` 0.300 → 0.433, above its start in 2 of 3 seeds"
+    )

@@ -320,6 +320,7 @@ def confirmation_quotes(root: str) -> List[str]:
         *([f"The confirmation set's finished regimes: {regimes_said}"] if len(done) < len(g.regimes) else []),
         *aim_quotes(g, "confirmation", seeds, DEFAULT_METHOD),
         scope_quote(g, done),
+        start_quote(g, done),
         *choice_confirmed(
             g,
             done,
@@ -371,6 +372,25 @@ def scope_quote(g: Grid, regimes: List[str], default: str = DEFAULT_METHOD) -> s
         f"another model's rows acts ({words([f'`{r}`' for r in groups['other']])}) in {count('other')}; where "
         f"neither acts (one policy version, no other model: "
         f"{words([f'`{r}`' for r in groups['plain']])}) in {count('plain')}"
+    )
+
+
+def start_quote(g: Grid, regimes: List[str], default: str = DEFAULT_METHOD) -> str:
+    """Where another model wrote rows, the default's held-out accuracy at its first evaluation (iteration 1, the
+    start that the staleness round's default fell below on a weaker model's recording) and at the budget, means over
+    seeds, and in how many seeds it ends above that start."""
+    said = []
+    for r in scope_groups(regimes)["other"]:
+        rows = g.curves[(g.curves["stage"] == r) & (g.curves["method"] == default)].dropna(subset=["heldout"])
+        per_seed = rows.sort_values("iteration").groupby("seed")["heldout"].agg(["first", "last"])
+        above = int((per_seed["last"] > per_seed["first"]).sum())
+        said.append(
+            f"`{r}` {per_seed['first'].mean():.3f} → {per_seed['last'].mean():.3f}, above its start in {above} of "
+            f"{len(per_seed)} seeds"
+        )
+    return (
+        "Where another model wrote rows, P3O's default's held-out accuracy at its first evaluation (iteration 1) and "
+        f"at the budget: {'; '.join(said)}"
     )
 
 
