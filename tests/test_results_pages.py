@@ -351,7 +351,7 @@ def test_the_addition_pages_lr_stage_says_whether_it_has_finished_and_shows_comp
 
     from results_check.pages import addition
 
-    trials = tmp_path / addition.BENCH_ADDITION_DEVELOPMENT / addition.TRIALS
+    trials = tmp_path / addition.BENCH_ADDITION_DEVELOPMENT / addition.report.TRIALS_DIR
     (trials / "lr_on_policy").mkdir(parents=True)
 
     def trial(method, lr, seed, last, first=None):

@@ -21,6 +21,7 @@ import pandas as pd
 from results_check.page import Page
 from results_check.pages._fmt import info_box_tail, load_json, pm, table, words
 from results_check.pages._paths import BENCH_ADDITION_DEVELOPMENT
+from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import DEFAULT_METHOD, GRIDS, LR_FAMILY_REGIMES
 from rllib_p3o.sweep.verdicts import TIE_RULE, best_or_tied
 from rllib_p3o.tasks.addition import AdditionTask
@@ -29,7 +30,6 @@ from rllib_p3o.tasks.sorting import SortingTask
 DEVELOPMENT = GRIDS["addition", "development"]
 # The issue's headroom: the base model at most this held-out, the best method on-policy at least this, in the budget.
 BASE_AT_MOST, BEST_AT_LEAST = 0.4, 0.8
-TRIALS = "trials"
 
 
 def lr_stages(grid=DEVELOPMENT) -> List[str]:
@@ -39,8 +39,7 @@ def lr_stages(grid=DEVELOPMENT) -> List[str]:
 
 def trial_rows(root: str, stage: str) -> pd.DataFrame:
     """Every iteration of every trial file of ``stage`` (empty when none)."""
-    files = sorted(glob.glob(os.path.join(root, BENCH_ADDITION_DEVELOPMENT, TRIALS, stage, "*.csv")))
-    return pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+    return report.read_trials(os.path.join(root, BENCH_ADDITION_DEVELOPMENT), stage)
 
 
 def finished_stages(root: str) -> List[str]:
@@ -48,7 +47,7 @@ def finished_stages(root: str) -> List[str]:
     stages = lr_stages()
     present = {
         os.path.basename(d)
-        for d in glob.glob(os.path.join(root, BENCH_ADDITION_DEVELOPMENT, TRIALS, "*"))
+        for d in glob.glob(os.path.join(root, BENCH_ADDITION_DEVELOPMENT, report.TRIALS_DIR, "*"))
         if glob.glob(os.path.join(d, "*.csv"))
     }
     later_started = [any(p not in stages[: i + 1] for p in present) for i in range(len(stages))]
