@@ -4,6 +4,7 @@ import os
 import shutil
 from pathlib import Path
 
+from rllib_p3o.tasks.model_cache import STAMP_FILE
 from rllib_p3o.tasks.scenarios import tiny_run
 
 # The tests' tiny online run (the one scenario factory it is: `rllib_p3o.tasks.scenarios.tiny_run`).
@@ -11,7 +12,7 @@ tiny_config = tiny_run
 
 # The base model ``make demo`` builds, which the getting-started script reuses when it was built the same way.
 MAKE_DEMO_BASE_MODEL = Path(__file__).resolve().parents[1] / "runs" / "demo" / "base_model"
-_BUILT = "pretrain_args.json"  # written last by ``build_demo_model``
+_BUILT = STAMP_FILE  # written last by ``build_demo_model``
 
 
 def copy_demo_base_model(kept: Path, workdir: Path) -> None:

@@ -252,11 +252,12 @@ def test_the_demo_config_runs_as_the_docs_write_it_and_the_command_it_prints_run
     from helpers import copy_demo_base_model
 
     from rllib_p3o.tasks import build_demo_model
+    from rllib_p3o.tasks.model_cache import STAMP_FILE
 
     work = tmp_path / "repo"
     shutil.copytree(os.path.join(ROOT, "examples"), work / "examples")
     (work / "runs" / "demo").mkdir(parents=True)
-    if not (demo_base_model / "pretrain_args.json").exists():  # what `make demo` builds, once per test session
+    if not (demo_base_model / STAMP_FILE).exists():  # what `make demo` builds, once per test session
         build_demo_model(str(demo_base_model), progress=False)
     copy_demo_base_model(demo_base_model, work / "runs" / "demo")
     readme = next(c for p, k, c, _ in blocks() if p == "README.md" and "train examples/demo.yaml" in c)

@@ -10,6 +10,7 @@ from rllib_p3o.driver import wait_notices
 from rllib_p3o.driver.progress import IterationPrinter
 from rllib_p3o.driver.wait_notices import WaitNotices
 from rllib_p3o.tasks import build_demo_model
+from rllib_p3o.tasks.model_cache import STAMP_FILE
 from rllib_p3o.tasks.pretrain import PretrainingProgress
 
 
@@ -81,7 +82,7 @@ def test_the_demo_base_model_prints_its_pretraining_progress_when_a_script_build
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"building the demo's base model in {path}: pretraining step 1/101, loss ")
     assert lines[-1].startswith(f"building the demo's base model in {path}: pretraining step 101/101, loss ")
-    with open(os.path.join(path, "pretrain_args.json")) as f:
+    with open(os.path.join(path, STAMP_FILE)) as f:
         assert json.load(f)["pretrain_steps"] == 101
     build_demo_model(path, pretrain_steps=101)  # cached: nothing to wait for, nothing printed
     build_demo_model(str(tmp_path / "quiet"), pretrain_steps=51, progress=False)

@@ -24,8 +24,6 @@ fell back to 0.41). The bench's pages give the measured spread.
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import re
 from dataclasses import dataclass
@@ -155,29 +153,15 @@ def build_addition_model(
     """The second bench task's base model: a tiny Qwen2 (`build_tiny_model`) pretrained on
     `AdditionTask.pretraining_corpus`. Cached like the sorting model: a directory built with the same settings (and
     torch thread count) is reused."""
-    import torch
+    from rllib_p3o.tasks.tiny_model import build_bench_model
 
-    from rllib_p3o.tasks.pretrain import pretrain_causal_lm
-    from rllib_p3o.tasks.tiny_model import build_tiny_model
-
-    task = task or AdditionTask()
-    args = {
-        "task": task.__dict__,
-        "pretrain_steps": pretrain_steps,
-        "seed": seed,
-        "format_fraction": format_fraction,
-        "correct_fraction": correct_fraction,
-        "threads": torch.get_num_threads(),
-        "version": 1,
-    }
-    stamp = os.path.join(path, "pretrain_args.json")
-    if not overwrite and os.path.exists(stamp):
-        with open(stamp) as f:
-            if json.load(f) == args:
-                return path
-    build_tiny_model(path, task.corpus(), seed=seed, overwrite=True, max_position_embeddings=64)
-    corpus = task.pretraining_corpus(format_fraction=format_fraction, correct_fraction=correct_fraction, seed=seed)
-    pretrain_causal_lm(path, corpus, steps=pretrain_steps, seed=seed, progress=progress)
-    with open(stamp, "w") as f:
-        json.dump(args, f)
-    return path
+    return build_bench_model(
+        path,
+        task or AdditionTask(),
+        pretrain_steps=pretrain_steps,
+        seed=seed,
+        format_fraction=format_fraction,
+        correct_fraction=correct_fraction,
+        overwrite=overwrite,
+        progress=progress,
+    )

@@ -17,8 +17,6 @@ make the tool call its habit. The held-out split is a fixed random subset of ope
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import re
 from dataclasses import dataclass
@@ -93,11 +91,11 @@ def build_tool_model(
     on `ProductTask.pretraining_corpus`. Cached like `rllib_p3o.tasks.build_demo_model`."""
     import torch
 
+    from rllib_p3o.tasks.model_cache import built_with, mark_built
     from rllib_p3o.tasks.pretrain import pretrain_causal_lm
     from rllib_p3o.tasks.tiny_model import build_tiny_model
 
     task = ProductTask()
-    stamp = os.path.join(path, "pretrain_args.json")
     args = {
         "pretrain_steps": pretrain_steps,
         "seed": seed,
@@ -105,14 +103,11 @@ def build_tool_model(
         "threads": torch.get_num_threads(),
         "version": 1,
     }
-    if not overwrite and os.path.exists(stamp):
-        with open(stamp) as f:
-            if json.load(f) == args:
-                return path
+    if not overwrite and built_with(path, args):
+        return path
     build_tiny_model(path, task.tokenizer_corpus(), vocab_size=48, added_tokens=TOOL_TAGS, seed=seed, overwrite=True)
     pretrain_causal_lm(
         path, task.pretraining_corpus(tool_fraction, seed=seed), steps=pretrain_steps, seed=seed, progress=progress
     )
-    with open(stamp, "w") as f:
-        json.dump(args, f)
+    mark_built(path, args)
     return path

@@ -235,13 +235,12 @@ def build_demo_model(
     (`PretrainingProgress`), so that the minutes are not silent; False (or None) prints nothing; a function gets
     ``(step, loss)`` every 50 steps.
     """
-    from rllib_p3o.tasks.arithmetic import ArithmeticTask
-    from rllib_p3o.tasks.pretrain import PretrainingProgress, pretrain_causal_lm
-
-    stamp = os.path.join(path, "pretrain_args.json")
     import torch
 
-    # The thread count changes the pretraining's floats (reduction order), so a build is only reused with the same.
+    from rllib_p3o.tasks.arithmetic import ArithmeticTask
+    from rllib_p3o.tasks.model_cache import built_with, mark_built
+    from rllib_p3o.tasks.pretrain import PretrainingProgress, pretrain_causal_lm
+
     args = {
         "pretrain_steps": pretrain_steps,
         "seed": seed,
@@ -250,10 +249,8 @@ def build_demo_model(
         "threads": torch.get_num_threads(),
         "version": 3,
     }
-    if not overwrite and os.path.exists(stamp):
-        with open(stamp) as f:
-            if json.load(f) == args:
-                return path
+    if not overwrite and built_with(path, args):
+        return path
     if progress is True:
         progress = PretrainingProgress(f"building the demo's base model in {path}: ", pretrain_steps)
     build_tiny_model(path, seed=seed, overwrite=True)
@@ -261,6 +258,42 @@ def build_demo_model(
         format_fraction=format_fraction, correct_fraction=correct_fraction, seed=seed
     )
     pretrain_causal_lm(path, corpus, steps=pretrain_steps, seed=seed, progress=progress or None)
-    with open(stamp, "w") as f:
-        json.dump(args, f)
+    mark_built(path, args)
+    return path
+
+
+def build_bench_model(
+    path: str,
+    task: Any,
+    *,
+    pretrain_steps: int,
+    seed: int,
+    format_fraction: float,
+    correct_fraction: float,
+    overwrite: bool,
+    progress: Optional[Callable[[int, float], None]],
+) -> str:
+    """A bench task's base model (`build_sorting_model`, `build_addition_model`): a tiny Qwen2 whose tokenizer is
+    trained on ``task.corpus()``, pretrained on ``task.pretraining_corpus(...)``; reused when ``path`` was built with
+    the same settings and thread count (`model_cache`)."""
+    import torch
+
+    from rllib_p3o.tasks.model_cache import built_with, mark_built
+    from rllib_p3o.tasks.pretrain import pretrain_causal_lm
+
+    settings = {
+        "task": task.__dict__,
+        "pretrain_steps": pretrain_steps,
+        "seed": seed,
+        "format_fraction": format_fraction,
+        "correct_fraction": correct_fraction,
+        "threads": torch.get_num_threads(),
+        "version": 1,
+    }
+    if not overwrite and built_with(path, settings):
+        return path
+    build_tiny_model(path, task.corpus(), seed=seed, overwrite=True, max_position_embeddings=64)
+    corpus = task.pretraining_corpus(format_fraction=format_fraction, correct_fraction=correct_fraction, seed=seed)
+    pretrain_causal_lm(path, corpus, steps=pretrain_steps, seed=seed, progress=progress)
+    mark_built(path, settings)
     return path
