@@ -224,7 +224,9 @@ def test_multi_turn_async_with_a_behavior_model_recorded_and_replayed_offline(ra
 
     offline = (
         P3OConfig()
-        .training(model=tiny_chat_model, group_size=4, prompts_per_step=4, lr=1e-3)
+        # Read in this process (the same batches as Ray Data's, tests/test_offline.py), not the subject here: Ray
+        # Data's pipeline would take half a minute to start.
+        .training(model=tiny_chat_model, group_size=4, prompts_per_step=4, lr=1e-3, offline_reader="in_process")
         .offline_data(input_=[rec])
         .env_runners(num_env_runners=0)
         .build_algo()

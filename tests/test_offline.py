@@ -189,6 +189,13 @@ def test_filled_advantages_are_the_group_advantages_in_file_order(tmp_path):
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+# The tests below that are not about who reads the files read them in the trial's own process, as the bench does: the
+# same batches as Ray Data's (`test_in_process_reader_gives_the_ray_data_batches`), without the half minute Ray Data
+# takes to start its pipeline for each algorithm built (``offline_reader="auto"`` picks Ray Data on the session's
+# 6 CPUs). The reader tests, the restored run and the Tune runs read through Ray Data, or through "auto".
+IN_PROCESS = "in_process"
+
+
 def length_reward(prompts, completions, **columns):
     """A reward the untrained tiny model gets varied values of, so the policy really changes while recording."""
     return [float(len(c)) for c in completions]
@@ -230,7 +237,7 @@ def recording(ray_session, tiny_model, tmp_path_factory):
 def _offline_ess(model, files, **config):
     algo = (
         P3OConfig()
-        .training(model=model, group_size=4, prompts_per_step=8, lr=1e-3, **config)
+        .training(model=model, group_size=4, prompts_per_step=8, lr=1e-3, offline_reader=IN_PROCESS, **config)
         .offline_data(input_=files)
         .env_runners(num_env_runners=0)
         .build_algo()
@@ -265,6 +272,7 @@ def test_mixed_run_reports_per_source_metrics(recording, tiny_model):
             max_tokens=3,
             lr=1e-3,
             offline_fraction=0.5,
+            offline_reader=IN_PROCESS,
             eval_interval=0,
         )
         .offline_data(input_=[recording])
@@ -326,6 +334,7 @@ def test_lora_trains_offline_on_rescored_rows(ray_session, tiny_model, recording
             lr=1e-3,
             offline_rescore_model=tiny_model,
             lora={"r": 8, "alpha": 16},
+            offline_reader=IN_PROCESS,
         )
         .offline_data(input_=[f])
         .env_runners(num_env_runners=0)
@@ -532,7 +541,7 @@ def test_offline_and_mixed_tune_runs_on_two_cpus_with_the_default_ray_init(recor
 def _offline_algo(model, files, **training):
     return (
         P3OConfig()
-        .training(model=model, group_size=4, prompts_per_step=8, lr=1e-3, **training)
+        .training(model=model, group_size=4, prompts_per_step=8, lr=1e-3, offline_reader=IN_PROCESS, **training)
         .offline_data(input_=files)
         .env_runners(num_env_runners=0)
         .build_algo()
@@ -585,7 +594,9 @@ def test_two_seeds_train_on_different_offline_batches_and_one_seed_on_the_same(r
     def first_step(seed, **training):
         algo = (
             P3OConfig()
-            .training(model=tiny_model, group_size=4, prompts_per_step=8, lr=1e-3, **training)
+            .training(
+                model=tiny_model, group_size=4, prompts_per_step=8, lr=1e-3, offline_reader=IN_PROCESS, **training
+            )
             .offline_data(input_=[recording])
             .env_runners(num_env_runners=0)
             .debugging(seed=seed)
