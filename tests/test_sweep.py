@@ -541,3 +541,30 @@ def test_a_set_whose_lr_choice_is_not_committed_stops_before_ray_and_says_what_t
     err = capsys.readouterr().err
     assert "results/no-such-set/lr_choice.json" in err and "--development" in err and "--lr" in err
     assert not os.path.exists(tmp_path / "out" / "prep")
+
+
+def test_each_trial_file_names_the_cpu_it_ran_on_and_the_page_says_which(tmp_path):
+    """A set resumed on another CPU differs in every float; its trial files say which CPU each trial ran on, and a
+    results page's machine line comes from them (files from before the column: the CPU the pages named then)."""
+    import numpy as np
+
+    from results_check.pages._fmt import EARLIER_CPU, machine_words, trial_cpus
+    from rllib_p3o.sweep.machine import cpu_description, describe_cpu
+
+    assert describe_cpu("AMD EPYC", ["sse2", "avx2", "avx512f"]) == "AMD EPYC with AVX-512"
+    assert describe_cpu("AMD EPYC", ["sse2", "avx2"]) == "AMD EPYC with AVX2"
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\n")
+    assert cpu_description(str(cpuinfo)) == "AMD EPYC with AVX2"
+
+    path = report.trial_path(str(tmp_path), "on_policy", "p3o_seed0_lr0.001")
+    report.write_trial(path, "on_policy", ("p3o", 0, 1e-3), [{report.ITERATION: 1, report.HELDOUT: 0.5}], False, 512)
+    written = report.read_trials(str(tmp_path))
+    assert list(written[report.MACHINE]) == [cpu_description()]
+
+    assert trial_cpus(pd.DataFrame({report.HELDOUT: [0.5]})) == [EARLIER_CPU]
+    mixed = pd.DataFrame({report.MACHINE: ["AMD EPYC with AVX2", np.nan]})
+    assert trial_cpus(mixed) == ["AMD EPYC with AVX-512", "AMD EPYC with AVX2"]
+    assert machine_words(trial_cpus(mixed)) == (
+        "**Machine:** 2-core x86-64 CPUs (trials on AMD EPYC with AVX-512 and AMD EPYC with AVX2)"
+    )

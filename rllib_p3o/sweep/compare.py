@@ -5,9 +5,9 @@
 
 A sweep's trial files (``<out>/trials/<stage>/<method>_seed<s>_lr<lr>.csv``) hold each iteration's held-out reward,
 ESS, reward and sample count. Those are compared as written (the CSV's text, so "equal" means bit for bit); the
-columns that measure the machine rather than the training (wall time, set-up time, whether a warm actor was reused)
-are left out. Prints one line per differing or missing trial and a total; exits non-zero when a trial differs, or,
-with ``--complete``, when the rerun lacks one of the reference's trials.
+columns that measure the machine rather than the training (wall time, set-up time, whether a warm actor was reused,
+the CPU) are left out. Prints one line per differing or missing trial and a total; exits non-zero when a trial
+differs, or, with ``--complete``, when the rerun lacks one of the reference's trials.
 
 On another CPU (AVX-512 against AVX2, say) the kernels round differently, the base model is not the same to the
 last bit and no trial is identical; the question is then whether the results are. ``--table`` writes, from each
@@ -30,7 +30,7 @@ import pandas as pd
 from rllib_p3o.sweep import report
 
 # What the machine decides, not the training: excluded from the comparison.
-MACHINE_COLUMNS = (report.TIME_S, report.SETUP_S, report.ACTOR_REUSED)
+MACHINE_COLUMNS = (report.TIME_S, report.SETUP_S, report.ACTOR_REUSED, report.MACHINE)
 P3O = "p3o"  # the method whose place in each regime the table checks
 
 

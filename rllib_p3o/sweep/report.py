@@ -23,6 +23,7 @@ import pandas as pd
 
 from rllib_p3o.core import metrics
 from rllib_p3o.sweep import failures, verdicts
+from rllib_p3o.sweep.machine import cpu_description
 
 CURVES_CSV = "curves.csv"
 SUMMARY_MD = "summary.md"
@@ -45,6 +46,8 @@ STALENESS_MEAN, STALENESS_MAX = "staleness_mean", "staleness_max"
 # A method that shares another's trial in a regime (`rllib_p3o.sweep.grid.Grid.same_run_as`): that method's name.
 SAME_RUN_AS = "same_run_as"
 TIME_S = "time_total_s"  # the trial's wall time so far (Tune's), so a resumed sweep's files still add up to its cost
+# The CPU the trial ran on (`rllib_p3o.sweep.machine.cpu_description`): a set resumed on another machine says so.
+MACHINE = "machine"
 PER_ITERATION = "completions_per_iteration"
 # The lr stage of a regime is the stage "lr_<regime>" (the demo sweep's single lr stage is "lr").
 LR_STAGE_PREFIX = "lr_"
@@ -123,6 +126,7 @@ def write_trial(
         (LR_PEAK, lr),
         (ERROR, error),
         (PER_ITERATION, samples_per_iteration),
+        (MACHINE, cpu_description()),
     ):
         df[key] = value
     os.makedirs(os.path.dirname(path), exist_ok=True)
