@@ -18,6 +18,17 @@ os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 # /tmp/ray/ray_current_cluster, which a plain `ray.init()` of the other worker would otherwise join.
 os.environ.setdefault("RAY_ADDRESS", "local")
 
+
+def _build_matplotlib_font_cache() -> None:
+    """On a fresh machine the first ``import matplotlib.pyplot`` builds matplotlib's font cache, which runs
+    ``fc-list`` as a process: inside a fast test (a results figure, reasoning-gym's import) the guard below would take
+    it for the test starting one, so whether the suite passed depended on which test imported it first. Built here,
+    once, before any test."""
+    import matplotlib.font_manager  # noqa: F401
+
+
+_build_matplotlib_font_cache()
+
 # The session's Ray: more logical CPUs than cores, so a runner and learners fit; the work itself is tiny.
 RAY_SESSION = dict(
     num_cpus=6,
