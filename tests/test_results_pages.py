@@ -146,7 +146,7 @@ ONE_NUMBER_CHANGED = [
     ),
     (
         "docs/results/addition.md",
-        ["results/bench-addition-development", "rllib_p3o/tasks/addition.py"],
+        ["results/bench-addition-development", "results/bench-provenance-confirmation", "rllib_p3o/tasks/addition.py"],
         lambda root: _edit(
             root,
             "results/bench-addition-development/trials/lr_on_policy/cispo_seed0_lr0.001.csv",
@@ -381,3 +381,54 @@ def test_the_addition_pages_lr_stage_says_whether_it_has_finished_and_shows_comp
     trial("m2po", 0.001, 0, 0.95, first=0.35)
     with pytest.raises(ValueError, match="differs between trials of a seed"):
         addition.on_policy_quotes(str(tmp_path))
+
+
+def test_the_regime_by_task_table_shows_each_sets_finished_regimes_only_and_says_what_it_does_not_run(tmp_path):
+    """The addition page's regime × task table, on the committed sorting confirmation set (hand-read from its page:
+    behind by 0.104 in four steps per batch, ahead of every peer in calls in flight, every method tied on-policy) and
+    a hand-made addition confirmation report: a finished regime where the default is ahead of every peer, one where
+    it is behind with a collapsed seed, one still running (two of three seeds), one not started."""
+    import json
+    import shutil
+
+    from results_check.pages import addition
+    from results_check.pages.staleness import PEER_DEFAULTS
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sorting = tmp_path / addition.BENCH_PROVENANCE_CONFIRMATION
+    sorting.mkdir(parents=True)
+    shutil.copy(os.path.join(root, addition.BENCH_PROVENANCE_CONFIRMATION, "summary.json"), sorting)
+
+    def row(stage, method, mean, std=0.01, seeds=3, collapses=0):
+        return dict(stage=stage, method=method, heldout_at_budget_mean=mean, heldout_at_budget_std=std, seeds=seeds,
+                    collapses=collapses)  # fmt: skip
+
+    default = addition.DEFAULT_METHOD
+    rows = [row("offline_weaker", default, 0.70)] + [row("offline_weaker", p, 0.50) for p in PEER_DEFAULTS]
+    rows += [row("async_staleness_8", default, 0.40, std=0.2, collapses=1), row("async_staleness_8", "cispo", 0.75)]
+    rows += [row("on_policy", default, 0.9, seeds=2), row("on_policy", "cispo", 0.9)]
+    confirmation = tmp_path / addition.BENCH_ADDITION_CONFIRMATION
+    confirmation.mkdir(parents=True)
+    (confirmation / "summary.json").write_text(json.dumps({"note": "Partial: ...", "summary": rows}))
+
+    quotes = addition.regime_task_quotes(str(tmp_path))
+    split = [q[2:-2].split(" | ") for q in quotes if q.startswith("| `")]  # "| `regime` | a | b | c |"
+    cells = {c[0].strip("`"): c[1:] for c in split}
+    assert quotes[0] == (
+        "| regime | sorting, confirmation (seeds 9-11) | addition, development (seeds 0-2) "
+        "| addition, confirmation (seeds 3-5) |"
+    )
+    assert cells["four_steps_per_batch"][0] == "behind (-0.104 to `grpo_seq_mask_eps0.4`)"
+    assert cells["async_4_in_flight"][0] == "best or tied, ahead of every peer's default"
+    assert cells["on_policy"][0] == "best or tied (every method ties: no evidence)"
+    assert cells["offline_weaker"] == ["best or tied", "not run yet", "best or tied, ahead of every peer's default"]
+    assert cells["async_staleness_8"][2] == "behind (-0.350 to `cispo`), 1 of 3 seeds collapsed"
+    assert cells["on_policy"][2] == "running" and cells["temperature_1.2"][2] == "not run yet"
+    assert cells["bf16_rollouts"][1:] == ["–", "–"] and cells["async_staleness_4_inflight"][0] == "–"
+    assert (
+        "The sorting task's confirmation set: best or tied in 9 of its 13 regimes, ahead of every peer's " in quotes[-3]
+    )
+    assert quotes[-2] == "The addition task's development set: no regime finished yet"
+    assert quotes[-1].startswith(
+        "The addition task's confirmation set: best or tied in 1 of 2 finished regimes (of 11)"
+    )

@@ -5,7 +5,9 @@ report while it runs).
 What the page says is derived here: how the task's completions differ from the sorting task's (from the two tasks'
 own rows), the base model's held-out accuracy (every on-policy trial's first evaluation, taken before any update) and
 the on-policy learning-rate stage (each method at each peak, mean ± SD over the seeds), the issue's headroom test on
-them, and how much of the development set has run. A learning-rate stage has finished once the sweep has moved past
+them, how much of the development set has run, and the regime × task table of P3O's default's verdicts: the sorting
+task's confirmation set (`results/bench-provenance-confirmation`) beside the addition task's development and
+confirmation sets (`results/bench-addition-confirmation`, once it runs). A learning-rate stage has finished once the sweep has moved past
 it (a later stage has a trial file); until then its bracket may still grow, and the page says so.
 """
 
@@ -20,14 +22,21 @@ import pandas as pd
 
 from results_check.page import Page
 from results_check.pages._fmt import info_box_tail, load_json, machine_words, pm, table, trial_cpus, words
-from results_check.pages._paths import BENCH_ADDITION_DEVELOPMENT
+from results_check.pages._paths import (
+    BENCH_ADDITION_CONFIRMATION,
+    BENCH_ADDITION_DEVELOPMENT,
+    BENCH_PROVENANCE_CONFIRMATION,
+)
+from results_check.pages.staleness import best_method, complete, load, standing
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import DEFAULT_METHOD, GRIDS, LR_FAMILY_REGIMES
-from rllib_p3o.sweep.verdicts import TIE_RULE, best_or_tied
+from rllib_p3o.sweep.grid import Grid as SweepGrid
+from rllib_p3o.sweep.verdicts import TIE_RULE, all_tie, best_or_tied
 from rllib_p3o.tasks.addition import AdditionTask
 from rllib_p3o.tasks.sorting import SortingTask
 
 DEVELOPMENT = GRIDS["addition", "development"]
+CONFIRMATION = GRIDS["addition", "confirmation"]
 # The issue's headroom: the base model at most this held-out, the best method on-policy at least this, in the budget.
 BASE_AT_MOST, BEST_AT_LEAST = 0.4, 0.8
 
@@ -170,8 +179,89 @@ def progress_quote(root: str) -> str:
     return f"{report['note'] or 'The development set is complete'} Learning-rate stages finished: {said}"
 
 
+# The sets the regime × task table puts side by side, left to right: (task, set, its folder, its sweep grid). The
+# sorting task's is the confirmation set of data another model recorded (docs/results/provenance.md), whose default
+# P3O's default is on both tasks.
+TASK_SETS: Tuple[Tuple[str, str, str, SweepGrid], ...] = (
+    ("sorting", "confirmation", BENCH_PROVENANCE_CONFIRMATION, GRIDS["sorting", "confirmation"]),
+    ("addition", "development", BENCH_ADDITION_DEVELOPMENT, DEVELOPMENT),
+    ("addition", "confirmation", BENCH_ADDITION_CONFIRMATION, CONFIRMATION),
+)
+NOT_IN_SET, NOT_RUN, RUNNING = "–", "not run yet", "running"
+
+
+def seeds_words(grid: SweepGrid) -> str:
+    """``seeds 3-5`` (a run of seeds) or ``seeds 0, 2 and 7``."""
+    seeds = sorted(grid.seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}-{seeds[-1]}"
+    return "seeds " + words([str(s) for s in seeds])
+
+
+def verdict_cell(g, regime: str, default: str = DEFAULT_METHOD) -> str:
+    """P3O's default in one finished regime of a set: best or tied, or behind (its mean's difference to the regime's
+    highest mean, and that method), and whether every method ties there; where it is ahead of every peer's default
+    by more than the SE; its collapsed seeds."""
+    held, _, ahead, collapsed = standing(g, [regime], default)
+    if held:
+        text = "best or tied" + (" (every method ties: no evidence)" if all_tie(g.stats[regime]) else "")
+    else:
+        best = best_method(g, regime)
+        text = f"behind ({g.stats[regime][default][0] - g.stats[regime][best][0]:+.3f} to `{best}`)"
+    if ahead:
+        text += ", ahead of every peer's default"
+    if collapsed:
+        text += f", {collapsed} of {g.stats[regime][default][2]} seeds collapsed"
+    return text
+
+
+def regime_task_quotes(root: str, sets: Tuple[Tuple[str, str, str, SweepGrid], ...] = TASK_SETS) -> List[str]:
+    """The regime × task table of P3O's default's verdicts, one column per set (`TASK_SETS`), a row per regime any of
+    them runs: a regime a set has finished (every method, every seed) shows its verdict (`verdict_cell`); one it
+    runs but has not finished, "running" or "not run yet"; one it does not run, "–". Then, per set, how many of its
+    finished regimes hold."""
+    loaded = [(task, name, load(root, folder, grid), grid) for task, name, folder, grid in sets]
+    regimes = list(dict.fromkeys(r for *_, grid in loaded for r in grid.regimes))
+    columns, counts = [], []
+    for task, name, g, grid in loaded:
+        done = complete(g, len(grid.seeds), DEFAULT_METHOD) if g is not None else []
+        started = g.regimes if g is not None else []
+        column = {}
+        for r in regimes:
+            if r not in grid.regimes:
+                column[r] = NOT_IN_SET
+            elif r in done:
+                column[r] = verdict_cell(g, r)
+            else:
+                column[r] = RUNNING if r in started else NOT_RUN
+        columns.append((f"{task}, {name} ({seeds_words(grid)})", column))
+        if done:
+            held = [r for r in done if column[r].startswith("best or tied")]
+            ahead = [r for r in done if "ahead of every peer" in column[r]]
+            of = (
+                f"{len(done)} finished regimes (of {len(grid.regimes)})"
+                if len(done) < len(grid.regimes)
+                else (f"its {len(done)} regimes")
+            )
+            counts.append(
+                f"The {task} task's {name} set: best or tied in {len(held)} of {of}, ahead of every peer's default by "
+                f"more than the SE in {len(ahead)}"
+            )
+        else:
+            counts.append(f"The {task} task's {name} set: no regime finished yet")
+    rows = [[f"`{r}`", *[column[r] for _, column in columns]] for r in regimes]
+    return [*table(["regime", *[title for title, _ in columns]], rows), *counts]
+
+
 def quotes(root: str) -> List[str]:
-    return [*task_quotes(), *on_policy_quotes(root), progress_quote(root), TIE_RULE, machine_words(cpus(root))]
+    return [
+        *task_quotes(),
+        *on_policy_quotes(root),
+        *regime_task_quotes(root),
+        progress_quote(root),
+        TIE_RULE,
+        machine_words(cpus(root)),
+    ]
 
 
 def cpus(root: str) -> List[str]:
@@ -225,13 +315,23 @@ off-policy share one trial (named for the first of them). Each cell: held-out ac
 the seeds (SD: the sample standard deviation), best or tied in bold (over every cell).
 """
 
+VERDICTS_INTRO = f"""## Regime × task: P3O's default on both tasks
+
+Each cell: P3O's default (`{DEFAULT_METHOD}`) in one regime of one set, every method at its own learning rate by
+the same rule on both tasks: best or tied, or behind (the difference of its mean to the regime's highest mean, and
+that method); "ahead of every peer's default" where it beats each peer's default loss by more than the standard
+error of the difference; its collapsed seeds. A regime where every method ties says nothing of P3O and is marked so. A set's cell is filled once the regime has finished there (every
+method, every seed); "–": the set does not run that regime. The sorting task's column is the confirmation set of
+[data another model recorded](provenance.md). Development and confirmation sets are reported apart: the development
+set chose the learning rates.
+"""
+
 STATUS_INTRO = """## What has run, and what follows
 
 The development set goes on to the learning-rate stages of the policy's own stale data (`async_staleness_4`) and of
 another model's data (`offline_weaker`), then the weaker second model live (`behavior_weaker`). Its choice is
 committed before the confirmation set runs; the confirmation set's regimes are the sorting bench's, and calls in
-flight with in-flight weight updates. This page then gains the regime × task table of P3O's default's verdicts on
-both tasks.
+flight with in-flight weight updates.
 """
 
 
@@ -247,6 +347,9 @@ def page_text(root: str) -> str:
     else:
         parts += [q + ".\n" for q in said]
     parts += [TIE_RULE + "\n"]
+    verdicts = regime_task_quotes(root)
+    parts += [VERDICTS_INTRO, "\n".join(q for q in verdicts if q.startswith("|")) + "\n"]
+    parts += [q + ".\n" for q in verdicts if not q.startswith("|")]
     parts += [STATUS_INTRO, progress_quote(root) + ".\n"]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
 
