@@ -432,3 +432,40 @@ def test_the_regime_by_task_table_shows_each_sets_finished_regimes_only_and_says
     assert quotes[-1].startswith(
         "The addition task's confirmation set: best or tied in 1 of 2 finished regimes (of 11)"
     )
+
+
+def test_readmes_sentence_on_both_tasks_waits_for_both_confirmation_sets_and_sorts_regimes_by_where_they_hold(
+    tmp_path,
+):
+    """The committed sorting confirmation set (behind in four and two steps per batch and with a live weaker model;
+    ahead of every peer with calls in flight) beside a hand-made addition one, complete in every regime: the
+    default behind `cispo` in four steps per batch and at staleness 8, ahead of it elsewhere. No sentence while the
+    addition set is partial."""
+    import json
+    import shutil
+
+    from results_check.pages import addition
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sorting = tmp_path / addition.BENCH_PROVENANCE_CONFIRMATION
+    sorting.mkdir(parents=True)
+    shutil.copy(os.path.join(root, addition.BENCH_PROVENANCE_CONFIRMATION, "summary.json"), sorting)
+    behind = ("four_steps_per_batch", "async_staleness_8")
+    rows = []
+    for regime in addition.CONFIRMATION.regimes:
+        default_mean, cispo_mean = (0.5, 0.8) if regime in behind else (0.8, 0.5)
+        for method, mean in ((addition.DEFAULT_METHOD, default_mean), ("cispo", cispo_mean)):
+            rows.append(dict(stage=regime, method=method, heldout_at_budget_mean=mean, heldout_at_budget_std=0.01,
+                             seeds=3, collapses=0))  # fmt: skip
+    folder = tmp_path / addition.BENCH_ADDITION_CONFIRMATION
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"note": "Partial: 1 trial not yet", "summary": rows}))
+    assert addition.readme_both_tasks(str(tmp_path)) is None
+    (folder / "summary.json").write_text(json.dumps({"note": None, "summary": rows}))
+    assert addition.readme_both_tasks(str(tmp_path)) == (
+        "on both tasks' confirmation sets (sorting and addition, 10 regimes both run) P3O's default is best or tied on "
+        "both in `offline_weaker`, `async_4_in_flight`, `async_staleness_4`, `offline_stale`, `on_policy` and "
+        "`temperature_1.2`, on sorting only in `async_staleness_8`, on addition only in `two_steps_per_batch` and "
+        "`behavior_weaker`, behind on both in `four_steps_per_batch`; ahead of every peer's default by more than the "
+        "standard error on both in `async_4_in_flight`"
+    )

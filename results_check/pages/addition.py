@@ -16,7 +16,7 @@ from __future__ import annotations
 import glob
 import os
 import statistics
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pandas as pd
 
@@ -251,6 +251,35 @@ def regime_task_quotes(root: str, sets: Tuple[Tuple[str, str, str, SweepGrid], .
             counts.append(f"The {task} task's {name} set: no regime finished yet")
     rows = [[f"`{r}`", *[column[r] for _, column in columns]] for r in regimes]
     return [*table(["regime", *[title for title, _ in columns]], rows), *counts]
+
+
+def readme_both_tasks(root: str, sets: Tuple[Tuple[str, str, str, SweepGrid], ...] = TASK_SETS) -> Optional[str]:
+    """README's sentence on what holds on both tasks and what on one: P3O's default's verdicts on the two tasks'
+    confirmation sets, over the regimes both run (None until both sets are complete)."""
+    confirmations = []
+    for task, name, folder, grid in sets:
+        if name != "confirmation":
+            continue
+        g = load(root, folder, grid)
+        if g is None or g.note or len(complete(g, len(grid.seeds), DEFAULT_METHOD)) < len(grid.regimes):
+            return None
+        confirmations.append((task, g))
+    (first, a), (second, b) = confirmations
+    shared = [r for r in a.regimes if r in b.regimes]
+    held = {task: {r for r in shared if DEFAULT_METHOD in best_or_tied(g.stats[r])} for task, g in confirmations}
+    ahead = {task: set(standing(g, shared, DEFAULT_METHOD)[2]) for task, g in confirmations}
+
+    def said(regimes: List[str]) -> str:
+        return words([f"`{r}`" for r in regimes]) if regimes else "none"
+
+    return (
+        f"on both tasks' confirmation sets ({first} and {second}, {len(shared)} regimes both run) P3O's default is "
+        f"best or tied on both in {said([r for r in shared if r in held[first] and r in held[second]])}, on "
+        f"{first} only in {said([r for r in shared if r in held[first] and r not in held[second]])}, on {second} "
+        f"only in {said([r for r in shared if r in held[second] and r not in held[first]])}, behind on both in "
+        f"{said([r for r in shared if r not in held[first] | held[second]])}; ahead of every peer's default by more "
+        f"than the standard error on both in {said([r for r in shared if r in ahead[first] and r in ahead[second]])}"
+    )
 
 
 def quotes(root: str) -> List[str]:

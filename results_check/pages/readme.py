@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List
 
 from results_check.page import Page
-from results_check.pages import claims, provenance, staleness
+from results_check.pages import addition, claims, provenance, staleness
 from results_check.pages._fmt import load_json, num, pct, words
 from results_check.pages._paths import BENCH, BENCH_RESULTS
 
@@ -39,6 +39,7 @@ def quotes(root: str) -> List[str]:
         *([standing] if standing else []),
         provenance.readme_development(root),
         *([confirmed] if (confirmed := provenance.readme_confirmation(root)) else []),
+        *([both] if (both := addition.readme_both_tasks(root)) else []),  # once both tasks' confirmations are complete
         # The feature list's claims sweep: how the bench's lr was chosen, and the trials its command runs.
         f"on the claims bench's sorting task, P3O vs the baselines peers ship, {claims.lr_sentence(bench_lr)}",
         f"--out runs/bench # the claims bench: {bench_report['cost']['trials']} trials",
