@@ -287,6 +287,7 @@ def quotes(root: str) -> List[str]:
         *task_quotes(),
         *on_policy_quotes(root),
         *regime_task_quotes(root),
+        *([both] if (both := readme_both_tasks(root)) else []),
         progress_quote(root),
         TIE_RULE,
         machine_words(cpus(root)),
@@ -379,6 +380,8 @@ def page_text(root: str) -> str:
     verdicts = regime_task_quotes(root)
     parts += [VERDICTS_INTRO, "\n".join(q for q in verdicts if q.startswith("|")) + "\n"]
     parts += [q + ".\n" for q in verdicts if not q.startswith("|")]
+    both = readme_both_tasks(root)
+    parts += [both[0].upper() + both[1:] + ".\n"] if both else []
     parts += [STATUS_INTRO, progress_quote(root) + ".\n"]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
 
