@@ -287,7 +287,7 @@ def quotes(root: str) -> List[str]:
         *task_quotes(),
         *on_policy_quotes(root),
         *regime_task_quotes(root),
-        *([both] if (both := readme_both_tasks(root)) else []),
+        *([both[0].upper() + both[1:]] if (both := readme_both_tasks(root)) else []),  # as the page's sentence starts
         progress_quote(root),
         TIE_RULE,
         machine_words(cpus(root)),
