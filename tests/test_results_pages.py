@@ -145,6 +145,13 @@ ONE_NUMBER_CHANGED = [
         "scores 0.900 ± 0.027 (0 of 3 seeds collapsed)",  # 0.856: the default at the best method's rate
     ),
     (
+        "docs/results/provenance.md",
+        [f"results/bench-provenance-{s}" for s in ("development", "first-confirmation", "confirmation")]
+        + ["results/bench-provenance-confirmation-rate"],
+        _set("results/bench-provenance-confirmation/summary.json", ["summary", 146, "heldout_at_budget_mean"], 0.7),
+        "at 0.00025 that loss scores 0.700 ± 0.028, behind `cispo`",  # 0.737: p3o_clip_version in behavior_stronger
+    ),
+    (
         "docs/results/addition.md",
         ["results/bench-addition-development", "results/bench-provenance-confirmation", "rllib_p3o/tasks/addition.py"],
         lambda root: _edit(
@@ -469,3 +476,27 @@ def test_readmes_sentence_on_both_tasks_waits_for_both_confirmation_sets_and_sor
         "`behavior_weaker`, behind on both in `four_steps_per_batch`; ahead of every peer's default by more than the "
         "standard error on both in `async_4_in_flight`"
     )
+
+
+def test_the_provenance_aim_says_where_no_run_isolates_why_the_default_is_behind(tmp_path):
+    """Without the rate diagnosis's files, the two several-steps regimes where P3O's default is behind have no run
+    that isolates why, and the page's aim section says so; with them, the rate does."""
+    import shutil
+
+    from results_check.pages import provenance
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folder = provenance.BENCH_PROVENANCE_CONFIRMATION
+    shutil.copytree(os.path.join(root, folder), tmp_path / folder)
+    without = provenance.aim_verdict_quotes(str(tmp_path))
+    assert (
+        without[0].startswith("The aim on the confirmation set (")
+        and " is not met: it is behind in 4 of 13" in without[0]
+    )
+    assert [q for q in without if "no run of this page isolates why" in q] == [
+        "`four_steps_per_batch` (-0.104 to `grpo_seq_mask_eps0.4`): no run of this page isolates why",
+        "`two_steps_per_batch` (-0.031 to `grpo_tis_eps0.2`): no run of this page isolates why",
+    ]
+    rate = provenance.BENCH_PROVENANCE_RATE
+    shutil.copytree(os.path.join(root, rate), tmp_path / rate)
+    assert not any("isolates why" in q for q in provenance.aim_verdict_quotes(str(tmp_path)))

@@ -23,7 +23,7 @@ from results_check.pages._paths import (
     BENCH_PROVENANCE_FIRST_CONFIRMATION,
     BENCH_PROVENANCE_RATE,
 )
-from results_check.pages.staleness import Grid, aim_quotes, complete, load, matrix_quotes
+from results_check.pages.staleness import Grid, aim_quotes, best_method, complete, load, matrix_quotes, standing
 from rllib_p3o.sweep.grid import (
     ABLATION_METHODS,
     DEFAULT_METHOD,
@@ -303,7 +303,13 @@ def quotes(root: str) -> List[str]:
         *change_quotes(CONFIRMATION, root),
     ]
     confirmed = readme_confirmation(root)
-    return out + confirmation_quotes(root) + ([confirmed] if confirmed else []) + rate_quotes(root)
+    return [
+        *out,
+        *confirmation_quotes(root),
+        *([confirmed] if confirmed else []),
+        *rate_quotes(root),
+        *aim_verdict_quotes(root),
+    ]
 
 
 def confirmation_quotes(root: str) -> List[str]:
@@ -427,6 +433,90 @@ def rate_quotes(root: str) -> List[str]:
                 f"({pm(*stats['best'])}) it is {_SAID[v]} ({gap:+.3f}, SE {gap_se:.3f})"
             )
     return out
+
+
+# The issue's aim on the confirmation set: ahead of every peer's default by more than the SE in at least this many
+# regimes where the data drift (every regime but on-policy).
+AIM_AHEAD_AT_LEAST = 3
+
+
+def aim_verdict_quotes(root: str) -> List[str]:
+    """The aim on the complete confirmation set, met or not, and for each regime where P3O's default is behind, what
+    isolates why: the same update at the rate of the regime's highest mean (`rate_quotes`' diagnosis), or, where it
+    computes the staleness round's default's loss at another rate, that loss at its own rate (the confirmation's
+    `STALENESS_DEFAULT` cells). A regime behind with neither says so. Nothing while the set is partial."""
+    g = load(root, BENCH_PROVENANCE_CONFIRMATION, CONFIRMATION)
+    if g is None or g.note or len(complete(g, len(CONFIRMATION.seeds), DEFAULT_METHOD)) < len(CONFIRMATION.regimes):
+        return []
+    regimes = list(g.regimes)
+    held, missed, ahead, collapsed = standing(g, regimes, DEFAULT_METHOD)
+    others = scope_groups(regimes)["other"]
+    starts = [_above_start(g, r) for r in others]
+    met = not missed and len(ahead) >= AIM_AHEAD_AT_LEAST and not collapsed and all(starts)
+    seeds = sum(g.stats[r][DEFAULT_METHOD][2] for r in regimes)
+    out = [
+        f"The aim on the confirmation set (P3O's default best or tied in every regime, above its start where another "
+        f"model wrote rows, ahead of every peer's default by more than the standard error in at least "
+        f"{AIM_AHEAD_AT_LEAST} regimes where the data drift, no collapsed seed) is {'met' if met else 'not met'}: it "
+        f"is behind in {len(missed)} of {len(regimes)} regimes, ahead of every peer's default in {len(ahead)}, above "
+        f"its start in {sum(starts)} of the {len(others)} regimes where another model wrote rows, and {collapsed} of "
+        f"its {seeds} seeds collapsed"
+    ]
+    rate = load(root, BENCH_PROVENANCE_RATE)
+    against = {"wins": "ahead of", "loses": "behind", "ties": "tied with"}
+    for r in missed:
+        best = best_method(g, r)
+        gap = g.stats[r][DEFAULT_METHOD][0] - g.stats[r][best][0]
+        said = f"`{r}` ({gap:+.3f} to `{best}`)"
+        if rate is not None and r in rate.regimes:
+            stats = {
+                "own": g.stats[r][DEFAULT_METHOD],
+                "best": g.stats[r][best],
+                "rate": rate.stats[r][rate.methods[0]],
+            }
+            diff, se, v = _effect(stats, "best", "rate")
+            gain, gain_se, gained = _effect(stats, "own", "rate")
+            if v == "loses":
+                how = "the rate explains part of the gap"
+            elif gained == "wins":
+                how = "the rate explains the gap"
+            else:
+                how = f"its gain over its own rate ({gain:+.3f}, SE {gain_se:.3f}) is within the SE: the rate explains it in part"
+            out.append(
+                f"{said}: the same update at `{best}`'s rate is {against[v]} it ({diff:+.3f}, SE {se:.3f}); {how}"
+            )
+        elif CONFIRMATION.same_run_as(r, DEFAULT_METHOD) != CONFIRMATION.same_run_as(r, STALENESS_DEFAULT) and (
+            r not in change_regimes(CONFIRMATION.regimes)
+        ):
+            own_lr = method_peak(g.report["lr_peak"], DEFAULT_METHOD, r)
+            same_lr = method_peak(g.report["lr_peak"], STALENESS_DEFAULT, r)
+            loss = f"it computes `{STALENESS_DEFAULT}`'s loss at {own_lr:g}, where that method runs at {same_lr:g}"
+            if best == STALENESS_DEFAULT:
+                out.append(f"{said}: {loss}; at {same_lr:g} that loss is the regime's best: the rate is the whole gap")
+                continue
+            stats = {"best": g.stats[r][best], "same": g.stats[r][STALENESS_DEFAULT]}
+            diff, se, v = _effect(stats, "best", "same")
+            how = (
+                "the rate is the whole gap"
+                if v != "loses"
+                else (
+                    f"the rate accounts for {diff - gap:.3f} of the gap, the loss at that rate for the other {-diff:.3f}"
+                )
+            )
+            out.append(
+                f"{said}: {loss}; at {same_lr:g} that loss scores {pm(*stats['same'])}, {against[v]} `{best}` ({diff:+.3f}, SE "
+                f"{se:.3f}); {how}"
+            )
+        else:
+            out.append(f"{said}: no run of this page isolates why")
+    return out
+
+
+def _above_start(g: Grid, regime: str, default: str = DEFAULT_METHOD) -> bool:
+    """Whether the default's mean held-out at the budget is above its mean first evaluation in ``regime``."""
+    rows = g.curves[(g.curves["stage"] == regime) & (g.curves["method"] == default)].dropna(subset=["heldout"])
+    per_seed = rows.sort_values("iteration").groupby("seed")["heldout"].agg(["first", "last"])
+    return bool(per_seed["last"].mean() > per_seed["first"].mean())
 
 
 def first_confirmation_quotes(root: str) -> List[str]:
@@ -594,6 +684,10 @@ It is a diagnosis run after the confirmation set, not a choice: no rate was chan
 """
 
 
+AIM_INTRO = """## The aim, and where it is missed
+"""
+
+
 def page_text(root: str) -> str:
     """The whole page, its prose around the quotes `quotes` derives from the files."""
     dev = load(root, BENCH_PROVENANCE_DEVELOPMENT, DEVELOPMENT)
@@ -630,6 +724,9 @@ def page_text(root: str) -> str:
     parts += [CONFIRMATION_INTRO, *confirmation_text(root)]
     if rate := rate_quotes(root):
         parts += [RATE_INTRO, *[q + ".\n" for q in rate]]
+    if aim := aim_verdict_quotes(root):
+        parts += [AIM_INTRO, aim[0] + ".\n", "Where it is behind, what isolates why:\n"]
+        parts += ["\n".join(f"- {q}." for q in aim[1:]) + "\n"]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
 
 
