@@ -27,7 +27,7 @@ from results_check.pages._paths import (
     BENCH_ADDITION_DEVELOPMENT,
     BENCH_PROVENANCE_CONFIRMATION,
 )
-from results_check.pages.staleness import best_method, complete, load, standing
+from results_check.pages.staleness import Grid, best_method, complete, load, standing
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import DEFAULT_METHOD, GRIDS, LR_FAMILY_REGIMES
 from rllib_p3o.sweep.grid import Grid as SweepGrid
@@ -198,7 +198,7 @@ def seeds_words(grid: SweepGrid) -> str:
     return "seeds " + words([str(s) for s in seeds])
 
 
-def verdict_cell(g, regime: str, default: str = DEFAULT_METHOD) -> str:
+def verdict_cell(g: Grid, regime: str, default: str = DEFAULT_METHOD) -> str:
     """P3O's default in one finished regime of a set: best or tied, or behind (its mean's difference to the regime's
     highest mean, and that method), and whether every method ties there; where it is ahead of every peer's default
     by more than the SE; its collapsed seeds."""
@@ -241,7 +241,7 @@ def regime_task_quotes(root: str, sets: Tuple[Tuple[str, str, str, SweepGrid], .
             of = (
                 f"{len(done)} finished regimes (of {len(grid.regimes)})"
                 if len(done) < len(grid.regimes)
-                else (f"its {len(done)} regimes")
+                else f"its {len(done)} regimes"
             )
             counts.append(
                 f"The {task} task's {name} set: best or tied in {len(held)} of {of}, ahead of every peer's default by "
