@@ -312,6 +312,12 @@ def test_report_only_reports_the_saved_trials_of_a_running_sweep_and_says_what_i
     assert summary["note"].startswith(f"Partial: 5 trials finished, {missing} not yet (the lr stage first")
     assert summary["note"] in capsys.readouterr().out
     assert not os.path.exists(os.path.join(out, report.CURVES_CSV))  # it stands for a finished sweep
+    # A trial at a peak the stage added (its bracket extended) is finished too, though no bracket counted it.
+    _write_trial(out, "lr_on_policy", ("p3o", 1, 2e-3), 0.2)
+    assert main(args) == 0
+    note = json.load(open(os.path.join(out, report.SUMMARY_JSON)))["note"]
+    assert note.startswith(f"Partial: 6 trials finished (1 of them at peaks an lr stage added), {missing} not yet")
+    os.remove(report.trial_path(out, "lr_on_policy", "p3o_seed1_lr0.002"))
 
     # The lr stage finished: each method's best peak; its trials there are the on-policy stage's seed 0.
     method, peak = cells[-1]

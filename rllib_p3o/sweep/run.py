@@ -525,7 +525,7 @@ def report_saved(out: str, grid: Grid) -> Dict:
     `run_sweep` arranges them: a finished sweep's, with its ``curves.csv``, or a running or interrupted one's, which
     opens with how many trials are missing and writes no ``curves.csv`` (that file stands for a finished sweep).
     Before the lr stage has finished, only its table is reported: no peak is chosen from part of it."""
-    counts = {"finished": 0, "missing": 0}
+    counts = {"finished": 0, "missing": 0, "extending": 0}  # extending: trials at peaks an lr stage added
 
     def saved(stage: str, cells: List[tuple]) -> pd.DataFrame:
         rows = saved_rows(out, stage, cells)
@@ -546,10 +546,9 @@ def report_saved(out: str, grid: Grid) -> Dict:
             tried = written.get("peaks") if family is None else written.get("families", {}).get(family, {}).get("peaks")
             peaks = [float(p) for p in (tried or grid.lr_peaks)]
             # The bracket's own peaks are counted (a missing one holds the choice back); an extension's, read as saved.
-            curves = report.concat(
-                [saved(lr_stage_name(r), lr_cells(grid, r)) for r in regimes]
-                + [_extension_rows(out, lr_stage_name(r), grid.lr_peaks) for r in regimes]
-            )
+            extensions = [_extension_rows(out, lr_stage_name(r), grid.lr_peaks) for r in regimes]
+            counts["extending"] += sum(len(set(_trial_cells(rows))) for rows in extensions if len(rows))
+            curves = report.concat([saved(lr_stage_name(r), lr_cells(grid, r)) for r in regimes] + extensions)
             frames.append(curves)
             if counts["missing"] or lr_peak is None:
                 lr_peak = None
@@ -570,8 +569,10 @@ def report_saved(out: str, grid: Grid) -> Dict:
         raise FileNotFoundError(f"no finished trial under {os.path.join(out, report.TRIALS_DIR)}")
     note = None
     if counts["missing"]:
+        extending = f" ({counts['extending']} of them at peaks an lr stage added)" if counts["extending"] else ""
         note = (
-            f"Partial: {counts['finished']} trials finished, {counts['missing']} not yet"
+            f"Partial: {counts['finished'] + counts['extending']} trials finished{extending}, {counts['missing']} "
+            "not yet"
             + (" (the lr stage first: no peak is chosen from part of it)" if lr_peak is None else "")
             + "; rerun the sweep's command to continue."
         )
