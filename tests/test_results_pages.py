@@ -109,6 +109,21 @@ def _set(path, keys, value):
     return edit
 
 
+def _set_row(path, stage, method, mean):
+    """Set one (stage, method) row's mean held-out at the budget in a sweep's summary.json."""
+
+    def edit(root):
+        full = os.path.join(root, path)
+        with open(full) as f:
+            report = json.load(f)
+        (row,) = [r for r in report["summary"] if (r["stage"], r["method"]) == (stage, method)]
+        row["heldout_at_budget_mean"] = mean
+        with open(full, "w") as f:
+            json.dump(report, f)
+
+    return edit
+
+
 # (page, the files it reads, one number changed in one of them, what the check then says the page should contain)
 ONE_NUMBER_CHANGED = [
     (
@@ -148,7 +163,7 @@ ONE_NUMBER_CHANGED = [
         "docs/results/provenance.md",
         [f"results/bench-provenance-{s}" for s in ("development", "first-confirmation", "confirmation")]
         + ["results/bench-provenance-confirmation-rate"],
-        _set("results/bench-provenance-confirmation/summary.json", ["summary", 146, "heldout_at_budget_mean"], 0.7),
+        _set_row("results/bench-provenance-confirmation/summary.json", "behavior_stronger", "p3o_clip_version", 0.7),
         "at 0.00025 that loss scores 0.700 ± 0.028, behind `cispo`",  # 0.737: p3o_clip_version in behavior_stronger
     ),
     (
@@ -411,9 +426,13 @@ def test_the_regime_by_task_table_shows_each_sets_finished_regimes_only_and_says
                     collapses=collapses)  # fmt: skip
 
     default = addition.DEFAULT_METHOD
-    rows = [row("offline_weaker", default, 0.70)] + [row("offline_weaker", p, 0.50) for p in PEER_DEFAULTS]
-    rows += [row("async_staleness_8", default, 0.40, std=0.2, collapses=1), row("async_staleness_8", "cispo", 0.75)]
-    rows += [row("on_policy", default, 0.9, seeds=2), row("on_policy", "cispo", 0.9)]
+    others = [m for m in addition.CONFIRMATION.methods if m != default]
+    assert set(PEER_DEFAULTS) <= set(others)
+    rows = [row("offline_weaker", default, 0.70)] + [row("offline_weaker", m, 0.50) for m in others]
+    rows += [row("async_staleness_8", default, 0.40, std=0.2, collapses=1)]
+    rows += [row("async_staleness_8", m, 0.76 if m == "cispo" else 0.75) for m in others]
+    rows += [row("on_policy", default, 0.9, seeds=2)] + [row("on_policy", m, 0.9) for m in others]
+    rows += [row("async_staleness_4", default, 0.9)]  # every seed of the default, no other method's yet: running
     confirmation = tmp_path / addition.BENCH_ADDITION_CONFIRMATION
     confirmation.mkdir(parents=True)
     (confirmation / "summary.json").write_text(json.dumps({"note": "Partial: ...", "summary": rows}))
@@ -429,15 +448,18 @@ def test_the_regime_by_task_table_shows_each_sets_finished_regimes_only_and_says
     assert cells["async_4_in_flight"][0] == "best or tied, ahead of every peer's default"
     assert cells["on_policy"][0] == "best or tied (every method ties: no evidence)"
     assert cells["offline_weaker"] == ["best or tied", "not run yet", "best or tied, ahead of every peer's default"]
-    assert cells["async_staleness_8"][2] == "behind (-0.350 to `cispo`), 1 of 3 seeds collapsed"
+    assert cells["async_staleness_8"][2] == "behind (-0.360 to `cispo`), 1 of 3 seeds collapsed"
     assert cells["on_policy"][2] == "running" and cells["temperature_1.2"][2] == "not run yet"
+    assert cells["async_staleness_4"][2] == "running"
     assert cells["bf16_rollouts"][1:] == ["–", "–"] and cells["async_staleness_4_inflight"][0] == "–"
-    assert (
-        "The sorting task's confirmation set: best or tied in 9 of its 13 regimes, ahead of every peer's " in quotes[-3]
+    assert quotes[-3] == (
+        "The sorting task's confirmation set: best or tied in 8 of its 13 regimes and every method tied in 1; ahead of "
+        "every peer's default by more than the SE in 1"
     )
     assert quotes[-2] == "The addition task's development set: no regime finished yet"
-    assert quotes[-1].startswith(
-        "The addition task's confirmation set: best or tied in 1 of 2 finished regimes (of 11)"
+    assert quotes[-1] == (
+        "The addition task's confirmation set: best or tied in 1 of 2 finished regimes (of 11) and every method tied "
+        "in 0; ahead of every peer's default by more than the SE in 1"
     )
 
 
@@ -460,8 +482,10 @@ def test_readmes_sentence_on_both_tasks_waits_for_both_confirmation_sets_and_sor
     behind = ("four_steps_per_batch", "async_staleness_8")
     rows = []
     for regime in addition.CONFIRMATION.regimes:
-        default_mean, cispo_mean = (0.5, 0.8) if regime in behind else (0.8, 0.5)
-        for method, mean in ((addition.DEFAULT_METHOD, default_mean), ("cispo", cispo_mean)):
+        for method in addition.CONFIRMATION.methods:
+            mean = 0.8 if method == addition.DEFAULT_METHOD else 0.5
+            if regime in behind and method in (addition.DEFAULT_METHOD, "cispo"):
+                mean = 1.3 - mean  # the default 0.5, cispo 0.8
             rows.append(dict(stage=regime, method=method, heldout_at_budget_mean=mean, heldout_at_budget_std=0.01,
                              seeds=3, collapses=0))  # fmt: skip
     folder = tmp_path / addition.BENCH_ADDITION_CONFIRMATION
@@ -471,10 +495,10 @@ def test_readmes_sentence_on_both_tasks_waits_for_both_confirmation_sets_and_sor
     (folder / "summary.json").write_text(json.dumps({"note": None, "summary": rows}))
     assert addition.readme_both_tasks(str(tmp_path)) == (
         "on both tasks' confirmation sets (sorting and addition, 10 regimes both run) P3O's default is best or tied on "
-        "both in `offline_weaker`, `async_4_in_flight`, `async_staleness_4`, `offline_stale`, `on_policy` and "
-        "`temperature_1.2`, on sorting only in `async_staleness_8`, on addition only in `two_steps_per_batch` and "
-        "`behavior_weaker`, behind on both in `four_steps_per_batch`; ahead of every peer's default by more than the "
-        "standard error on both in `async_4_in_flight`"
+        "both in `offline_weaker`, `async_4_in_flight`, `async_staleness_4`, `offline_stale` and `temperature_1.2`, "
+        "on sorting only in `async_staleness_8`, on addition only in `two_steps_per_batch` and `behavior_weaker`, "
+        "behind on both in `four_steps_per_batch`; every method ties on one task or both in `on_policy`; ahead of "
+        "every peer's default by more than the standard error on both in `async_4_in_flight`"
     )
 
 
@@ -499,4 +523,15 @@ def test_the_provenance_aim_says_where_no_run_isolates_why_the_default_is_behind
     ]
     rate = provenance.BENCH_PROVENANCE_RATE
     shutil.copytree(os.path.join(root, rate), tmp_path / rate)
-    assert not any("isolates why" in q for q in provenance.aim_verdict_quotes(str(tmp_path)))
+    diagnosed = provenance.aim_verdict_quotes(str(tmp_path))
+    assert diagnosed[1:3] == [
+        "`four_steps_per_batch` (-0.104 to `grpo_seq_mask_eps0.4`): the same update at `grpo_seq_mask_eps0.4`'s rate "
+        "is tied with it (+0.008, SE 0.021); the rate explains the gap",
+        "`two_steps_per_batch` (-0.031 to `grpo_tis_eps0.2`): the same update at `grpo_tis_eps0.2`'s rate is tied "
+        "with it (-0.014, SE 0.021), but its gain over its own rate (+0.017, SE 0.027) is within the SE: "
+        "inconclusive, the rate may explain it",
+    ]
+    assert diagnosed[4].endswith(
+        "behind `cispo` (-0.041, SE 0.036): the rate accounts for 0.087 of the gap (SE 0.022), the loss at that rate "
+        "for the other 0.041"
+    )

@@ -191,23 +191,42 @@ NOT_IN_SET, NOT_RUN, RUNNING = "–", "not run yet", "running"
 
 
 def seeds_words(grid: SweepGrid) -> str:
-    """``seeds 3-5`` (a run of seeds) or ``seeds 0, 2 and 7``."""
+    """``seed 3``, ``seeds 3-5`` (a run of seeds) or ``seeds 0, 2 and 7``."""
     seeds = sorted(grid.seeds)
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
     if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
         return f"seeds {seeds[0]}-{seeds[-1]}"
     return "seeds " + words([str(s) for s in seeds])
 
 
-def verdict_cell(g: Grid, regime: str, default: str = DEFAULT_METHOD) -> str:
-    """P3O's default in one finished regime of a set: best or tied, or behind (its mean's difference to the regime's
-    highest mean, and that method), and whether every method ties there; where it is ahead of every peer's default
-    by more than the SE; its collapsed seeds."""
+def finished(g: Optional[Grid], grid: SweepGrid) -> List[str]:
+    """The regimes of a set that have finished: every method the grid runs there, every seed (none without files)."""
+    return complete(g, len(grid.seeds), DEFAULT_METHOD, grid) if g is not None else []
+
+
+HELD, BEHIND, NO_EVIDENCE = "held", "behind", "no evidence"
+
+
+def standing_in(g: Grid, regime: str, default: str = DEFAULT_METHOD) -> Tuple[str, bool, int]:
+    """P3O's default in one finished regime: `HELD` (best or tied), `BEHIND`, or `NO_EVIDENCE` (every method ties
+    there, so it is best or tied whatever it does); whether it is ahead of every peer's default by more than the
+    standard error; how many of its seeds collapsed."""
     held, _, ahead, collapsed = standing(g, [regime], default)
-    if held:
-        text = "best or tied" + (" (every method ties: no evidence)" if all_tie(g.stats[regime]) else "")
-    else:
+    if all_tie(g.stats[regime]):
+        return NO_EVIDENCE, bool(ahead), collapsed
+    return (HELD if held else BEHIND), bool(ahead), collapsed
+
+
+def verdict_cell(g: Grid, regime: str, default: str = DEFAULT_METHOD) -> str:
+    """A table cell of `standing_in`: best or tied, or behind (its mean's difference to the regime's highest mean, and
+    that method), or every method tied; ahead of every peer's default (by more than the SE); collapsed seeds."""
+    state, ahead, collapsed = standing_in(g, regime, default)
+    if state == BEHIND:
         best = best_method(g, regime)
         text = f"behind ({g.stats[regime][default][0] - g.stats[regime][best][0]:+.3f} to `{best}`)"
+    else:
+        text = "best or tied" + (" (every method ties: no evidence)" if state == NO_EVIDENCE else "")
     if ahead:
         text += ", ahead of every peer's default"
     if collapsed:
@@ -217,15 +236,14 @@ def verdict_cell(g: Grid, regime: str, default: str = DEFAULT_METHOD) -> str:
 
 def regime_task_quotes(root: str, sets: Tuple[Tuple[str, str, str, SweepGrid], ...] = TASK_SETS) -> List[str]:
     """The regime × task table of P3O's default's verdicts, one column per set (`TASK_SETS`), a row per regime any of
-    them runs: a regime a set has finished (every method, every seed) shows its verdict (`verdict_cell`); one it
-    runs but has not finished, "running" or "not run yet"; one it does not run, "–". Then, per set, how many of its
-    finished regimes hold."""
+    them runs: a regime a set has finished (`finished`) shows its verdict (`verdict_cell`); one it runs but has not
+    finished, "running" (it has rows) or "not run yet"; one it does not run, "–". Then, per set, how many of its
+    finished regimes hold (a regime where every method ties is not counted as held)."""
     loaded = [(task, name, load(root, folder, grid), grid) for task, name, folder, grid in sets]
     regimes = list(dict.fromkeys(r for *_, grid in loaded for r in grid.regimes))
     columns, counts = [], []
     for task, name, g, grid in loaded:
-        done = complete(g, len(grid.seeds), DEFAULT_METHOD) if g is not None else []
-        started = g.regimes if g is not None else []
+        done = finished(g, grid)
         column = {}
         for r in regimes:
             if r not in grid.regimes:
@@ -233,52 +251,57 @@ def regime_task_quotes(root: str, sets: Tuple[Tuple[str, str, str, SweepGrid], .
             elif r in done:
                 column[r] = verdict_cell(g, r)
             else:
-                column[r] = RUNNING if r in started else NOT_RUN
+                column[r] = RUNNING if g is not None and r in g.regimes else NOT_RUN
         columns.append((f"{task}, {name} ({seeds_words(grid)})", column))
-        if done:
-            held = [r for r in done if column[r].startswith("best or tied")]
-            ahead = [r for r in done if "ahead of every peer" in column[r]]
-            of = (
-                f"{len(done)} finished regimes (of {len(grid.regimes)})"
-                if len(done) < len(grid.regimes)
-                else f"its {len(done)} regimes"
-            )
-            counts.append(
-                f"The {task} task's {name} set: best or tied in {len(held)} of {of}, ahead of every peer's default by "
-                f"more than the SE in {len(ahead)}"
-            )
-        else:
+        if not done:
             counts.append(f"The {task} task's {name} set: no regime finished yet")
+            continue
+        states = {r: standing_in(g, r) for r in done}
+        held = [r for r in done if states[r][0] == HELD]
+        ties = [r for r in done if states[r][0] == NO_EVIDENCE]
+        ahead = [r for r in done if states[r][1]]
+        of = (
+            f"{len(done)} finished regimes (of {len(grid.regimes)})"
+            if len(done) < len(grid.regimes)
+            else (f"its {len(done)} regimes")
+        )
+        counts.append(
+            f"The {task} task's {name} set: best or tied in {len(held)} of {of} and every method tied in "
+            f"{len(ties)}; ahead of every peer's default by more than the SE in {len(ahead)}"
+        )
     rows = [[f"`{r}`", *[column[r] for _, column in columns]] for r in regimes]
     return [*table(["regime", *[title for title, _ in columns]], rows), *counts]
 
 
 def readme_both_tasks(root: str, sets: Tuple[Tuple[str, str, str, SweepGrid], ...] = TASK_SETS) -> Optional[str]:
-    """README's sentence on what holds on both tasks and what on one: P3O's default's verdicts on the two tasks'
-    confirmation sets, over the regimes both run (None until both sets are complete)."""
-    confirmations = []
-    for task, name, folder, grid in sets:
-        if name != "confirmation":
-            continue
+    """README's sentence on what holds on both tasks and what on one, over the regimes both tasks' confirmation sets
+    run (the two sets named "confirmation" in ``sets``; None until both are complete). A regime where every method
+    ties on either task is evidence of nothing there and is named apart."""
+    confirmations = [(task, folder, grid) for task, name, folder, grid in sets if name == "confirmation"]
+    if len(confirmations) != 2:
+        raise ValueError(f"two confirmation sets to compare, got {len(confirmations)}")
+    states = {}
+    for task, folder, grid in confirmations:
         g = load(root, folder, grid)
-        if g is None or g.note or len(complete(g, len(grid.seeds), DEFAULT_METHOD)) < len(grid.regimes):
+        if g is None or g.note or len(finished(g, grid)) < len(grid.regimes):
             return None
-        confirmations.append((task, g))
-    (first, a), (second, b) = confirmations
+        states[task] = (g, {r: standing_in(g, r) for r in g.regimes})
+    (first, (a, in_a)), (second, (b, in_b)) = states.items()
     shared = [r for r in a.regimes if r in b.regimes]
-    held = {task: {r for r in shared if DEFAULT_METHOD in best_or_tied(g.stats[r])} for task, g in confirmations}
-    ahead = {task: set(standing(g, shared, DEFAULT_METHOD)[2]) for task, g in confirmations}
 
-    def said(regimes: List[str]) -> str:
+    def said(keep) -> str:
+        regimes = [r for r in shared if keep(in_a[r][0], in_b[r][0])]
         return words([f"`{r}`" for r in regimes]) if regimes else "none"
 
+    ahead = [r for r in shared if in_a[r][1] and in_b[r][1]]
     return (
         f"on both tasks' confirmation sets ({first} and {second}, {len(shared)} regimes both run) P3O's default is "
-        f"best or tied on both in {said([r for r in shared if r in held[first] and r in held[second]])}, on "
-        f"{first} only in {said([r for r in shared if r in held[first] and r not in held[second]])}, on {second} "
-        f"only in {said([r for r in shared if r in held[second] and r not in held[first]])}, behind on both in "
-        f"{said([r for r in shared if r not in held[first] | held[second]])}; ahead of every peer's default by more "
-        f"than the standard error on both in {said([r for r in shared if r in ahead[first] and r in ahead[second]])}"
+        f"best or tied on both in {said(lambda x, y: x == y == HELD)}, on {first} only in "
+        f"{said(lambda x, y: x == HELD and y == BEHIND)}, on {second} only in "
+        f"{said(lambda x, y: x == BEHIND and y == HELD)}, behind on both in {said(lambda x, y: x == y == BEHIND)}; "
+        f"every method ties on one task or both in {said(lambda x, y: NO_EVIDENCE in (x, y))}; ahead of every "
+        f"peer's default by more than the standard error on both in "
+        f"{words([f'`{r}`' for r in ahead]) if ahead else 'none'}"
     )
 
 

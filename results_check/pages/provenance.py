@@ -317,7 +317,7 @@ def confirmation_quotes(root: str) -> List[str]:
     if g is None:
         return ["The confirmation set has not run yet"]
     seeds = len(CONFIRMATION.seeds)
-    done = complete(g, seeds, DEFAULT_METHOD)
+    done = complete(g, seeds, DEFAULT_METHOD, CONFIRMATION)
     out = ([g.note] if g.note else []) + [CELL_LABEL, *matrix_quotes(g, done)]
     if not done:
         return out + ["No regime of the confirmation set has all its trials yet, so it confirms nothing so far"]
@@ -409,7 +409,7 @@ def rate_quotes(root: str) -> List[str]:
     if rate is None or conf is None:
         return []
     rate_lr = float(rate.report["lr_peak"])
-    finished = complete(conf, len(CONFIRMATION.seeds), DEFAULT_METHOD)
+    finished = complete(conf, len(CONFIRMATION.seeds), DEFAULT_METHOD, CONFIRMATION)
     out = []
     for regime in rate.regimes:
         if regime not in finished:
@@ -446,44 +446,35 @@ def aim_verdict_quotes(root: str) -> List[str]:
     computes the staleness round's default's loss at another rate, that loss at its own rate (the confirmation's
     `STALENESS_DEFAULT` cells). A regime behind with neither says so. Nothing while the set is partial."""
     g = load(root, BENCH_PROVENANCE_CONFIRMATION, CONFIRMATION)
-    if g is None or g.note or len(complete(g, len(CONFIRMATION.seeds), DEFAULT_METHOD)) < len(CONFIRMATION.regimes):
+    if (
+        g is None
+        or g.note
+        or len(complete(g, len(CONFIRMATION.seeds), DEFAULT_METHOD, CONFIRMATION)) < len(CONFIRMATION.regimes)
+    ):
         return []
     regimes = list(g.regimes)
     held, missed, ahead, collapsed = standing(g, regimes, DEFAULT_METHOD)
+    drift = [r for r in ahead if r != LR_FAMILY_REGIMES[ON_POLICY_FAMILY]]  # every regime but on-policy
     others = scope_groups(regimes)["other"]
     starts = [_above_start(g, r) for r in others]
-    met = not missed and len(ahead) >= AIM_AHEAD_AT_LEAST and not collapsed and all(starts)
+    met = not missed and len(drift) >= AIM_AHEAD_AT_LEAST and not collapsed and all(starts)
     seeds = sum(g.stats[r][DEFAULT_METHOD][2] for r in regimes)
     out = [
         f"The aim on the confirmation set (P3O's default best or tied in every regime, above its start where another "
         f"model wrote rows, ahead of every peer's default by more than the standard error in at least "
         f"{AIM_AHEAD_AT_LEAST} regimes where the data drift, no collapsed seed) is {'met' if met else 'not met'}: it "
-        f"is behind in {len(missed)} of {len(regimes)} regimes, ahead of every peer's default in {len(ahead)}, above "
-        f"its start in {sum(starts)} of the {len(others)} regimes where another model wrote rows, and {collapsed} of "
-        f"its {seeds} seeds collapsed"
+        f"is behind in {len(missed)} of {len(regimes)} regimes, ahead of every peer's default in {len(drift)} where "
+        f"the data drift, above its start in {sum(starts)} of the {len(others)} regimes where another model wrote "
+        f"rows, and {collapsed} of its {seeds} seeds collapsed"
     ]
     rate = load(root, BENCH_PROVENANCE_RATE)
-    against = {"wins": "ahead of", "loses": "behind", "ties": "tied with"}
     for r in missed:
         best = best_method(g, r)
         gap = g.stats[r][DEFAULT_METHOD][0] - g.stats[r][best][0]
         said = f"`{r}` ({gap:+.3f} to `{best}`)"
         if rate is not None and r in rate.regimes:
-            stats = {
-                "own": g.stats[r][DEFAULT_METHOD],
-                "best": g.stats[r][best],
-                "rate": rate.stats[r][rate.methods[0]],
-            }
-            diff, se, v = _effect(stats, "best", "rate")
-            gain, gain_se, gained = _effect(stats, "own", "rate")
-            if v == "loses":
-                how = "the rate explains part of the gap"
-            elif gained == "wins":
-                how = "the rate explains the gap"
-            else:
-                how = f"its gain over its own rate ({gain:+.3f}, SE {gain_se:.3f}) is within the SE: the rate explains it in part"
             out.append(
-                f"{said}: the same update at `{best}`'s rate is {against[v]} it ({diff:+.3f}, SE {se:.3f}); {how}"
+                f"{said}: {_rate_diagnosis(g.stats[r][DEFAULT_METHOD], rate.stats[r][rate.methods[0]], g.stats[r][best], best)}"
             )
         elif CONFIRMATION.same_run_as(r, DEFAULT_METHOD) != CONFIRMATION.same_run_as(r, STALENESS_DEFAULT) and (
             r not in change_regimes(CONFIRMATION.regimes)
@@ -491,25 +482,44 @@ def aim_verdict_quotes(root: str) -> List[str]:
             own_lr = method_peak(g.report["lr_peak"], DEFAULT_METHOD, r)
             same_lr = method_peak(g.report["lr_peak"], STALENESS_DEFAULT, r)
             loss = f"it computes `{STALENESS_DEFAULT}`'s loss at {own_lr:g}, where that method runs at {same_lr:g}"
-            if best == STALENESS_DEFAULT:
-                out.append(f"{said}: {loss}; at {same_lr:g} that loss is the regime's best: the rate is the whole gap")
-                continue
-            stats = {"best": g.stats[r][best], "same": g.stats[r][STALENESS_DEFAULT]}
-            diff, se, v = _effect(stats, "best", "same")
-            how = (
-                "the rate is the whole gap"
-                if v != "loses"
-                else (
-                    f"the rate accounts for {diff - gap:.3f} of the gap, the loss at that rate for the other {-diff:.3f}"
-                )
-            )
-            out.append(
-                f"{said}: {loss}; at {same_lr:g} that loss scores {pm(*stats['same'])}, {against[v]} `{best}` ({diff:+.3f}, SE "
-                f"{se:.3f}); {how}"
-            )
+            out.append(f"{said}: {loss}; {_same_loss_diagnosis(g.stats[r], best, same_lr)}")
         else:
             out.append(f"{said}: no run of this page isolates why")
     return out
+
+
+_AGAINST = {"wins": "ahead of", "loses": "behind", "ties": "tied with"}  # a verdict of B against A, with A named
+Cell = Tuple[float, float, int]  # a method's (mean, SD, seeds) in one regime
+
+
+def _rate_diagnosis(own: Cell, at_rate: Cell, best: Cell, best_name: str) -> str:
+    """What the same update at the best method's rate says of the gap: whether it gains on its own rate beyond the
+    SE, and whether it then ties with (or passes) the best."""
+    stats = {"own": own, "rate": at_rate, "best": best}
+    diff, se, v = _effect(stats, "best", "rate")
+    gain, gain_se, gained = _effect(stats, "own", "rate")
+    said = f"the same update at `{best_name}`'s rate is {_AGAINST[v]} it ({diff:+.3f}, SE {se:.3f})"
+    if gained != "wins":
+        gain_said = f"its gain over its own rate ({gain:+.3f}, SE {gain_se:.3f}) is within the SE"
+        if v == "loses":
+            return f"{said} and {gain_said}: the rate does not explain the gap"
+        return f"{said}, but {gain_said}: inconclusive, the rate may explain it"
+    return f"{said}; the rate explains {'part of ' if v == 'loses' else ''}the gap"
+
+
+def _same_loss_diagnosis(stats: Dict[str, Cell], best: str, rate: float) -> str:
+    """Where the default computes `STALENESS_DEFAULT`'s loss at another rate: that loss at its own method's rate
+    against the default (the rate's share of the gap, beyond the SE or not) and against the regime's best."""
+    if best == STALENESS_DEFAULT:
+        return f"at {rate:g} that loss is the regime's best: the rate is the whole gap"
+    gain, gain_se, gained = _effect(stats, DEFAULT_METHOD, STALENESS_DEFAULT)
+    diff, se, v = _effect(stats, best, STALENESS_DEFAULT)
+    said = f"at {rate:g} that loss scores {pm(*stats[STALENESS_DEFAULT])}, {_AGAINST[v]} `{best}` ({diff:+.3f}, SE {se:.3f})"
+    if gained != "wins":
+        return f"{said}, and not ahead of the default beyond the SE ({gain:+.3f}, SE {gain_se:.3f}): the rate does not explain the gap"
+    if v != "loses":
+        return f"{said}: the rate is the whole gap"
+    return f"{said}: the rate accounts for {gain:.3f} of the gap (SE {gain_se:.3f}), the loss at that rate for the other {-diff:.3f}"
 
 
 def _above_start(g: Grid, regime: str, default: str = DEFAULT_METHOD) -> bool:
@@ -765,7 +775,7 @@ def readme_development(root: str) -> str:
 def readme_confirmation(root: str) -> Optional[str]:
     """README's clause on the provenance confirmation set's finished regimes (None before any has finished)."""
     g = load(root, BENCH_PROVENANCE_CONFIRMATION, CONFIRMATION)
-    done = complete(g, len(CONFIRMATION.seeds), DEFAULT_METHOD) if g is not None else []
+    done = complete(g, len(CONFIRMATION.seeds), DEFAULT_METHOD, CONFIRMATION) if g is not None else []
     if not done:
         return None
     aim = aim_quotes(g, "confirmation", len(CONFIRMATION.seeds), DEFAULT_METHOD)

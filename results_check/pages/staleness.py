@@ -221,9 +221,17 @@ def _trials(g: Grid, regime: str, method: str) -> pd.DataFrame:
     return g.curves[(g.curves["stage"] == regime) & (g.curves["method"] == method)]
 
 
-def complete(g: Grid, seeds: int, default: str = STALENESS_DEFAULT) -> List[str]:
-    """The regimes where every method has all its ``seeds`` (a partial set's finished regimes)."""
-    return [r for r in g.regimes if default in g.stats[r] and all(n == seeds for _, _, n in g.stats[r].values())]
+def complete(g: Grid, seeds: int, default: str = STALENESS_DEFAULT, grid: Optional[SweepGrid] = None) -> List[str]:
+    """The regimes where every method has all its ``seeds`` (a partial set's finished regimes). A partial report has
+    rows only for the methods that have started: with the set's sweep ``grid``, a regime is finished only once every
+    method the grid runs there has its rows."""
+    return [
+        r
+        for r in g.regimes
+        if default in g.stats[r]
+        and all(n == seeds for _, _, n in g.stats[r].values())
+        and (grid is None or set(grid.methods_in(r)) <= set(g.stats[r]))
+    ]
 
 
 def standing(
