@@ -535,3 +535,23 @@ def test_the_provenance_aim_says_where_no_run_isolates_why_the_default_is_behind
         "behind `cispo` (-0.041, SE 0.036): the rate accounts for 0.087 of the gap (SE 0.022), the loss at that rate "
         "for the other 0.041"
     )
+
+
+def test_the_addition_pages_lr_figure_is_drawn_from_the_committed_trials_of_its_stage(tmp_path):
+    """The on-policy lr stage's figure (one line per peak) is what `python -m results_check.pages.addition` draws from
+    the committed trial files: drawn again here, it is the committed file byte for byte (matplotlib's Agg output is
+    deterministic for one version, which the lock pins); with no trial file there is no figure."""
+    import shutil
+
+    from results_check.pages import addition
+
+    folder = addition.BENCH_ADDITION_DEVELOPMENT
+    assert (
+        addition.lr_figure(str(tmp_path), str(tmp_path / "none.png")) is None and not (tmp_path / "none.png").exists()
+    )
+    shutil.copytree(os.path.join(ROOT, folder, "trials"), tmp_path / folder / "trials")
+    drawn = addition.lr_figure(str(tmp_path), str(tmp_path / "drawn.png"))
+    with open(drawn, "rb") as a, open(os.path.join(ROOT, folder, "figures", addition.LR_FIGURE_NAME), "rb") as b:
+        assert a.read() == b.read(), (
+            "the committed figure is not the trial files': run python -m results_check.pages.addition"
+        )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import statistics
 from typing import Dict, List, Optional, Tuple
 
@@ -169,6 +170,27 @@ def on_policy_quotes(root: str) -> List[str]:
         f"The task has the headroom the bench needs (the base model at most {BASE_AT_MOST:g} held-out, the best method "
         f"at least {BEST_AT_LEAST:g} on-policy within the budget): " + ("it does" if holds else "not so far"),
     ]
+
+
+# The on-policy lr stage's curves, one line per peak (P3O's default's trials): drawn into the set's figures, shown by
+# the page from its copy beside it (`write_page`), as every results page shows its runs' figures.
+LR_FIGURE_NAME = "lr_on_policy.png"
+LR_FIGURE = f"figures/{os.path.basename(BENCH_ADDITION_DEVELOPMENT)}/{LR_FIGURE_NAME}"
+
+
+def lr_figure(root: str, path: str) -> Optional[str]:
+    """Held-out accuracy and ESS over the completions trained in the on-policy lr stage, one line per peak, mean ±
+    SD over the seeds, for the trials P3O's default runs in there (`report.plot_regime`); None before any."""
+    stage = lr_stages()[0]
+    rows = trial_rows(root, stage)
+    if not len(rows):
+        return None
+    twin = DEVELOPMENT.same_run_as("on_policy", DEFAULT_METHOD)
+    rows = rows[rows[report.METHOD] == twin].sort_values(report.LR_PEAK)
+    rows = rows.assign(**{report.METHOD: [f"lr {lr:g}" for lr in rows[report.LR_PEAK]]})
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    per_iteration = int(rows["completions_per_iteration"].iloc[0])
+    return report.plot_regime(rows, stage, path, per_iteration, heldout_label="held-out accuracy (sampled)")
 
 
 def progress_quote(root: str) -> str:
@@ -388,6 +410,14 @@ flight with in-flight weight updates.
 """
 
 
+LR_FIGURE_TEXT = f"""![The on-policy learning-rate stage: held-out accuracy and ESS per peak]({LR_FIGURE})
+
+The stage's curves at each peak, for the trials P3O's default runs in on-policy: held-out accuracy (sampled, as the
+evaluation does) and the training batch's ESS against the completions trained, mean ± SD over the seeds
+(`python -m results_check.pages.addition` draws it from the trial files, with this page).
+"""
+
+
 def page_text(root: str) -> str:
     task = task_quotes()
     on_policy = on_policy_quotes(root)
@@ -396,6 +426,7 @@ def page_text(root: str) -> str:
     parts = [header(root), TASK_INTRO, task[0] + ".\n", TASK_OUTRO + task[1] + ".\n", HEADROOM_INTRO]
     if table_lines:
         parts += [" ".join(q + "." for q in said[:2]) + "\n", "\n".join(table_lines) + "\n"]
+        parts += [LR_FIGURE_TEXT]
         parts += [q + ".\n" for q in said[2:]]
     else:
         parts += [q + ".\n" for q in said]
@@ -410,6 +441,12 @@ def page_text(root: str) -> str:
 
 
 def write_page(root: str) -> None:
+    """The page, and its figure of the on-policy lr stage (`lr_figure`, copied beside the page)."""
+    drawn = lr_figure(root, os.path.join(root, BENCH_ADDITION_DEVELOPMENT, report.FIGURES, LR_FIGURE_NAME))
+    if drawn:
+        copy = os.path.join(root, os.path.dirname(PAGE.path), LR_FIGURE)
+        os.makedirs(os.path.dirname(copy), exist_ok=True)
+        shutil.copyfile(drawn, copy)
     with open(os.path.join(root, PAGE.path), "w") as f:
         f.write(page_text(root))
 
