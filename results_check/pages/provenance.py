@@ -15,6 +15,8 @@ import math
 import os
 from typing import Dict, List, Optional, Tuple
 
+import pandas as pd
+
 from results_check.page import Page
 from results_check.pages._fmt import info_box_tail, load_json, pm, table, words
 from results_check.pages._paths import (
@@ -387,8 +389,7 @@ def start_quote(g: Grid, regimes: List[str], default: str = DEFAULT_METHOD) -> s
     seeds, and in how many seeds it ends above that start."""
     said = []
     for r in scope_groups(regimes)["other"]:
-        rows = g.curves[(g.curves["stage"] == r) & (g.curves["method"] == default)].dropna(subset=["heldout"])
-        per_seed = rows.sort_values("iteration").groupby("seed")["heldout"].agg(["first", "last"])
+        per_seed = _first_and_last(g, r, default)
         above = int((per_seed["last"] > per_seed["first"]).sum())
         said.append(
             f"`{r}` {per_seed['first'].mean():.3f} → {per_seed['last'].mean():.3f}, above its start in {above} of "
@@ -522,10 +523,16 @@ def _same_loss_diagnosis(stats: Dict[str, Cell], best: str, rate: float) -> str:
     return f"{said}: the rate accounts for {gain:.3f} of the gap (SE {gain_se:.3f}), the loss at that rate for the other {-diff:.3f}"
 
 
+def _first_and_last(g: Grid, regime: str, default: str = DEFAULT_METHOD) -> pd.DataFrame:
+    """The default's held-out accuracy per seed in ``regime``: its first evaluation and its last (columns ``first``,
+    ``last``)."""
+    rows = g.curves[(g.curves["stage"] == regime) & (g.curves["method"] == default)].dropna(subset=["heldout"])
+    return rows.sort_values("iteration").groupby("seed")["heldout"].agg(["first", "last"])
+
+
 def _above_start(g: Grid, regime: str, default: str = DEFAULT_METHOD) -> bool:
     """Whether the default's mean held-out at the budget is above its mean first evaluation in ``regime``."""
-    rows = g.curves[(g.curves["stage"] == regime) & (g.curves["method"] == default)].dropna(subset=["heldout"])
-    per_seed = rows.sort_values("iteration").groupby("seed")["heldout"].agg(["first", "last"])
+    per_seed = _first_and_last(g, regime, default)
     return bool(per_seed["last"].mean() > per_seed["first"].mean())
 
 
