@@ -1,6 +1,7 @@
 """The claims sweep (`rllib_p3o.sweep`): actor reuse in Tune (`P3O.reset_config`), the sweep through Tune with its
 table, and its resume after the driver is killed. Real Ray, RLlib, Tune and vLLM on the tiny model."""
 
+import dataclasses
 import glob
 import json
 import os
@@ -547,6 +548,53 @@ def test_a_set_whose_lr_choice_is_not_committed_stops_before_ray_and_says_what_t
     err = capsys.readouterr().err
     assert "results/no-such-set/lr_choice.json" in err and "--development" in err and "--lr" in err
     assert not os.path.exists(tmp_path / "out" / "prep")
+
+
+def test_a_confirmation_set_starts_from_its_development_sets_committed_models(monkeypatch, tmp_path):
+    """The addition confirmation set trains the base and weaker models its lr choice was made on: copied from the
+    development set's committed prep folder into its own, not built again (another CPU builds other ones). Building
+    is stubbed to fail the test (the part this test is not about); without the folder the set builds its models."""
+    from rllib_p3o.sweep import grid as sweep_grid
+    from rllib_p3o.sweep.prep import prepare
+
+    confirmation = sweep_grid.GRIDS["addition", "confirmation"]
+    committed = sweep_grid.repository_path(confirmation.models_from)
+    assert confirmation.models_from == "results/bench-addition-development/prep"
+    assert os.path.isdir(os.path.join(committed, "base_model")) and os.path.isdir(
+        os.path.join(committed, "weaker_model")
+    )
+    task = sweep_grid.TASKS["addition"]
+    monkeypatch.setitem(
+        sweep_grid.TASKS,
+        "addition",
+        dataclasses.replace(task, build_model=lambda *a, **k: pytest.fail("a model was built")),
+    )
+    out = tmp_path / "confirmation"
+    messages = []
+    prepared = prepare(str(out), confirmation, {"weaker_model"}, say=messages.append)
+    for key in ("base_model", "weaker_model"):
+        path = getattr(prepared, key)
+        assert path == str(out / "prep" / key)
+        with (
+            open(os.path.join(path, "model.safetensors"), "rb") as a,
+            open(os.path.join(committed, key, "model.safetensors"), "rb") as b,
+        ):
+            assert a.read() == b.read()
+    assert sum("the committed one" in m for m in messages) == 2
+    again = []
+    assert prepare(str(out), confirmation, {"weaker_model"}, say=again.append) == prepared
+    assert not any("the committed one" in m for m in again)  # copied once
+
+    built = []
+    monkeypatch.setitem(
+        sweep_grid.TASKS,
+        "addition",
+        dataclasses.replace(task, build_model=lambda path, **k: built.append(path) or path),
+    )
+    absent = type(confirmation)(**{**confirmation.__dict__, "models_from": str(tmp_path / "no-such-prep")})
+    prepare(str(tmp_path / "elsewhere"), absent, {"weaker_model"}, say=messages.append)
+    assert [os.path.basename(p) for p in built] == ["base_model", "weaker_model"]
+    assert any("not found: building the models" in m for m in messages)
 
 
 def test_each_trial_file_names_the_cpu_it_ran_on_and_the_page_says_which(tmp_path):

@@ -649,6 +649,10 @@ class Grid:
     # Method keys (`METHOD_KEYS`) for the methods that do not name them, over `DEFAULTS`: a round measured before a
     # setting existed keeps what it ran (the staleness round read every recording as the policy's own).
     method_defaults: Dict[str, Any] = field(default_factory=dict)
+    # A committed `prep` folder (a development set's) whose base and weaker models the grid starts from instead of
+    # building them: a confirmation set then trains the models its lr choice was made on, on any machine (another
+    # CPU builds other ones, `prep`). Where the folder is absent (an installed package) the grid builds them.
+    models_from: Optional[str] = None
 
     def methods_in(self, regime: str) -> Tuple[str, ...]:
         """The methods a regime's stage reports: every regime's, then its own."""
@@ -942,6 +946,7 @@ ADDITION_CONFIRMATION = Grid(
     dedupe=True,
     recording_per_seed=True,
     lr_choice_from="results/bench-addition-development/lr_choice.json",
+    models_from="results/bench-addition-development/prep",
 )
 # Rounds of the claims bench's development and confirmation sets, the latest first (``rllib-p3o sweep --round``).
 ROUNDS: Tuple[str, ...] = ("provenance", "first-choice", "staleness")

@@ -1,6 +1,7 @@
 """Artifacts some regimes of the claims sweep need, built once under ``<out>/prep`` and reused on a rerun:
 
-- ``base_model``: the task's base model (seed 0), the policy every trial starts from;
+- ``base_model``: the task's base model (seed 0), the policy every trial starts from (with `Grid.models_from`, the
+  one a committed set was built with, copied, as is ``weaker_model``);
 - ``train_prompts``/``heldout_prompts``: the task's rows as .jsonl;
 - ``weaker_model``: an earlier checkpoint of the same pretraining (`Task.weaker_pretrain_steps`);
 - ``stale_recording``: trajectory Parquet sampled by the frozen base policy (an "older policy" for every trial:
@@ -20,12 +21,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from typing import Callable, Optional
 
 from rllib_p3o.core import metrics
-from rllib_p3o.sweep.grid import TASKS, Grid, Prepared, Task, lr_schedule, seed_recording
+from rllib_p3o.sweep.grid import TASKS, Grid, Prepared, Task, lr_schedule, repository_path, seed_recording
 
 STAMP = "prepared.json"
+# The models `Grid.models_from` supplies (the recordings are made per set: a confirmation set's seeds are its own).
+MODELS = ("base_model", "weaker_model")
 
 
 def prepare(
@@ -37,6 +41,10 @@ def prepare(
     stamp = os.path.join(prep_dir, STAMP)
     done = _moved_with(prep_dir, json.load(open(stamp))) if os.path.exists(stamp) else {}
     task = TASKS[grid.task]
+    committed = _committed_models(grid, prep_dir, say)
+    done.update({k: v for k, v in committed.items() if k != "base_model"})
+    if base_model is None:
+        base_model = committed.get("base_model")
     if base_model is None:
         say(f"[prep] {task.name} base model (pretrained once, a few minutes; reused on a rerun)")
         base_model = task.build_model(os.path.join(prep_dir, "base_model"), seed=0)
@@ -79,6 +87,28 @@ def prepare(
     with open(stamp, "w") as f:
         json.dump(done, f, indent=2)
     return Prepared(**{k: done.get(k) for k in Prepared.__dataclass_fields__})
+
+
+def _committed_models(grid: Grid, prep_dir: str, say: Callable[[str], None]) -> dict:
+    """The base and weaker models of `Grid.models_from`, copied into ``prep_dir`` (once) so that the set's own folder
+    holds what it trained: ``{"base_model": path, "weaker_model": path}`` for those the folder has; none without it."""
+    if not grid.models_from:
+        return {}
+    source = repository_path(grid.models_from)
+    if not os.path.isdir(source):
+        say(f"[prep] {source} not found: building the models instead of the committed ones")
+        return {}
+    models = {}
+    for key in MODELS:
+        src, dst = os.path.join(source, key), os.path.join(prep_dir, key)
+        if not os.path.isdir(src):
+            continue
+        if not os.path.isdir(dst):
+            say(f"[prep] {key.replace('_', ' ')}: the committed one from {src}")
+            shutil.copytree(src, dst + ".tmp", dirs_exist_ok=True)
+            os.replace(dst + ".tmp", dst)
+        models[key] = dst
+    return models
 
 
 def _moved_with(prep_dir: str, done: dict) -> dict:
