@@ -555,3 +555,127 @@ def test_the_addition_pages_lr_figure_is_drawn_from_the_committed_trials_of_its_
         assert a.read() == b.read(), (
             "the committed figure is not the trial files': run python -m results_check.pages.addition"
         )
+
+
+def _addition_confirmation(folder, behind_in: str, best: str) -> None:
+    """A hand-made complete addition confirmation set: P3O's default 0.8 and every other method 0.5 in every regime,
+    but ``best`` 0.8 and the default 0.5 in ``behind_in``; each method's rate 1.25e-4 in every family, ``best``'s
+    2.5e-4; a curves.csv with the learner's diagnostics of both there (ESS 0.9 and 0.6)."""
+    import json
+
+    import pandas as pd
+
+    from results_check.pages import addition
+    from rllib_p3o.sweep.grid import LR_FAMILY_REGIMES, family_key
+
+    grid = addition.CONFIRMATION
+    rows = []
+    for regime in grid.regimes:
+        for method in grid.methods:
+            mean = 0.8 if method == addition.DEFAULT_METHOD else 0.5
+            if regime == behind_in and method in (addition.DEFAULT_METHOD, best):
+                mean = 1.3 - mean
+            rows.append(dict(stage=regime, method=method, heldout_at_budget_mean=mean, heldout_at_budget_std=0.01,
+                             seeds=3, collapses=0))  # fmt: skip
+    lr_peak = {family_key(m, f): (2.5e-4 if m == best else 1.25e-4) for m in grid.methods for f in LR_FAMILY_REGIMES}
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"note": None, "summary": rows, "lr_peak": lr_peak}))
+    curves = [
+        dict(
+            stage=behind_in,
+            method=m,
+            seed=s,
+            iteration=i,
+            heldout=0.5,
+            ess=ess,
+            cap_fraction=0.1,
+            masked_fraction=0.0,
+            ratio_max=2.0,
+            kl_grad_share=0.05,
+        )  # fmt: skip
+        for m, ess in ((addition.DEFAULT_METHOD, 0.9), (best, 0.6))
+        for s in grid.seeds
+        for i in (1, 2)
+    ]
+    pd.DataFrame(curves).to_csv(folder / "curves.csv", index=False)
+
+
+def test_the_addition_page_says_whether_the_aim_is_met_with_the_diagnostics_where_it_is_behind(tmp_path):
+    """The addition page on the committed development set and sorting confirmation set, with a hand-made lr choice and
+    a hand-made complete confirmation set where P3O's default is behind `cispo` in four steps per batch: the page
+    written from them passes its own check, says the aim is not met, and gives that regime's rates and the learner's
+    diagnostics of both methods; with the default ahead everywhere, the aim is met."""
+    import json
+    import shutil
+
+    from results_check.page import check_page
+    from results_check.pages import addition
+    from rllib_p3o.sweep.grid import LR_FAMILY_REGIMES, family_key
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for folder in (addition.BENCH_ADDITION_DEVELOPMENT, addition.BENCH_PROVENANCE_CONFIRMATION):
+        shutil.copytree(os.path.join(root, folder), tmp_path / folder, ignore=shutil.ignore_patterns("prep"))
+    methods = addition.DEVELOPMENT.methods
+    choice = {
+        "lr_peak": {family_key(m, f): 1.25e-4 for m in methods for f in LR_FAMILY_REGIMES},
+        "families": {
+            f: {"regime": r, "peaks": [1.25e-4, 2.5e-4], "scores": {m: {"0.000125": 0.9, "0.00025": 0.8} for m in methods}}
+            for f, r in LR_FAMILY_REGIMES.items()
+        },
+    }  # fmt: skip
+    (tmp_path / addition.BENCH_ADDITION_DEVELOPMENT / "lr_choice.json").write_text(json.dumps(choice))
+    _addition_confirmation(tmp_path / addition.BENCH_ADDITION_CONFIRMATION, "four_steps_per_batch", "cispo")
+
+    aim = addition.aim_verdict_quotes(str(tmp_path))
+    assert aim[0].startswith("The aim on the confirmation set (") and aim[0].endswith(
+        "is not met: it is best or tied in 10 of 11 regimes, ahead of every peer's default in 9 where the data drift "
+        "(`async_staleness_8`, `offline_weaker`, `async_4_in_flight`, `async_staleness_4`, `async_staleness_4_inflight`, "
+        "`offline_stale`, `two_steps_per_batch`, `behavior_weaker` and `temperature_1.2`), and 0 of its 33 seeds "
+        "collapsed"
+    )
+    assert aim[1] == (
+        "`four_steps_per_batch`: behind by 0.300, the regime's best `cispo`; the default trains at lr 0.000125, "
+        "`cispo` at 0.00025"
+    )
+    assert f"| `four_steps_per_batch` | `{addition.DEFAULT_METHOD}` | 0.900 |" in aim[-2]
+    assert aim[-1].startswith("| `four_steps_per_batch` | `cispo` | 0.600 |")
+    addition.write_page(str(tmp_path))
+    problems = check_page(addition.PAGE, str(tmp_path))
+    assert problems == [], "\n".join(problems)
+    text = (tmp_path / addition.PAGE.path).read_text()
+    for section in ("## Learning rates", "## The confirmation set", "## The aim, and where it is missed"):
+        assert section in text
+    assert "## The development set\n" not in text  # no regime of the committed development set has finished
+    assert "- `four_steps_per_batch`: behind by 0.300" in text and "The confirmation set is complete." in text
+
+    shutil.rmtree(tmp_path / addition.BENCH_ADDITION_CONFIRMATION)
+    _addition_confirmation(tmp_path / addition.BENCH_ADDITION_CONFIRMATION, "on_policy", addition.DEFAULT_METHOD)
+    met = addition.aim_verdict_quotes(str(tmp_path))
+    assert len(met) == 1 and " is met: it is best or tied in 11 of 11 regimes" in met[0]
+
+
+def test_the_addition_pages_set_section_shows_its_finished_regimes_only(tmp_path):
+    """A partial development set where on-policy has finished (every method, every seed) and the live weaker model
+    has the default's rows only: the matrix holds on-policy alone, the rest are named as still running."""
+    import json
+
+    from results_check.pages import addition
+
+    grid = addition.DEVELOPMENT
+    rows = [dict(stage="on_policy", method=m, heldout_at_budget_mean=0.9, heldout_at_budget_std=0.01, seeds=3,
+                 collapses=0) for m in grid.methods]  # fmt: skip
+    rows.append(dict(rows[0], stage="behavior_weaker"))
+    folder = tmp_path / addition.BENCH_ADDITION_DEVELOPMENT
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"note": "Partial: ...", "summary": rows}))
+    quotes = addition.set_quotes(str(tmp_path), addition.BENCH_ADDITION_DEVELOPMENT, grid, "development")
+    assert quotes[0] == "| method | `on_policy` |"
+    assert "`on_policy` shows no difference between the methods" in quotes
+    assert "Still running or to run: `async_staleness_4`, `offline_weaker` and `behavior_weaker`" in quotes
+    assert (
+        "On the development set P3O's default is best or tied in 1 of 1 finished regimes; ahead of every peer's "
+        "default by more than the standard error in no regime; 0 of its 3 seeds collapsed"
+    ) in quotes
+    assert quotes[-1] == "The development set's files hold 0 distinct trials"
+    (folder / "summary.json").write_text(json.dumps({"note": "Partial: ...", "summary": rows[:-2]}))  # one method short
+    assert addition.set_quotes(str(tmp_path), addition.BENCH_ADDITION_DEVELOPMENT, grid, "development") == []

@@ -5,7 +5,9 @@ report while it runs).
 What the page says is derived here: how the task's completions differ from the sorting task's (from the two tasks'
 own rows), the base model's held-out accuracy (every on-policy trial's first evaluation, taken before any update) and
 the on-policy learning-rate stage (each method at each peak, mean ± SD over the seeds), the issue's headroom test on
-them, how much of the development set has run, and the regime × task table of P3O's default's verdicts: the sorting
+them, each method's rate per lr family (`lr_choice.json`, once written), each set's matrix over its finished regimes
+with P3O's default's standing, the aim on the complete confirmation set (with the rates and the learner's diagnostics
+where it is missed), how much of each set has run, and the regime × task table of P3O's default's verdicts: the sorting
 task's confirmation set (`results/bench-provenance-confirmation`) beside the addition task's development and
 confirmation sets (`results/bench-addition-confirmation`, once it runs). A learning-rate stage has finished once the sweep has moved past
 it (a later stage has a trial file); until then its bracket may still grow, and the page says so.
@@ -28,11 +30,21 @@ from results_check.pages._paths import (
     BENCH_ADDITION_DEVELOPMENT,
     BENCH_PROVENANCE_CONFIRMATION,
 )
-from results_check.pages.staleness import Grid, best_method, complete, load, standing
+from results_check.pages.provenance import CELL_LABEL, lr_quotes
+from results_check.pages.staleness import (
+    Grid,
+    aim_quotes,
+    best_method,
+    complete,
+    diagnostics_quotes,
+    load,
+    matrix_quotes,
+    standing,
+)
 from rllib_p3o.sweep import report
-from rllib_p3o.sweep.grid import DEFAULT_METHOD, GRIDS, LR_FAMILY_REGIMES
+from rllib_p3o.sweep.grid import DEFAULT_METHOD, GRIDS, LR_FAMILY_REGIMES, OTHER_MODEL_CANDIDATES, method_peak
 from rllib_p3o.sweep.grid import Grid as SweepGrid
-from rllib_p3o.sweep.verdicts import TIE_RULE, all_tie, best_or_tied
+from rllib_p3o.sweep.verdicts import COLLAPSE_RULE, TIE_RULE, all_tie, best_or_tied
 from rllib_p3o.tasks.addition import AdditionTask
 from rllib_p3o.tasks.sorting import SortingTask
 
@@ -201,6 +213,106 @@ def progress_quote(root: str) -> str:
     return f"{report['note'] or 'The development set is complete'} Learning-rate stages finished: {said}"
 
 
+def confirmation_progress_quote(root: str) -> str:
+    """How much of the confirmation set has run: not yet, partial (the sweep's note), or complete."""
+    if not os.path.exists(os.path.join(root, BENCH_ADDITION_CONFIRMATION, "summary.json")):
+        return "The confirmation set has not run yet"
+    note = load_json(root, f"{BENCH_ADDITION_CONFIRMATION}/summary.json")["note"]
+    return f"The confirmation set: {note[0].lower() + note[1:]}" if note else "The confirmation set is complete"
+
+
+def lr_choice_quotes(root: str) -> List[str]:
+    """Each method's peak lr per family (`lr_quotes`) from the development set's ``lr_choice.json``, which the sweep
+    writes once every lr stage has finished; nothing before."""
+    if not os.path.exists(os.path.join(root, BENCH_ADDITION_DEVELOPMENT, "lr_choice.json")):
+        return []
+    return lr_quotes(root, BENCH_ADDITION_DEVELOPMENT, DEVELOPMENT.methods)
+
+
+def distinct_trials(root: str, folder: str) -> int:
+    """How many trials a set ran: one file per trial under ``trials/<stage>/`` (a trial two cells share counts once)."""
+    return len(glob.glob(os.path.join(root, folder, report.TRIALS_DIR, "*", "*.csv")))
+
+
+def set_quotes(root: str, folder: str, grid: SweepGrid, name: str) -> List[str]:
+    """One set's regime × method matrix over its finished regimes (`finished`), then P3O's default's standing there
+    (`aim_quotes`: best or tied, behind by how much, ahead of every peer's default, collapsed seeds); nothing while
+    no regime has finished (the regime × task table and the progress sentences say how far it has run)."""
+    g = load(root, folder, grid)
+    done = finished(g, grid)
+    if not done:
+        return []
+    running = [r for r in grid.regimes if r not in done]
+    return [
+        *matrix_quotes(g, done),
+        *([f"Still running or to run: {words([f'`{r}`' for r in running])}"] if running else []),
+        "; ".join(aim_quotes(g, name, len(grid.seeds), DEFAULT_METHOD, grid=grid)),
+        f"The {name} set's files hold {distinct_trials(root, folder)} distinct trials",
+    ]
+
+
+def dropped_quote() -> str:
+    """Which methods of the development set the confirmation set does not run, and why: candidates for P3O's weight
+    on another model's tokens that the sorting task's last choice passed over (its confirmation set does not run them
+    either). A ValueError if a method is left out for another reason (the page would have no words for it)."""
+    dropped = [m for m in DEVELOPMENT.methods if m not in CONFIRMATION.methods]
+    if not dropped:
+        return "It runs every method of the development set"
+    sorting = GRIDS["sorting", "confirmation"].methods
+    unexplained = [m for m in dropped if m not in OTHER_MODEL_CANDIDATES or m in sorting]
+    if unexplained:
+        raise ValueError(f"the confirmation set leaves out {unexplained}, for no reason the page can give")
+    what = "a candidate" if len(dropped) == 1 else "candidates"
+    return (
+        f"It runs every method of the development set but {words([f'`{m}`' for m in dropped])}: {what} for P3O's "
+        "weight on another model's tokens that the sorting task's last choice passed over and its confirmation set "
+        "does not run either"
+    )
+
+
+# The issue's aim on the confirmation set: ahead of every peer's default by more than the SE in at least this many
+# regimes where the data drift (every regime but on-policy).
+AIM_AHEAD_AT_LEAST = 2
+
+
+def aim_verdict_quotes(root: str) -> List[str]:
+    """The aim on the complete confirmation set, met or not; for each regime where P3O's default is behind or a seed of
+    it collapsed, the two methods' learning rates, and the learner's diagnostics beside the regime's best
+    (`diagnostics_quotes`). Nothing while the set is partial."""
+    g = load(root, BENCH_ADDITION_CONFIRMATION, CONFIRMATION)
+    if g is None or g.note or len(finished(g, CONFIRMATION)) < len(CONFIRMATION.regimes):
+        return []
+    regimes = list(g.regimes)
+    held, missed, ahead, collapsed = standing(g, regimes, DEFAULT_METHOD)
+    drift = [r for r in ahead if r != LR_FAMILY_REGIMES["on_policy"]]
+    met = not missed and len(drift) >= AIM_AHEAD_AT_LEAST and not collapsed
+    seeds = sum(g.stats[r][DEFAULT_METHOD][2] for r in regimes)
+    out = [
+        f"The aim on the confirmation set (P3O's default best or tied in every regime, ahead of every peer's default "
+        f"by more than the standard error in at least {AIM_AHEAD_AT_LEAST} regimes where the data drift, no collapsed "
+        f"seed) is {'met' if met else 'not met'}: it is best or tied in {len(held)} of {len(regimes)} regimes, "
+        f"ahead of every peer's default in {len(drift)} where the data drift"
+        + (f" ({words([f'`{r}`' for r in drift])})" if drift else "")
+        + f", and {collapsed} of its {seeds} seeds collapsed"
+    ]
+    pairs = []
+    for r in regimes:
+        if r not in missed and not g.collapses[r][DEFAULT_METHOD]:
+            continue
+        best = best_method(g, r)
+        own, theirs = (method_peak(g.report["lr_peak"], m, r) for m in (DEFAULT_METHOD, best))
+        gap = g.stats[r][DEFAULT_METHOD][0] - g.stats[r][best][0]
+        said = f"behind by {-gap:.3f}" if r in missed else "best or tied"
+        lost = g.collapses[r][DEFAULT_METHOD]
+        out.append(
+            f"`{r}`: {said}, the regime's best `{best}`"
+            + (f", {lost} of its seeds collapsed" if lost else "")
+            + f"; the default trains at lr {own:g}, `{best}` at {theirs:g}"
+        )
+        pairs += [(r, DEFAULT_METHOD), (r, best)] if best != DEFAULT_METHOD else [(r, DEFAULT_METHOD)]
+    return out + (diagnostics_quotes(g, pairs) if pairs else [])
+
+
 # The sets the regime × task table puts side by side, left to right: (task, set, its folder, its sweep grid). The
 # sorting task's is the confirmation set of data another model recorded (docs/results/provenance.md), whose default
 # P3O's default is on both tasks.
@@ -331,10 +443,17 @@ def quotes(root: str) -> List[str]:
     return [
         *task_quotes(),
         *on_policy_quotes(root),
+        *lr_choice_quotes(root),
+        *set_quotes(root, BENCH_ADDITION_DEVELOPMENT, DEVELOPMENT, "development"),
+        *(said := set_quotes(root, BENCH_ADDITION_CONFIRMATION, CONFIRMATION, "confirmation")),
+        *([dropped_quote()] if said else []),
+        *aim_verdict_quotes(root),
         *regime_task_quotes(root),
         *([both[0].upper() + both[1:]] if (both := readme_both_tasks(root)) else []),  # as the page's sentence starts
         progress_quote(root),
+        confirmation_progress_quote(root),
         TIE_RULE,
+        COLLAPSE_RULE,
         machine_words(cpus(root)),
     ]
 
@@ -401,12 +520,36 @@ method, every seed); "–": the set does not run that regime. The sorting task's
 set chose the learning rates.
 """
 
+LR_CHOICE_INTRO = """## Learning rates: each method's own, per family of regimes
+
+The development set's learning-rate stages, one per family of regimes (on-policy; the policy's own stale data,
+`async_staleness_4`; another model's data, `offline_weaker`), each method's bracket on seeds 0-1, extended while its
+best is at an end. Each method then trains at its best peak in every regime of that family, on both sets (the
+sorting bench's rule). Every method runs at its own rate, chosen on this task.
+"""
+
+DEVELOPMENT_INTRO = """## The development set
+
+Every method at its own rate in the family's regime and with a live weaker second model (`behavior_weaker`), on
+seeds 0-2: the lr stages' trials at the chosen peak are seeds 0-1, seed 2 runs after the choice. It chose the rates,
+nothing else: P3O's default is the one the sorting task's rounds chose.
+"""
+
+CONFIRMATION_INTRO = """## The confirmation set
+
+The task's regimes (the sorting bench's, and calls in flight with in-flight weight updates) on seeds 3-5, run after
+the development set's choice was committed, every method at its committed rate, from the same base and weaker
+models.
+"""
+
+AIM_INTRO = """## The aim, and where it is missed
+"""
+
 STATUS_INTRO = """## What has run, and what follows
 
-The development set goes on to the learning-rate stages of the policy's own stale data (`async_staleness_4`) and of
-another model's data (`offline_weaker`), then the weaker second model live (`behavior_weaker`). Its choice is
-committed before the confirmation set runs; the confirmation set's regimes are the sorting bench's, and calls in
-flight with in-flight weight updates.
+The development set runs the learning-rate stages of the three families (on-policy, the policy's own stale data,
+another model's data), then its regimes on the last seed and with a live weaker second model. Its choice is
+committed before the confirmation set runs.
 """
 
 
@@ -430,14 +573,43 @@ def page_text(root: str) -> str:
         parts += [q + ".\n" for q in said[2:]]
     else:
         parts += [q + ".\n" for q in said]
-    parts += [TIE_RULE + "\n"]
+    parts += [TIE_RULE + " " + COLLAPSE_RULE + "\n"]
+    if lr := lr_choice_quotes(root):
+        parts += [LR_CHOICE_INTRO, _table(lr), *_sentences(lr)]
+    for intro, folder, grid, name in (
+        (DEVELOPMENT_INTRO, BENCH_ADDITION_DEVELOPMENT, DEVELOPMENT, "development"),
+        (CONFIRMATION_INTRO, BENCH_ADDITION_CONFIRMATION, CONFIRMATION, "confirmation"),
+    ):
+        said = set_quotes(root, folder, grid, name)
+        if said:
+            parts += [
+                intro + (dropped_quote() + ".\n" if grid is CONFIRMATION else ""),
+                CELL_LABEL + ".\n",
+                _table(said),
+                *_sentences(said),
+            ]
+    if aim := aim_verdict_quotes(root):
+        behind = [q for q in aim[1:] if not q.startswith("|")]
+        parts += [AIM_INTRO, aim[0] + ".\n"]
+        if behind:
+            parts += ["Where it is behind or a seed collapsed, and the learner's diagnostics there (mean over trials "
+                      "and iterations):\n", "\n".join(f"- {q}." for q in behind) + "\n", _table(aim)]  # fmt: skip
     verdicts = regime_task_quotes(root)
-    parts += [VERDICTS_INTRO, "\n".join(q for q in verdicts if q.startswith("|")) + "\n"]
-    parts += [q + ".\n" for q in verdicts if not q.startswith("|")]
+    parts += [VERDICTS_INTRO, _table(verdicts), *_sentences(verdicts)]
     both = readme_both_tasks(root)
     parts += [both[0].upper() + both[1:] + ".\n"] if both else []
-    parts += [STATUS_INTRO, progress_quote(root) + ".\n"]
+    parts += [STATUS_INTRO, progress_quote(root) + ".\n", confirmation_progress_quote(root) + ".\n"]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+def _table(quotes: List[str]) -> str:
+    """The table rows among ``quotes``, as one block."""
+    return "\n".join(q for q in quotes if q.startswith("|")) + "\n"
+
+
+def _sentences(quotes: List[str]) -> List[str]:
+    """The sentences among ``quotes``, one paragraph each."""
+    return [q + ".\n" for q in quotes if not q.startswith("|")]
 
 
 def write_page(root: str) -> None:
@@ -454,7 +626,7 @@ def write_page(root: str) -> None:
 PAGE = Page(
     path="docs/results/addition.md",
     quotes=quotes,
-    settings=("seeds 0-1", "seed 2"),
+    settings=("seeds 0-1", "seed 2", "seeds 3-5"),
 )
 
 

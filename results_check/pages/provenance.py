@@ -79,12 +79,14 @@ _ANCHOR = {"behavior": "the recorder (π_b)", "proximal": "π_old", "none": "non
 _SAID = {"wins": "ahead", "loses": "behind", "ties": "tied"}  # a verdict of B against A, as the page says it
 
 
-def lr_quotes(root: str, folder: str = BENCH_PROVENANCE_DEVELOPMENT) -> List[str]:
+def lr_quotes(
+    root: str, folder: str = BENCH_PROVENANCE_DEVELOPMENT, methods: Tuple[str, ...] = PROVENANCE_DEVELOPMENT_METHODS
+) -> List[str]:
     """Each method's chosen peak lr per lr family and the peaks each family's bracket tried."""
     choice = load_json(root, f"{folder}/lr_choice.json")
     families = [f for f in LR_FAMILY_REGIMES if f in choice["families"]]
     rows = []
-    for method in PROVENANCE_DEVELOPMENT_METHODS:
+    for method in methods:
         rows.append([f"`{method}`", *[f"{choice['lr_peak'][family_key(method, f)]:g}" for f in families]])
     header = ["method", *[f"{FAMILY_NAMES[f]} (`{choice['families'][f]['regime']}`)" for f in families]]
     tried = [f"{FAMILY_NAMES[f]}: {', '.join(f'{p:g}' for p in choice['families'][f]['peaks'])}" for f in families]

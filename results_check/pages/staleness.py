@@ -250,11 +250,17 @@ def standing(
 
 
 def aim_quotes(
-    g: Grid, name: str, seeds: int, default: str = STALENESS_DEFAULT, who: str = "P3O's default"
+    g: Grid,
+    name: str,
+    seeds: int,
+    default: str = STALENESS_DEFAULT,
+    who: str = "P3O's default",
+    grid: Optional[SweepGrid] = None,
 ) -> List[str]:
     """The issue's aim on one set: the default best or tied in every regime, ahead of every peer-default loss by
-    more than the standard error in at least one regime, no collapsed seed (over the set's finished regimes)."""
-    regimes = complete(g, seeds, default)
+    more than the standard error in at least one regime, no collapsed seed (over the set's finished regimes; with the
+    set's sweep ``grid``, those where every method it runs has its rows, `complete`)."""
+    regimes = complete(g, seeds, default, grid)
     held, missed, ahead, collapsed = standing(g, regimes, default)
     total = sum(g.stats[r][default][2] for r in regimes)
     finished = " finished" if g.note or len(regimes) < len(g.regimes) else ""  # a partial set: so far
