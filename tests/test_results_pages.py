@@ -557,10 +557,11 @@ def test_the_addition_pages_lr_figure_is_drawn_from_the_committed_trials_of_its_
         )
 
 
-def _addition_confirmation(folder, behind_in: str, best: str) -> None:
-    """A hand-made complete addition confirmation set: P3O's default 0.8 and every other method 0.5 in every regime,
-    but ``best`` 0.8 and the default 0.5 in ``behind_in``; each method's rate 1.25e-4 in every family, ``best``'s
-    2.5e-4; a curves.csv with the learner's diagnostics of both there (ESS 0.9 and 0.6)."""
+def _addition_confirmation(folder, behind_in: str, best: str, others: float = 0.5) -> None:
+    """A hand-made complete addition confirmation set: P3O's default 0.8 and every other method ``others`` in every
+    regime, but ``best`` 0.8 and the default ``others`` in ``behind_in``; each method's rate 1.25e-4 in every family,
+    ``best``'s 2.5e-4; a curves.csv with the learner's diagnostics of both in ``behind_in`` (ESS 0.9 and 0.6) and of
+    every method elsewhere (ESS 0.8)."""
     import json
 
     import pandas as pd
@@ -572,9 +573,9 @@ def _addition_confirmation(folder, behind_in: str, best: str) -> None:
     rows = []
     for regime in grid.regimes:
         for method in grid.methods:
-            mean = 0.8 if method == addition.DEFAULT_METHOD else 0.5
+            mean = 0.8 if method == addition.DEFAULT_METHOD else others
             if regime == behind_in and method in (addition.DEFAULT_METHOD, best):
-                mean = 1.3 - mean
+                mean = 0.8 + others - mean
             rows.append(dict(stage=regime, method=method, heldout_at_budget_mean=mean, heldout_at_budget_std=0.01,
                              seeds=3, collapses=0))  # fmt: skip
     lr_peak = {family_key(m, f): (2.5e-4 if m == best else 1.25e-4) for m in grid.methods for f in LR_FAMILY_REGIMES}
@@ -596,6 +597,12 @@ def _addition_confirmation(folder, behind_in: str, best: str) -> None:
         for m, ess in ((addition.DEFAULT_METHOD, 0.9), (best, 0.6))
         for s in grid.seeds
         for i in (1, 2)
+    ]
+    curves += [
+        dict(curves[0], stage=regime, method=m, ess=0.8)
+        for regime in grid.regimes
+        if regime != behind_in
+        for m in grid.methods
     ]
     pd.DataFrame(curves).to_csv(folder / "curves.csv", index=False)
 
@@ -648,10 +655,52 @@ def test_the_addition_page_says_whether_the_aim_is_met_with_the_diagnostics_wher
     assert "## The development set\n" not in text  # no regime of the committed development set has finished
     assert "- `four_steps_per_batch`: behind by 0.300" in text and "The confirmation set is complete." in text
 
+    assert "cannot say which models it started from" in text  # the hand-made set has no prep folder
+
     shutil.rmtree(tmp_path / addition.BENCH_ADDITION_CONFIRMATION)
     _addition_confirmation(tmp_path / addition.BENCH_ADDITION_CONFIRMATION, "on_policy", addition.DEFAULT_METHOD)
     met = addition.aim_verdict_quotes(str(tmp_path))
     assert len(met) == 1 and " is met: it is best or tied in 11 of 11 regimes" in met[0]
+
+    # Best or tied everywhere but ahead of the peers on-policy only: missed for too few regimes ahead where the data
+    # drift, each of them named with the closest peer's default and the diagnostics.
+    shutil.rmtree(tmp_path / addition.BENCH_ADDITION_CONFIRMATION)
+    _addition_confirmation(tmp_path / addition.BENCH_ADDITION_CONFIRMATION, "on_policy", "cispo", others=0.8)
+    tied = addition.aim_verdict_quotes(str(tmp_path))
+    assert "is not met: it is best or tied in 11 of 11 regimes, ahead of every peer's default in 0 where" in tied[0]
+    said = [q for q in tied[1:] if not q.startswith("|")]
+    assert len(said) == 10 and said[0] == (
+        "`async_staleness_8`: not ahead of `grpo_eps0.2` beyond the SE (+0.000, SE 0.008); the default trains at lr "
+        "0.000125, `grpo_eps0.2` at 0.000125"
+    )
+    assert "| `async_staleness_8` | `grpo_eps0.2` | 0.800 |" in tied[-19]
+
+    # The development set with a finished regime, the confirmation set's prep beside its own: both sections on a
+    # page that passes its check, and whether the two sets started from the same models.
+    dev = tmp_path / addition.BENCH_ADDITION_DEVELOPMENT
+    summary = json.loads((dev / "summary.json").read_text())
+    summary["summary"] += [
+        dict(stage="on_policy", method=m, heldout_at_budget_mean=0.9, heldout_at_budget_std=0.01, seeds=3, collapses=0)
+        for m in methods
+    ]
+    (dev / "summary.json").write_text(json.dumps(summary))
+    for folder in (addition.BENCH_ADDITION_DEVELOPMENT, addition.BENCH_ADDITION_CONFIRMATION):
+        shutil.copytree(os.path.join(root, addition.BENCH_ADDITION_DEVELOPMENT, "prep"), tmp_path / folder / "prep")
+    addition.write_page(str(tmp_path))
+    problems = check_page(addition.PAGE, str(tmp_path))
+    assert problems == [], "\n".join(problems)
+    text = (tmp_path / addition.PAGE.path).read_text()
+    assert (
+        "## The development set\n" in text and "On the development set P3O's default is best or tied in 1 of 1" in text
+    )
+    assert "It started from the development set's base and weaker models (the same weight files, byte for byte)" in text
+    with open(
+        tmp_path / addition.BENCH_ADDITION_CONFIRMATION / "prep" / "weaker_model" / "model.safetensors", "ab"
+    ) as f:
+        f.write(b"\0")
+    assert addition.same_models_quote(str(tmp_path)) == (
+        "It started from other models than the development set's: `weaker_model` differs"
+    )
 
 
 def test_the_addition_pages_set_section_shows_its_finished_regimes_only(tmp_path):

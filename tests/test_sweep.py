@@ -584,6 +584,10 @@ def test_a_confirmation_set_starts_from_its_development_sets_committed_models(mo
     again = []
     assert prepare(str(out), confirmation, {"weaker_model"}, say=again.append) == prepared
     assert not any("the committed one" in m for m in again)  # copied once
+    with open(out / "prep" / "weaker_model" / "model.safetensors", "ab") as f:
+        f.write(b"\0")  # a model of another run in the set's folder is refused, not taken for the committed one
+    with pytest.raises(ValueError, match="weaker_model is not the model committed in .*--fresh"):
+        prepare(str(out), confirmation, {"weaker_model"}, say=again.append)
 
     built = []
     monkeypatch.setitem(
@@ -595,6 +599,10 @@ def test_a_confirmation_set_starts_from_its_development_sets_committed_models(mo
     prepare(str(tmp_path / "elsewhere"), absent, {"weaker_model"}, say=messages.append)
     assert [os.path.basename(p) for p in built] == ["base_model", "weaker_model"]
     assert any("not found: building the models" in m for m in messages)
+    # A base model of the user's own (--base-model): nothing committed is copied, its weaker model is built.
+    own = prepare(str(tmp_path / "own"), confirmation, {"weaker_model"}, base_model="my-model", say=messages.append)
+    assert own.base_model == "my-model" and not os.path.exists(tmp_path / "own" / "prep" / "base_model")
+    assert os.path.basename(built[-1]) == "weaker_model" and len(built) == 3
 
 
 def test_each_trial_file_names_the_cpu_it_ran_on_and_the_page_says_which(tmp_path):

@@ -30,8 +30,9 @@ from results_check.pages._paths import (
     BENCH_ADDITION_DEVELOPMENT,
     BENCH_PROVENANCE_CONFIRMATION,
 )
-from results_check.pages.provenance import CELL_LABEL, lr_quotes
+from results_check.pages.provenance import CELL_LABEL, effect, lr_quotes
 from results_check.pages.staleness import (
+    PEER_DEFAULTS,
     Grid,
     aim_quotes,
     best_method,
@@ -44,6 +45,7 @@ from results_check.pages.staleness import (
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import DEFAULT_METHOD, GRIDS, LR_FAMILY_REGIMES, OTHER_MODEL_CANDIDATES, method_peak
 from rllib_p3o.sweep.grid import Grid as SweepGrid
+from rllib_p3o.sweep.prep import MODELS, same_weights
 from rllib_p3o.sweep.verdicts import COLLAPSE_RULE, TIE_RULE, all_tie, best_or_tied
 from rllib_p3o.tasks.addition import AdditionTask
 from rllib_p3o.tasks.sorting import SortingTask
@@ -210,7 +212,7 @@ def progress_quote(root: str) -> str:
     report = load_json(root, f"{BENCH_ADDITION_DEVELOPMENT}/summary.json")
     done = finished_stages(root)
     said = words([f"`{s}`" for s in done]) if done else "none"
-    return f"{report['note'] or 'The development set is complete'} Learning-rate stages finished: {said}"
+    return f"{report['note'] or 'The development set is complete.'} Learning-rate stages finished: {said}"
 
 
 def confirmation_progress_quote(root: str) -> str:
@@ -218,7 +220,11 @@ def confirmation_progress_quote(root: str) -> str:
     if not os.path.exists(os.path.join(root, BENCH_ADDITION_CONFIRMATION, "summary.json")):
         return "The confirmation set has not run yet"
     note = load_json(root, f"{BENCH_ADDITION_CONFIRMATION}/summary.json")["note"]
-    return f"The confirmation set: {note[0].lower() + note[1:]}" if note else "The confirmation set is complete"
+    return (
+        f"The confirmation set is {note[0].lower() + note[1:].rstrip('.')}"
+        if note
+        else "The confirmation set is complete"
+    )
 
 
 def lr_choice_quotes(root: str) -> List[str]:
@@ -251,6 +257,19 @@ def set_quotes(root: str, folder: str, grid: SweepGrid, name: str) -> List[str]:
     ]
 
 
+def same_models_quote(root: str) -> str:
+    """Whether the confirmation set started from the development set's base and weaker models: their weight files in
+    the two sets' committed prep folders, compared byte for byte (`Grid.models_from`)."""
+    folders = [os.path.join(root, f, "prep") for f in (BENCH_ADDITION_DEVELOPMENT, BENCH_ADDITION_CONFIRMATION)]
+    if not all(os.path.isdir(os.path.join(f, m)) for f in folders for m in MODELS):
+        return "Its prep folder is not committed with both models, so this page cannot say which models it started from"
+    differ = [m for m in MODELS if not same_weights(*(os.path.join(f, m) for f in folders))]
+    if differ:
+        verb = "differs" if len(differ) == 1 else "differ"
+        return f"It started from other models than the development set's: {words([f'`{m}`' for m in differ])} {verb}"
+    return "It started from the development set's base and weaker models (the same weight files, byte for byte)"
+
+
 def dropped_quote() -> str:
     """Which methods of the development set the confirmation set does not run, and why: candidates for P3O's weight
     on another model's tokens that the sorting task's last choice passed over (its confirmation set does not run them
@@ -276,15 +295,19 @@ AIM_AHEAD_AT_LEAST = 2
 
 
 def aim_verdict_quotes(root: str) -> List[str]:
-    """The aim on the complete confirmation set, met or not; for each regime where P3O's default is behind or a seed of
-    it collapsed, the two methods' learning rates, and the learner's diagnostics beside the regime's best
-    (`diagnostics_quotes`). Nothing while the set is partial."""
+    """The aim on the complete confirmation set, met or not, then what the page has on each way it is missed: for
+    each regime where P3O's default is behind or a seed of it collapsed, the regime's best method and both rates;
+    where it is ahead of every peer's default in too few regimes where the data drift, for each such regime where it
+    is not, the peer's default closest to it (the highest mean) and their difference; and the learner's diagnostics
+    (`diagnostics_quotes`) of the default and the method it is set against in each. Nothing while the set is
+    partial."""
     g = load(root, BENCH_ADDITION_CONFIRMATION, CONFIRMATION)
     if g is None or g.note or len(finished(g, CONFIRMATION)) < len(CONFIRMATION.regimes):
         return []
     regimes = list(g.regimes)
     held, missed, ahead, collapsed = standing(g, regimes, DEFAULT_METHOD)
-    drift = [r for r in ahead if r != LR_FAMILY_REGIMES["on_policy"]]
+    drift_regimes = [r for r in regimes if r != LR_FAMILY_REGIMES["on_policy"]]
+    drift = [r for r in ahead if r in drift_regimes]
     met = not missed and len(drift) >= AIM_AHEAD_AT_LEAST and not collapsed
     seeds = sum(g.stats[r][DEFAULT_METHOD][2] for r in regimes)
     out = [
@@ -295,22 +318,35 @@ def aim_verdict_quotes(root: str) -> List[str]:
         + (f" ({words([f'`{r}`' for r in drift])})" if drift else "")
         + f", and {collapsed} of its {seeds} seeds collapsed"
     ]
-    pairs = []
+    pairs: List[Tuple[str, str]] = []
     for r in regimes:
-        if r not in missed and not g.collapses[r][DEFAULT_METHOD]:
+        lost = g.collapses[r][DEFAULT_METHOD]
+        if r not in missed and not lost:
             continue
         best = best_method(g, r)
-        own, theirs = (method_peak(g.report["lr_peak"], m, r) for m in (DEFAULT_METHOD, best))
-        gap = g.stats[r][DEFAULT_METHOD][0] - g.stats[r][best][0]
-        said = f"behind by {-gap:.3f}" if r in missed else "best or tied"
-        lost = g.collapses[r][DEFAULT_METHOD]
-        out.append(
-            f"`{r}`: {said}, the regime's best `{best}`"
-            + (f", {lost} of its seeds collapsed" if lost else "")
-            + f"; the default trains at lr {own:g}, `{best}` at {theirs:g}"
-        )
-        pairs += [(r, DEFAULT_METHOD), (r, best)] if best != DEFAULT_METHOD else [(r, DEFAULT_METHOD)]
-    return out + (diagnostics_quotes(g, pairs) if pairs else [])
+        if r in missed:
+            said = f"behind by {g.stats[r][best][0] - g.stats[r][DEFAULT_METHOD][0]:.3f}, the regime's best `{best}`"
+            said += f"; the default trains at lr {_rate(g, DEFAULT_METHOD, r)}, `{best}` at {_rate(g, best, r)}"
+        else:
+            said = "best or tied" + (" (every method ties)" if all_tie(g.stats[r]) else "")
+        out.append(f"`{r}`: {said}" + (f"; {lost} of its seeds collapsed" if lost else ""))
+        pairs += [(r, DEFAULT_METHOD)] + ([(r, best)] if r in missed else [])
+    if len(drift) < AIM_AHEAD_AT_LEAST:
+        for r in [r for r in drift_regimes if r not in drift and r not in missed]:
+            peers = [p for p in PEER_DEFAULTS if p in g.stats[r]]
+            closest = max(peers, key=lambda p: g.stats[r][p][0])
+            diff, se, _ = effect(g.stats[r], closest, DEFAULT_METHOD)
+            out.append(
+                f"`{r}`: not ahead of `{closest}` beyond the SE ({diff:+.3f}, SE {se:.3f}); the default trains at lr "
+                f"{_rate(g, DEFAULT_METHOD, r)}, `{closest}` at {_rate(g, closest, r)}"
+            )
+            pairs += [(r, DEFAULT_METHOD), (r, closest)]
+    return out + (diagnostics_quotes(g, list(dict.fromkeys(pairs))) if pairs else [])
+
+
+def _rate(g: Grid, method: str, regime: str) -> str:
+    """A method's peak learning rate in a regime, as the set's report gives it."""
+    return f"{method_peak(g.report['lr_peak'], method, regime):g}"
 
 
 # The sets the regime × task table puts side by side, left to right: (task, set, its folder, its sweep grid). The
@@ -446,7 +482,7 @@ def quotes(root: str) -> List[str]:
         *lr_choice_quotes(root),
         *set_quotes(root, BENCH_ADDITION_DEVELOPMENT, DEVELOPMENT, "development"),
         *(said := set_quotes(root, BENCH_ADDITION_CONFIRMATION, CONFIRMATION, "confirmation")),
-        *([dropped_quote()] if said else []),
+        *([same_models_quote(root), dropped_quote()] if said else []),
         *aim_verdict_quotes(root),
         *regime_task_quotes(root),
         *([both[0].upper() + both[1:]] if (both := readme_both_tasks(root)) else []),  # as the page's sentence starts
@@ -538,8 +574,7 @@ nothing else: P3O's default is the one the sorting task's rounds chose.
 CONFIRMATION_INTRO = """## The confirmation set
 
 The task's regimes (the sorting bench's, and calls in flight with in-flight weight updates) on seeds 3-5, run after
-the development set's choice was committed, every method at its committed rate, from the same base and weaker
-models.
+the development set's choice was committed, every method at its committed rate.
 """
 
 AIM_INTRO = """## The aim, and where it is missed
@@ -581,9 +616,10 @@ def page_text(root: str) -> str:
         (CONFIRMATION_INTRO, BENCH_ADDITION_CONFIRMATION, CONFIRMATION, "confirmation"),
     ):
         said = set_quotes(root, folder, grid, name)
+        own = [same_models_quote(root), dropped_quote()]
         if said:
             parts += [
-                intro + (dropped_quote() + ".\n" if grid is CONFIRMATION else ""),
+                intro + "".join(f"{q}. " for q in (own if grid is CONFIRMATION else [])).rstrip() + "\n",
                 CELL_LABEL + ".\n",
                 _table(said),
                 *_sentences(said),
@@ -598,7 +634,12 @@ def page_text(root: str) -> str:
     parts += [VERDICTS_INTRO, _table(verdicts), *_sentences(verdicts)]
     both = readme_both_tasks(root)
     parts += [both[0].upper() + both[1:] + ".\n"] if both else []
-    parts += [STATUS_INTRO, progress_quote(root) + ".\n", confirmation_progress_quote(root) + ".\n"]
+    development_partial = load_json(root, f"{BENCH_ADDITION_DEVELOPMENT}/summary.json")["note"]
+    parts += [
+        STATUS_INTRO if development_partial else "## What has run\n",
+        progress_quote(root) + ".\n",
+        confirmation_progress_quote(root) + ".\n",
+    ]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
 
 
@@ -626,7 +667,7 @@ def write_page(root: str) -> None:
 PAGE = Page(
     path="docs/results/addition.md",
     quotes=quotes,
-    settings=("seeds 0-1", "seed 2", "seeds 3-5"),
+    settings=("seeds 0-1", "seed 2", "seeds 0-2", "seeds 3-5"),
 )
 
 

@@ -166,7 +166,7 @@ def ablation_quotes(g: Grid) -> List[str]:
     ]
 
 
-def _effect(stats: Dict[str, Tuple[float, float, int]], a: str, b: str) -> Tuple[float, float, str]:
+def effect(stats: Dict[str, Tuple[float, float, int]], a: str, b: str) -> Tuple[float, float, str]:
     """``mean_b − mean_a``, the standard error of that difference and the verdict of b against a."""
     (ma, sa, na), (mb, sb, nb) = stats[a], stats[b]
     return mb - ma, standard_error(sa, na, sb, nb), verdict(stats[b], stats[a])
@@ -184,7 +184,7 @@ def effect_quotes(stats: Dict[str, Tuple[float, float, int]]) -> List[str]:
     ]
     parts = []
     for method, what in changes:
-        diff, se, v = _effect(stats, before, method)
+        diff, se, v = effect(stats, before, method)
         parts.append(f"{what}: {diff:+.3f} (SE {se:.3f}, {_SAID[v]})")
     return [
         f"Against P3O as it read this recording before provenance (`{before}`), held-out at the budget: "
@@ -426,8 +426,8 @@ def rate_quotes(root: str) -> List[str]:
             stats = {"own": conf.stats[regime][DEFAULT_METHOD], "rate": rate.stats[regime][method]}
             stats["best"] = conf.stats[regime][best]
             own_lr = method_peak(conf.report["lr_peak"], DEFAULT_METHOD, regime)
-            gain, gain_se, _ = _effect(stats, "own", "rate")
-            gap, gap_se, v = _effect(stats, "best", "rate")
+            gain, gain_se, _ = effect(stats, "own", "rate")
+            gap, gap_se, v = effect(stats, "best", "rate")
             collapses = rate.collapses[regime][method]
             out.append(
                 f"`{regime}`: P3O's default at {rate_lr:g}, the rate of `{best}` (the regime's highest mean), scores "
@@ -499,8 +499,8 @@ def _rate_diagnosis(own: Cell, at_rate: Cell, best: Cell, best_name: str) -> str
     """What the same update at the best method's rate says of the gap: whether it gains on its own rate beyond the
     SE, and whether it then ties with (or passes) the best."""
     stats = {"own": own, "rate": at_rate, "best": best}
-    diff, se, v = _effect(stats, "best", "rate")
-    gain, gain_se, gained = _effect(stats, "own", "rate")
+    diff, se, v = effect(stats, "best", "rate")
+    gain, gain_se, gained = effect(stats, "own", "rate")
     said = f"the same update at `{best_name}`'s rate is {_AGAINST[v]} it ({diff:+.3f}, SE {se:.3f})"
     if gained != "wins":
         gain_said = f"its gain over its own rate ({gain:+.3f}, SE {gain_se:.3f}) is within the SE"
@@ -515,8 +515,8 @@ def _same_loss_diagnosis(stats: Dict[str, Cell], best: str, rate: float) -> str:
     against the default (the rate's share of the gap, beyond the SE or not) and against the regime's best."""
     if best == STALENESS_DEFAULT:
         return f"at {rate:g} that loss is the regime's best: the rate is the whole gap"
-    gain, gain_se, gained = _effect(stats, DEFAULT_METHOD, STALENESS_DEFAULT)
-    diff, se, v = _effect(stats, best, STALENESS_DEFAULT)
+    gain, gain_se, gained = effect(stats, DEFAULT_METHOD, STALENESS_DEFAULT)
+    diff, se, v = effect(stats, best, STALENESS_DEFAULT)
     said = f"at {rate:g} that loss scores {pm(*stats[STALENESS_DEFAULT])}, {_AGAINST[v]} `{best}` ({diff:+.3f}, SE {se:.3f})"
     if gained != "wins":
         return f"{said}, and not ahead of the default beyond the SE ({gain:+.3f}, SE {gain_se:.3f}): the rate does not explain the gap"
@@ -565,7 +565,7 @@ def choice_confirmed(
     for r in done:
         if grid.same_run_as(r, chosen) == grid.same_run_as(r, before):
             continue
-        diff, se, v = _effect(g.stats[r], before, chosen)
+        diff, se, v = effect(g.stats[r], before, chosen)
         parts.append(f"`{r}` {diff:+.3f} (SE {se:.3f}, {_SAID[v]})")
     if not parts:
         return [f"{what}: no finished regime of the confirmation set where `{chosen}` and `{before}` differ yet"]

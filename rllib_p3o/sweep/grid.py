@@ -651,7 +651,8 @@ class Grid:
     method_defaults: Dict[str, Any] = field(default_factory=dict)
     # A committed `prep` folder (a development set's) whose base and weaker models the grid starts from instead of
     # building them: a confirmation set then trains the models its lr choice was made on, on any machine (another
-    # CPU builds other ones, `prep`). Where the folder is absent (an installed package) the grid builds them.
+    # CPU builds other ones, `prep`). Where the folder is absent (an installed package) or ``--base-model`` is given,
+    # the grid builds them; a model already in the set's folder that differs from the committed one is refused.
     models_from: Optional[str] = None
 
     def methods_in(self, regime: str) -> Tuple[str, ...]:

@@ -30,6 +30,7 @@ from rllib_p3o.sweep.grid import TASKS, Grid, Prepared, Task, lr_schedule, repos
 STAMP = "prepared.json"
 # The models `Grid.models_from` supplies (the recordings are made per set: a confirmation set's seeds are its own).
 MODELS = ("base_model", "weaker_model")
+WEIGHTS = "model.safetensors"
 
 
 def prepare(
@@ -41,9 +42,9 @@ def prepare(
     stamp = os.path.join(prep_dir, STAMP)
     done = _moved_with(prep_dir, json.load(open(stamp))) if os.path.exists(stamp) else {}
     task = TASKS[grid.task]
-    committed = _committed_models(grid, prep_dir, say)
-    done.update({k: v for k, v in committed.items() if k != "base_model"})
-    if base_model is None:
+    if base_model is None:  # a base model of the user's own: the grid builds its weaker model too, as without one
+        committed = _committed_models(grid, prep_dir, say)
+        done.update(committed)
         base_model = committed.get("base_model")
     if base_model is None:
         say(f"[prep] {task.name} base model (pretrained once, a few minutes; reused on a rerun)")
@@ -105,10 +106,22 @@ def _committed_models(grid: Grid, prep_dir: str, say: Callable[[str], None]) -> 
             continue
         if not os.path.isdir(dst):
             say(f"[prep] {key.replace('_', ' ')}: the committed one from {src}")
-            shutil.copytree(src, dst + ".tmp", dirs_exist_ok=True)
+            shutil.rmtree(dst + ".tmp", ignore_errors=True)  # an interrupted copy's files
+            shutil.copytree(src, dst + ".tmp")
             os.replace(dst + ".tmp", dst)
+        elif not same_weights(src, dst):
+            raise ValueError(
+                f"{dst} is not the model committed in {src} (its {WEIGHTS} differs): this set trains the committed "
+                f"one; delete {dst} (or start over with --fresh) so that it is copied"
+            )
         models[key] = dst
     return models
+
+
+def same_weights(a: str, b: str) -> bool:
+    """Whether two model folders hold the same weights file, byte for byte."""
+    with open(os.path.join(a, WEIGHTS), "rb") as x, open(os.path.join(b, WEIGHTS), "rb") as y:
+        return x.read() == y.read()
 
 
 def _moved_with(prep_dir: str, done: dict) -> dict:
