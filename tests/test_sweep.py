@@ -605,6 +605,45 @@ def test_a_confirmation_set_starts_from_its_development_sets_committed_models(mo
     assert os.path.basename(built[-1]) == "weaker_model" and len(built) == 3
 
 
+def test_a_set_records_the_seeds_it_trains_and_no_others(monkeypatch, tmp_path):
+    """Each seed's recordings (`Grid.recording_per_seed`): the addition development set records seeds 0-2 (its lr
+    stage's and its own), its confirmation set seeds 3-5 only, not seed 0 nor its lr stage's default seeds. Recording
+    and building are stubbed (they run vLLM and pretraining: not what this test is about) and write empty folders."""
+    from rllib_p3o.sweep import grid as sweep_grid
+    from rllib_p3o.sweep import prep
+
+    recorded = []
+
+    def record(task, model, path, grid, seed=0):
+        os.makedirs(path, exist_ok=True)
+        open(os.path.join(path, "rows.parquet"), "w").close()
+        recorded.append((os.path.basename(os.path.dirname(path)), seed, os.path.basename(model)))
+        return path
+
+    monkeypatch.setattr(prep, "_record", record)
+    task = sweep_grid.TASKS["addition"]
+    monkeypatch.setitem(
+        sweep_grid.TASKS,
+        "addition",
+        dataclasses.replace(task, build_model=lambda path, **k: os.makedirs(path, exist_ok=True) or path),
+    )
+    needs = {"weaker_model", "stale_recording", "weaker_recording"}
+    for name, seeds in (("development", [0, 1, 2]), ("confirmation", [3, 4, 5])):
+        recorded.clear()
+        grid = sweep_grid.GRIDS["addition", name]
+        grid = type(grid)(**{**grid.__dict__, "models_from": None})  # the models are built (stubbed) here
+        prepared = prep.prepare(str(tmp_path / name), grid, needs, say=lambda _: None)
+        inputs = sweep_grid.seed_inputs(sweep_grid.REGIMES["offline_weaker"], prepared, grid)
+        assert sorted(inputs) == seeds and all(os.path.isdir(p) for ps in inputs.values() for p in ps)  # recorded
+        assert sorted(recorded) == sorted(
+            (folder, s, model)
+            for folder, model in (("stale_recording", "base_model"), ("weaker_recording", "weaker_model"))
+            for s in seeds
+        ), name
+        prep.prepare(str(tmp_path / name), grid, needs, say=lambda _: None)
+        assert len(recorded) == 6  # nothing recorded again on a rerun
+
+
 def test_each_trial_file_names_the_cpu_it_ran_on_and_the_page_says_which(tmp_path):
     """A set resumed on another CPU differs in every float; its trial files say which CPU each trial ran on, and a
     results page's machine line comes from them (files from before the column: the CPU the pages named then)."""

@@ -977,13 +977,19 @@ def seed_recording(recording: str, seed: int) -> str:
     return os.path.join(recording, f"seed{int(seed)}")
 
 
+def recorded_seeds(grid: Grid) -> List[int]:
+    """The seeds a grid with `Grid.recording_per_seed` records for (`rllib_p3o.sweep.prep`): those it trains, and its
+    lr stage's where it has one (a grid reading another's lr choice has none, though its ``lr_seeds`` keep their
+    default)."""
+    return sorted(set(grid.seeds) | (set(grid.lr_seeds) if grid.lr_peaks else set()))
+
+
 def seed_inputs(regime: Regime, prepared: Prepared, grid: Grid) -> Optional[Dict[int, Any]]:
     """Each seed's offline input (``offline_data(input_=...)``) in an offline regime of a grid with
     `Grid.recording_per_seed`; None elsewhere (every trial reads what the regime's config names)."""
     if not grid.recording_per_seed or not any(n.endswith("_recording") for n in regime.needs):
         return None
-    seeds = sorted(set(grid.seeds) | set(grid.lr_seeds))
-    return {s: regime_config(regime, prepared, grid, seed=s).input_ for s in seeds}
+    return {s: regime_config(regime, prepared, grid, seed=s).input_ for s in recorded_seeds(grid)}
 
 
 def regime_config(regime: Regime, prepared: Prepared, grid: Grid, seed: Optional[int] = None) -> P3OConfig:

@@ -25,7 +25,16 @@ import shutil
 from typing import Callable, Optional
 
 from rllib_p3o.core import metrics
-from rllib_p3o.sweep.grid import TASKS, Grid, Prepared, Task, lr_schedule, repository_path, seed_recording
+from rllib_p3o.sweep.grid import (
+    TASKS,
+    Grid,
+    Prepared,
+    Task,
+    lr_schedule,
+    recorded_seeds,
+    repository_path,
+    seed_recording,
+)
 
 STAMP = "prepared.json"
 # The models `Grid.models_from` supplies (the recordings are made per set: a confirmation set's seeds are its own).
@@ -62,25 +71,30 @@ def prepare(
         )
     if "stronger_model" in needs and "stronger_model" not in done:
         done.update(_record_then_train(task, base_model, prep_dir, grid, say))
+    # A grid with a recording per seed records seed 0's here only where it trains seed 0 (a confirmation set's seeds
+    # are others); the loop below records the rest.
+    first = not grid.recording_per_seed or 0 in recorded_seeds(grid)
     if "stale_recording" in needs and "stale_recording" not in done:
         path = os.path.join(prep_dir, "stale_recording")
-        say(f"[prep] stale recording: {grid.iterations} iterations sampled by the frozen base policy → {path}")
-        _record(task, base_model, _seed0(path, grid), grid)
+        if first:
+            say(f"[prep] stale recording: {grid.iterations} iterations sampled by the frozen base policy → {path}")
+            _record(task, base_model, _seed0(path, grid), grid)
         done["stale_recording"] = path
     if "weaker_recording" in needs and "weaker_recording" not in done:
         if "weaker_model" not in done:
             done["weaker_model"] = task.build_model(
                 os.path.join(prep_dir, "weaker_model"), seed=0, pretrain_steps=task.weaker_pretrain_steps
             )
-        say(f"[prep] weaker recording: {grid.iterations} iterations sampled by the frozen weaker model")
         path = os.path.join(prep_dir, "weaker_recording")
-        _record(task, done["weaker_model"], _seed0(path, grid), grid)
+        if first:
+            say(f"[prep] weaker recording: {grid.iterations} iterations sampled by the frozen weaker model")
+            _record(task, done["weaker_model"], _seed0(path, grid), grid)
         done["weaker_recording"] = path
     if grid.recording_per_seed:  # every seed's recording (seed 0's came with the folder)
         for key, model in (("stale_recording", base_model), ("weaker_recording", done.get("weaker_model"))):
             if key not in needs:
                 continue
-            for seed in sorted(set(grid.seeds) | set(grid.lr_seeds)):
+            for seed in recorded_seeds(grid):
                 path = seed_recording(done[key], seed)
                 if not os.path.isdir(path) or not os.listdir(path):
                     say(f"[prep] {key.replace('_', ' ')}, seed {seed}: {grid.iterations} iterations → {path}")
