@@ -566,9 +566,10 @@ sorting bench's rule). Every method runs at its own rate, chosen on this task.
 
 DEVELOPMENT_INTRO = """## The development set
 
-Every method at its own rate in the family's regime and with a live weaker second model (`behavior_weaker`), on
-seeds 0-2: the lr stages' trials at the chosen peak are seeds 0-1, seed 2 runs after the choice. It chose the rates,
-nothing else: P3O's default is the one the sorting task's rounds chose.
+Every method at its own rate in each family's regime and with a live weaker second model (`behavior_weaker`), on
+seeds 0-2: in a family's regime the lr stage's trials at the chosen peak are seeds 0-1 and seed 2 runs after the
+choice; `behavior_weaker` runs all three after it. The set chose the rates, nothing else: P3O's default is the one
+the sorting task's rounds chose.
 """
 
 CONFIRMATION_INTRO = """## The confirmation set
