@@ -43,7 +43,14 @@ from results_check.pages.staleness import (
     standing,
 )
 from rllib_p3o.sweep import report
-from rllib_p3o.sweep.grid import DEFAULT_METHOD, GRIDS, LR_FAMILY_REGIMES, OTHER_MODEL_CANDIDATES, method_peak
+from rllib_p3o.sweep.grid import (
+    DEFAULT_METHOD,
+    GRIDS,
+    LR_FAMILY_REGIMES,
+    ON_POLICY_FAMILY,
+    OTHER_MODEL_CANDIDATES,
+    method_peak,
+)
 from rllib_p3o.sweep.grid import Grid as SweepGrid
 from rllib_p3o.sweep.prep import MODELS, same_weights
 from rllib_p3o.sweep.verdicts import COLLAPSE_RULE, TIE_RULE, all_tie, best_or_tied
@@ -306,7 +313,7 @@ def aim_verdict_quotes(root: str) -> List[str]:
         return []
     regimes = list(g.regimes)
     held, missed, ahead, collapsed = standing(g, regimes, DEFAULT_METHOD)
-    drift_regimes = [r for r in regimes if r != LR_FAMILY_REGIMES["on_policy"]]
+    drift_regimes = [r for r in regimes if r != LR_FAMILY_REGIMES[ON_POLICY_FAMILY]]  # every regime but on-policy
     drift = [r for r in ahead if r in drift_regimes]
     met = not missed and len(drift) >= AIM_AHEAD_AT_LEAST and not collapsed
     seeds = sum(g.stats[r][DEFAULT_METHOD][2] for r in regimes)
