@@ -550,11 +550,18 @@ def test_the_addition_pages_lr_figure_is_drawn_from_the_committed_trials_of_its_
         addition.lr_figure(str(tmp_path), str(tmp_path / "none.png")) is None and not (tmp_path / "none.png").exists()
     )
     shutil.copytree(os.path.join(ROOT, folder, "trials"), tmp_path / folder / "trials")
-    drawn = addition.lr_figure(str(tmp_path), str(tmp_path / "drawn.png"))
-    with open(drawn, "rb") as a, open(os.path.join(ROOT, folder, "figures", addition.LR_FIGURE_NAME), "rb") as b:
-        assert a.read() == b.read(), (
-            "the committed figure is not the trial files': run python -m results_check.pages.addition"
-        )
+    committed = sorted(os.listdir(os.path.join(ROOT, folder, "figures")))
+    assert addition.LR_FIGURE_NAME in committed  # with each later stage's that the page shows
+    for name in committed:
+        stage = name[: -len(".png")]
+        drawn = addition.lr_figure(str(tmp_path), str(tmp_path / name), stage)
+        with open(drawn, "rb") as a, open(os.path.join(ROOT, folder, "figures", name), "rb") as b:
+            assert a.read() == b.read(), (
+                f"the committed {name} is not the trial files': run python -m results_check.pages.addition"
+            )
+        page_copy = os.path.join(ROOT, "docs", "results", addition.figure_path(stage))
+        with open(drawn, "rb") as a, open(page_copy, "rb") as b:
+            assert a.read() == b.read(), f"{page_copy} is not the set's figure"
 
 
 def _addition_confirmation(folder, behind_in: str, best: str, others: float = 0.5) -> None:
@@ -728,3 +735,42 @@ def test_the_addition_pages_set_section_shows_its_finished_regimes_only(tmp_path
     assert quotes[-1] == "The development set's files hold 0 distinct trials"
     (folder / "summary.json").write_text(json.dumps({"note": "Partial: ...", "summary": rows[:-2]}))  # one method short
     assert addition.set_quotes(str(tmp_path), addition.BENCH_ADDITION_DEVELOPMENT, grid, "development") == []
+
+
+def test_a_later_lr_stage_says_where_p3os_default_stands_against_the_best_cell(tmp_path):
+    """The stale-data lr stage on the addition page: the cells every seed has run, and the best peak of the trials P3O's
+    default runs in there against the stage's best cell (the difference and its SE), "so far" until a later stage
+    has a trial file."""
+    import pandas as pd
+
+    from results_check.pages import addition
+
+    trials = tmp_path / addition.BENCH_ADDITION_DEVELOPMENT / addition.report.TRIALS_DIR
+    stage = "lr_async_staleness_4"
+    (trials / stage).mkdir(parents=True)
+    twin = addition.DEVELOPMENT.same_run_as("async_staleness_4", addition.DEFAULT_METHOD)
+
+    def trial(method, lr, seed, last):
+        rows = [{"iteration": 1, "heldout": 0.3}, {"iteration": 30, "heldout": last}]
+        frame = pd.DataFrame([{**r, "method": method, "lr_peak": lr, "seed": seed} for r in rows])
+        frame.to_csv(trials / stage / f"{method}_seed{seed}_lr{lr}.csv", index=False)
+
+    for seed, (low, high, best) in enumerate(((0.75, 0.90, 0.97), (0.77, 0.92, 0.96))):
+        trial(twin, 0.000125, seed, low)
+        trial(twin, 0.00025, seed, high)
+        trial("cispo", 0.000125, seed, best)
+    trial("cispo", 0.00025, 0, 0.99)  # one seed of two: not a cell, so not the best
+    quotes = addition.other_stage_quotes(str(tmp_path), stage)
+    assert quotes[0].startswith("The stage is still running: 3 cells have all 2 seeds")
+    assert not any("0.990" in q for q in quotes)
+    assert (
+        f"P3O's default (`{addition.DEFAULT_METHOD}`) runs in the trials of `{twin}` in `async_staleness_4`" in quotes
+    )
+    assert quotes[-1] == "Its best peak so far is 0.00025: 0.910 ± 0.014, -0.055 to the best cell (SE 0.011)"
+    (trials / "lr_offline_weaker").mkdir()
+    (trials / "lr_offline_weaker" / "cispo_seed0_lr0.0005.csv").write_text(
+        "iteration,heldout,method,lr_peak,seed\n1,0.3,cispo,0.0005,0\n"
+    )
+    quotes = addition.other_stage_quotes(str(tmp_path), stage)
+    assert quotes[0] == "The stage has finished" and quotes[-1].startswith("Its best peak is 0.00025: ")
+    assert addition.other_stage_quotes(str(tmp_path), "lr_offline_weaker") == []  # no complete cell

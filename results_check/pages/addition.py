@@ -30,7 +30,7 @@ from results_check.pages._paths import (
     BENCH_ADDITION_DEVELOPMENT,
     BENCH_PROVENANCE_CONFIRMATION,
 )
-from results_check.pages.provenance import CELL_LABEL, effect, lr_quotes
+from results_check.pages.provenance import CELL_LABEL, FAMILY_NAMES, effect, lr_quotes
 from results_check.pages.staleness import (
     PEER_DEFAULTS,
     Grid,
@@ -49,6 +49,7 @@ from rllib_p3o.sweep.grid import (
     LR_FAMILY_REGIMES,
     ON_POLICY_FAMILY,
     OTHER_MODEL_CANDIDATES,
+    lr_family,
     method_peak,
 )
 from rllib_p3o.sweep.grid import Grid as SweepGrid
@@ -145,22 +146,27 @@ def identical_groups(rows: pd.DataFrame) -> List[List[str]]:
     return [g for g in groups if len(g) > 1]
 
 
-def on_policy_quotes(root: str) -> List[str]:
-    """The on-policy lr stage: the matrix of method × peak (complete cells only: every seed run), the best cell and
-    the headroom test. While the stage runs, its bracket may still grow, so the best cell is the best so far; the
-    headroom's "best at least" part can only be met sooner, never undone, by cells still to come."""
-    stage = lr_stages()[0]
+def complete_cells(root: str, stage: str) -> Tuple[pd.DataFrame, Dict[Tuple[str, float], Tuple[float, float, int]]]:
+    """An lr stage's trial rows and its cells (`stage_stats`) that have every lr seed run (a cell with fewer is left
+    out: a partial mean would not compare)."""
     rows = trial_rows(root, stage)
     seeds = len(DEVELOPMENT.lr_seeds)
-    stats = {k: v for k, v in stage_stats(rows).items() if v[2] == seeds} if len(rows) else {}
+    return rows, ({k: v for k, v in stage_stats(rows).items() if v[2] == seeds} if len(rows) else {})
+
+
+def stage_matrix(root: str, stage: str) -> List[str]:
+    """An lr stage's matrix of method × peak over its complete cells (`complete_cells`), best or tied in bold (over
+    every cell), then whether the stage has finished and its best cell; nothing before a cell is complete. While the
+    stage runs its bracket may still grow, so the best cell is the best so far."""
+    rows, stats = complete_cells(root, stage)
     if not stats:
-        return ["No cell of the on-policy learning-rate stage has all its seeds yet"]
-    finished = stage in finished_stages(root)
+        return []
+    done = stage in finished_stages(root)
     peaks = sorted({lr for _, lr in stats})
     methods = list(dict.fromkeys(m for m, _ in sorted(stats, key=lambda k: DEVELOPMENT.methods.index(k[0]))))
     best = best_or_tied(stats)
     top = max(stats, key=lambda k: stats[k][0])
-    so_far = "" if finished else " so far"
+    so_far = "" if done else " so far"
 
     def cell(method: str, lr: float) -> str:
         if (method, lr) not in stats:
@@ -168,45 +174,95 @@ def on_policy_quotes(root: str) -> List[str]:
         text = pm(*stats[method, lr])
         return f"**{text}**" if (method, lr) in best else text
 
+    seeds = len(DEVELOPMENT.lr_seeds)
+    return [
+        "The stage has finished"
+        if done
+        else f"The stage is still running: {len(stats)} cells have all {seeds} seeds (a cell with fewer is left out, "
+        "and the bracket may still grow where a method's best peak is at its end)",
+        *table(
+            ["method", *[f"lr {lr:g}" for lr in peaks]], [[f"`{m}`", *[cell(m, lr) for lr in peaks]] for m in methods]
+        ),
+        f"The best cell{so_far} is `{top[0]}` at lr {top[1]:g}: {pm(*stats[top])} over {stats[top][2]} seeds; "
+        f"{len(best)} cells are best or tied{so_far}",
+    ]
+
+
+def on_policy_quotes(root: str) -> List[str]:
+    """The on-policy lr stage (`stage_matrix`), the base model's accuracy, the methods that compute the same update
+    there, and the headroom test. The headroom's "best at least" part can only be met sooner, never undone, by cells
+    still to come."""
+    stage = lr_stages()[0]
+    matrix = stage_matrix(root, stage)
+    if not matrix:
+        return ["No cell of the on-policy learning-rate stage has all its seeds yet"]
+    rows, stats = complete_cells(root, stage)
+    top = max(stats, key=lambda k: stats[k][0])
     base, base_mean = base_quote(rows)
     default_trial = DEVELOPMENT.same_run_as("on_policy", DEFAULT_METHOD)
     holds = base_mean <= BASE_AT_MOST and stats[top][0] >= BEST_AT_LEAST
     return [
-        "The stage has finished"
-        if finished
-        else f"The stage is still running: {len(stats)} cells have all {seeds} seeds (a cell with fewer is left out, "
-        "and the bracket may still grow where a method's best peak is at its end)",
+        matrix[0],
         base,
-        *table(
-            ["method", *[f"lr {lr:g}" for lr in peaks]], [[f"`{m}`", *[cell(m, lr) for lr in peaks]] for m in methods]
-        ),
+        *[q for q in matrix[1:] if q.startswith("|")],
         f"P3O's default (`{DEFAULT_METHOD}`) runs in the trials of `{default_trial}` on-policy",
         *[
             f"{words([f'`{m}`' for m in group])} end at exactly the same held-out accuracy in every trial they all ran "
             "(the same update on-policy, run apart)"
             for group in identical_groups(rows)
         ],
-        f"The best cell{so_far} is `{top[0]}` at lr {top[1]:g}: {pm(*stats[top])} over {stats[top][2]} seeds, from "
-        f"{base_mean:.3f} at the start; {len(best)} cells are best or tied{so_far}",
+        f"{matrix[-1]}, from {base_mean:.3f} at the start",
         f"The task has the headroom the bench needs (the base model at most {BASE_AT_MOST:g} held-out, the best method "
         f"at least {BEST_AT_LEAST:g} on-policy within the budget): " + ("it does" if holds else "not so far"),
     ]
 
 
-# The on-policy lr stage's curves, one line per peak (P3O's default's trials): drawn into the set's figures, shown by
-# the page from its copy beside it (`write_page`), as every results page shows its runs' figures.
-LR_FIGURE_NAME = "lr_on_policy.png"
-LR_FIGURE = f"figures/{os.path.basename(BENCH_ADDITION_DEVELOPMENT)}/{LR_FIGURE_NAME}"
+def other_stage_quotes(root: str, stage: str) -> List[str]:
+    """An lr stage after on-policy (`stage_matrix`), with the trials P3O's default runs in there and its best peak
+    so far against the stage's best cell; nothing before a cell is complete."""
+    matrix = stage_matrix(root, stage)
+    if not matrix:
+        return []
+    _, stats = complete_cells(root, stage)
+    regime = stage[len("lr_") :]
+    twin = DEVELOPMENT.same_run_as(regime, DEFAULT_METHOD)
+    own = {lr: v for (m, lr), v in stats.items() if m == twin}
+    out = [*matrix, f"P3O's default (`{DEFAULT_METHOD}`) runs in the trials of `{twin}` in `{regime}`"]
+    if own:
+        lr, cell = max(own.items(), key=lambda kv: kv[1][0])
+        top = max(stats, key=lambda k: stats[k][0])
+        diff, se, _ = effect({"top": stats[top], "own": cell}, "top", "own")
+        out.append(
+            f"Its best peak{'' if stage in finished_stages(root) else ' so far'} is {lr:g}: {pm(*cell)}, "
+            f"{diff:+.3f} to the best cell (SE {se:.3f})"
+        )
+    return out
 
 
-def lr_figure(root: str, path: str) -> Optional[str]:
-    """Held-out accuracy and ESS over the completions trained in the on-policy lr stage, one line per peak, mean ±
-    SD over the seeds, for the trials P3O's default runs in there (`report.plot_regime`); None before any."""
-    stage = lr_stages()[0]
+# Each lr stage's curves, one line per peak (P3O's default's trials): drawn into the set's figures, shown by the page
+# from its copy beside it (`write_page`), as every results page shows its runs' figures.
+def figure_name(stage: str) -> str:
+    return f"{stage}.png"
+
+
+def figure_path(stage: str) -> str:
+    """Where the page shows a stage's figure, relative to the page."""
+    return f"figures/{os.path.basename(BENCH_ADDITION_DEVELOPMENT)}/{figure_name(stage)}"
+
+
+LR_FIGURE_NAME = figure_name(lr_stages()[0])
+LR_FIGURE = figure_path(lr_stages()[0])
+
+
+def lr_figure(root: str, path: str, stage: Optional[str] = None) -> Optional[str]:
+    """Held-out accuracy and ESS over the completions trained in an lr stage (the on-policy one by default), one
+    line per peak, mean ± SD over the seeds, for the trials P3O's default runs in there (`report.plot_regime`); None
+    before any."""
+    stage = stage or lr_stages()[0]
     rows = trial_rows(root, stage)
     if not len(rows):
         return None
-    twin = DEVELOPMENT.same_run_as("on_policy", DEFAULT_METHOD)
+    twin = DEVELOPMENT.same_run_as(stage[len("lr_") :], DEFAULT_METHOD)
     rows = rows[rows[report.METHOD] == twin].sort_values(report.LR_PEAK)
     rows = rows.assign(**{report.METHOD: [f"lr {lr:g}" for lr in rows[report.LR_PEAK]]})
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -486,6 +542,7 @@ def quotes(root: str) -> List[str]:
     return [
         *task_quotes(),
         *on_policy_quotes(root),
+        *[q for stage in lr_stages()[1:] for q in other_stage_quotes(root, stage)],
         *lr_choice_quotes(root),
         *set_quotes(root, BENCH_ADDITION_DEVELOPMENT, DEVELOPMENT, "development"),
         *(said := set_quotes(root, BENCH_ADDITION_CONFIRMATION, CONFIRMATION, "confirmation")),
@@ -596,6 +653,14 @@ committed before the confirmation set runs.
 """
 
 
+OTHER_STAGES_INTRO = """## The other learning-rate stages
+
+The same bracket in the regime of each other family, on seeds 0-1, every method and peak a trial for the bench's
+budget, extended while a method's best peak is at an end (cells as on-policy, best or tied in bold over the stage).
+Each figure shows the trials P3O's default runs in there, one line per peak, as on-policy.
+"""
+
+
 LR_FIGURE_TEXT = f"""![The on-policy learning-rate stage: held-out accuracy and ESS per peak]({LR_FIGURE})
 
 The stage's curves at each peak, for the trials P3O's default runs in on-policy: held-out accuracy (sampled, as the
@@ -617,6 +682,16 @@ def page_text(root: str) -> str:
     else:
         parts += [q + ".\n" for q in said]
     parts += [TIE_RULE + " " + COLLAPSE_RULE + "\n"]
+    others = [(stage, said) for stage in lr_stages()[1:] if (said := other_stage_quotes(root, stage))]
+    if others:
+        parts += [OTHER_STAGES_INTRO]
+    for stage, said in others:
+        regime = stage[len("lr_") :]
+        parts += [
+            f"### {FAMILY_NAMES[lr_family(regime)][0].upper() + FAMILY_NAMES[lr_family(regime)][1:]}: `{regime}`\n"
+        ]
+        parts += [said[0] + ".\n", _table(said), *_sentences(said[1:])]
+        parts += [f"![The `{stage}` stage: held-out accuracy and ESS per peak]({figure_path(stage)})\n"]
     if lr := lr_choice_quotes(root):
         parts += [LR_CHOICE_INTRO, _table(lr), *_sentences(lr)]
     for intro, folder, grid, name in (
@@ -662,12 +737,17 @@ def _sentences(quotes: List[str]) -> List[str]:
 
 
 def write_page(root: str) -> None:
-    """The page, and its figure of the on-policy lr stage (`lr_figure`, copied beside the page)."""
-    drawn = lr_figure(root, os.path.join(root, BENCH_ADDITION_DEVELOPMENT, report.FIGURES, LR_FIGURE_NAME))
-    if drawn:
-        copy = os.path.join(root, os.path.dirname(PAGE.path), LR_FIGURE)
-        os.makedirs(os.path.dirname(copy), exist_ok=True)
-        shutil.copyfile(drawn, copy)
+    """The page, and each lr stage's figure (`lr_figure`, copied beside the page) once the page shows it."""
+    for stage in lr_stages():
+        if stage != lr_stages()[0] and not other_stage_quotes(root, stage):
+            continue
+        drawn = lr_figure(
+            root, os.path.join(root, BENCH_ADDITION_DEVELOPMENT, report.FIGURES, figure_name(stage)), stage
+        )
+        if drawn:
+            copy = os.path.join(root, os.path.dirname(PAGE.path), figure_path(stage))
+            os.makedirs(os.path.dirname(copy), exist_ok=True)
+            shutil.copyfile(drawn, copy)
     with open(os.path.join(root, PAGE.path), "w") as f:
         f.write(page_text(root))
 
