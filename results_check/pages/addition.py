@@ -154,19 +154,31 @@ def complete_cells(root: str, stage: str) -> Tuple[pd.DataFrame, Dict[Tuple[str,
     return rows, ({k: v for k, v in stage_stats(rows).items() if v[2] == seeds} if len(rows) else {})
 
 
+def best_cell_quote(
+    stats: Dict[Tuple[str, float], Tuple[float, float, int]], done: bool, start: Optional[float] = None
+) -> str:
+    """The stage's best cell (from ``start``, the base model's accuracy, where given) and how many cells are best or
+    tied; "so far" while the stage runs (``done`` False)."""
+    top = max(stats, key=lambda k: stats[k][0])
+    so_far = "" if done else " so far"
+    since = f", from {start:.3f} at the start" if start is not None else ""
+    return (
+        f"The best cell{so_far} is `{top[0]}` at lr {top[1]:g}: {pm(*stats[top])} over {stats[top][2]} seeds{since}; "
+        f"{_count(len(best_or_tied(stats)), 'cell is', 'cells are')} best or tied{so_far}"
+    )
+
+
 def stage_matrix(root: str, stage: str) -> List[str]:
     """An lr stage's matrix of method × peak over its complete cells (`complete_cells`), best or tied in bold (over
     every cell), then whether the stage has finished and its best cell; nothing before a cell is complete. While the
     stage runs its bracket may still grow, so the best cell is the best so far."""
-    rows, stats = complete_cells(root, stage)
+    _, stats = complete_cells(root, stage)
     if not stats:
         return []
     done = stage in finished_stages(root)
     peaks = sorted({lr for _, lr in stats})
     methods = list(dict.fromkeys(m for m, _ in sorted(stats, key=lambda k: DEVELOPMENT.methods.index(k[0]))))
     best = best_or_tied(stats)
-    top = max(stats, key=lambda k: stats[k][0])
-    so_far = "" if done else " so far"
 
     def cell(method: str, lr: float) -> str:
         if (method, lr) not in stats:
@@ -178,14 +190,18 @@ def stage_matrix(root: str, stage: str) -> List[str]:
     return [
         "The stage has finished"
         if done
-        else f"The stage is still running: {len(stats)} cells have all {seeds} seeds (a cell with fewer is left out, "
-        "and the bracket may still grow where a method's best peak is at its end)",
+        else f"The stage is still running: {_count(len(stats), 'cell has', 'cells have')} all {seeds} seeds (a cell "
+        "with fewer is left out, and the bracket may still grow where a method's best peak is at its end)",
         *table(
             ["method", *[f"lr {lr:g}" for lr in peaks]], [[f"`{m}`", *[cell(m, lr) for lr in peaks]] for m in methods]
         ),
-        f"The best cell{so_far} is `{top[0]}` at lr {top[1]:g}: {pm(*stats[top])} over {stats[top][2]} seeds; "
-        f"{len(best)} cells are best or tied{so_far}",
+        best_cell_quote(stats, done),
     ]
+
+
+def _count(n: int, one: str, many: str) -> str:
+    """``1 cell is``, ``3 cells are``."""
+    return f"{n} {one if n == 1 else many}"
 
 
 def on_policy_quotes(root: str) -> List[str]:
@@ -211,7 +227,7 @@ def on_policy_quotes(root: str) -> List[str]:
             "(the same update on-policy, run apart)"
             for group in identical_groups(rows)
         ],
-        f"{matrix[-1]}, from {base_mean:.3f} at the start",
+        best_cell_quote(stats, stage in finished_stages(root), base_mean),
         f"The task has the headroom the bench needs (the base model at most {BASE_AT_MOST:g} held-out, the best method "
         f"at least {BEST_AT_LEAST:g} on-policy within the budget): " + ("it does" if holds else "not so far"),
     ]
@@ -254,16 +270,24 @@ LR_FIGURE_NAME = figure_name(lr_stages()[0])
 LR_FIGURE = figure_path(lr_stages()[0])
 
 
+def default_rows(root: str, stage: str) -> pd.DataFrame:
+    """The rows of the trials P3O's default runs in an lr stage (those of the method it shares them with), by peak;
+    empty before any has finished."""
+    rows = trial_rows(root, stage)
+    if not len(rows):
+        return rows
+    twin = DEVELOPMENT.same_run_as(stage[len("lr_") :], DEFAULT_METHOD)
+    return rows[rows[report.METHOD] == twin].sort_values(report.LR_PEAK)
+
+
 def lr_figure(root: str, path: str, stage: Optional[str] = None) -> Optional[str]:
     """Held-out accuracy and ESS over the completions trained in an lr stage (the on-policy one by default), one
     line per peak, mean ± SD over the seeds, for the trials P3O's default runs in there (`report.plot_regime`); None
-    before any."""
+    before any of them has finished."""
     stage = stage or lr_stages()[0]
-    rows = trial_rows(root, stage)
+    rows = default_rows(root, stage)
     if not len(rows):
         return None
-    twin = DEVELOPMENT.same_run_as(stage[len("lr_") :], DEFAULT_METHOD)
-    rows = rows[rows[report.METHOD] == twin].sort_values(report.LR_PEAK)
     rows = rows.assign(**{report.METHOD: [f"lr {lr:g}" for lr in rows[report.LR_PEAK]]})
     os.makedirs(os.path.dirname(path), exist_ok=True)
     per_iteration = int(rows["completions_per_iteration"].iloc[0])
@@ -691,7 +715,8 @@ def page_text(root: str) -> str:
             f"### {FAMILY_NAMES[lr_family(regime)][0].upper() + FAMILY_NAMES[lr_family(regime)][1:]}: `{regime}`\n"
         ]
         parts += [said[0] + ".\n", _table(said), *_sentences(said[1:])]
-        parts += [f"![The `{stage}` stage: held-out accuracy and ESS per peak]({figure_path(stage)})\n"]
+        if len(default_rows(root, stage)):  # drawn once a trial of P3O's default there has finished (`write_page`)
+            parts += [f"![The `{stage}` stage: held-out accuracy and ESS per peak]({figure_path(stage)})\n"]
     if lr := lr_choice_quotes(root):
         parts += [LR_CHOICE_INTRO, _table(lr), *_sentences(lr)]
     for intro, folder, grid, name in (
