@@ -69,6 +69,11 @@ def lr_stages(grid=DEVELOPMENT) -> List[str]:
     return [f"lr_{r}" for r in LR_FAMILY_REGIMES.values() if r in grid.lr_regimes]
 
 
+def stage_regime(stage: str) -> str:
+    """The regime an lr stage runs in (`rllib_p3o.sweep.run.lr_stage_name` backwards): ``lr_on_policy`` → ``on_policy``."""
+    return stage.removeprefix("lr_")
+
+
 def trial_rows(root: str, stage: str) -> pd.DataFrame:
     """Every iteration of every trial file of ``stage`` (empty when none)."""
     return report.read_trials(os.path.join(root, BENCH_ADDITION_DEVELOPMENT), stage)
@@ -240,7 +245,7 @@ def other_stage_quotes(root: str, stage: str) -> List[str]:
     if not matrix:
         return []
     _, stats = complete_cells(root, stage)
-    regime = stage[len("lr_") :]
+    regime = stage_regime(stage)
     twin = DEVELOPMENT.same_run_as(regime, DEFAULT_METHOD)
     own = {lr: v for (m, lr), v in stats.items() if m == twin}
     out = [*matrix, f"P3O's default (`{DEFAULT_METHOD}`) runs in the trials of `{twin}` in `{regime}`"]
@@ -276,7 +281,7 @@ def default_rows(root: str, stage: str) -> pd.DataFrame:
     rows = trial_rows(root, stage)
     if not len(rows):
         return rows
-    twin = DEVELOPMENT.same_run_as(stage[len("lr_") :], DEFAULT_METHOD)
+    twin = DEVELOPMENT.same_run_as(stage_regime(stage), DEFAULT_METHOD)
     return rows[rows[report.METHOD] == twin].sort_values(report.LR_PEAK)
 
 
@@ -710,7 +715,7 @@ def page_text(root: str) -> str:
     if others:
         parts += [OTHER_STAGES_INTRO]
     for stage, said in others:
-        regime = stage[len("lr_") :]
+        regime = stage_regime(stage)
         parts += [
             f"### {FAMILY_NAMES[lr_family(regime)][0].upper() + FAMILY_NAMES[lr_family(regime)][1:]}: `{regime}`\n"
         ]
