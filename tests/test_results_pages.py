@@ -502,6 +502,36 @@ def test_readmes_sentence_on_both_tasks_waits_for_both_confirmation_sets_and_sor
     )
 
 
+def test_readmes_addition_clause_follows_its_development_set_and_says_while_the_confirmation_runs(tmp_path):
+    """README's clause on the addition task: nothing while the development set is partial; once it is complete, the
+    default's standing there and "under way" until the confirmation set is complete, then without it."""
+    import json
+    import shutil
+
+    from results_check.pages import addition
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dev = tmp_path / addition.BENCH_ADDITION_DEVELOPMENT
+    shutil.copytree(os.path.join(root, addition.BENCH_ADDITION_DEVELOPMENT), dev, ignore=shutil.ignore_patterns("prep"))
+    summary = json.loads((dev / "summary.json").read_text())
+    rows = [dict(stage=r, method=m, heldout_at_budget_mean=0.9, heldout_at_budget_std=0.01, seeds=3, collapses=0)
+            for r in addition.DEVELOPMENT.regimes for m in addition.DEVELOPMENT.methods]  # fmt: skip
+    rows[0] = dict(rows[0], heldout_at_budget_mean=0.5)  # on_policy: the first method (not the default) behind
+    behind = next(i for i, r in enumerate(rows) if r["stage"] == "async_staleness_4" and r["method"] == "m2po")
+    rows[behind] = dict(rows[behind], heldout_at_budget_mean=0.95)
+    (dev / "summary.json").write_text(json.dumps({"note": "Partial: 1 trial not yet", "summary": rows}))
+    assert addition.readme_development(str(tmp_path)) is None
+    (dev / "summary.json").write_text(json.dumps({**summary, "note": None, "summary": rows}))
+    said = addition.readme_development(str(tmp_path))
+    assert said == (
+        "on its development set (seeds 0-2, which chose the learning rates) P3O's default is best or tied in 3 of 4 "
+        "regimes; it is behind in `async_staleness_4` (-0.050 to `m2po`); ahead of every peer's default by more than "
+        "the standard error in no regime; its confirmation set (seeds 3-5) is under way"
+    )
+    _addition_confirmation(tmp_path / addition.BENCH_ADDITION_CONFIRMATION, "on_policy", addition.DEFAULT_METHOD)
+    assert addition.readme_development(str(tmp_path)) == said.split("; its confirmation set")[0]
+
+
 def test_the_provenance_aim_says_where_no_run_isolates_why_the_default_is_behind(tmp_path):
     """Without the rate diagnosis's files, the two several-steps regimes where P3O's default is behind have no run
     that isolates why, and the page's aim section says so; with them, the rate does."""

@@ -535,6 +535,23 @@ def regime_task_quotes(root: str, sets: Tuple[Tuple[str, str, str, SweepGrid], .
     return [*table(["regime", *[title for title, _ in columns]], rows), *counts]
 
 
+def readme_development(root: str) -> Optional[str]:
+    """README's clause on the addition task's complete development set (`aim_quotes` over its regimes, the rates it
+    chose named), and, while its confirmation set is not complete, that it is under way; None while the development
+    set is partial. Once the confirmation set is complete, README carries `readme_both_tasks` too."""
+    g = load(root, BENCH_ADDITION_DEVELOPMENT, DEVELOPMENT)
+    if g is None or g.note or len(finished(g, DEVELOPMENT)) < len(DEVELOPMENT.regimes):
+        return None
+    aim = aim_quotes(g, "development", len(DEVELOPMENT.seeds), DEFAULT_METHOD, grid=DEVELOPMENT)
+    said = "; ".join(aim[:-1]).replace("On the development set ", "", 1)
+    confirmation = load(root, BENCH_ADDITION_CONFIRMATION, CONFIRMATION)
+    done = confirmation is not None and not confirmation.note
+    seeds = f"seeds {DEVELOPMENT.seeds[0]}-{DEVELOPMENT.seeds[-1]}"
+    return f"on its development set ({seeds}, which chose the learning rates) {said}" + (
+        "" if done else f"; its confirmation set (seeds {CONFIRMATION.seeds[0]}-{CONFIRMATION.seeds[-1]}) is under way"
+    )
+
+
 def readme_both_tasks(root: str, sets: Tuple[Tuple[str, str, str, SweepGrid], ...] = TASK_SETS) -> Optional[str]:
     """README's sentence on what holds on both tasks and what on one, over the regimes both tasks' confirmation sets
     run (the two sets named "confirmation" in ``sets``; None until both are complete). A regime where every method

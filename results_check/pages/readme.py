@@ -39,6 +39,7 @@ def quotes(root: str) -> List[str]:
         *([standing] if standing else []),
         provenance.readme_development(root),
         *([confirmed] if (confirmed := provenance.readme_confirmation(root)) else []),
+        *([dev] if (dev := addition.readme_development(root)) else []),
         *([both] if (both := addition.readme_both_tasks(root)) else []),  # once both tasks' confirmations are complete
         # The feature list's claims sweep: how the bench's lr was chosen, and the trials its command runs.
         f"on the claims bench's sorting task, P3O vs the baselines peers ship, {claims.lr_sentence(bench_lr)}",
