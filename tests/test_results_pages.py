@@ -168,7 +168,12 @@ ONE_NUMBER_CHANGED = [
     ),
     (
         "docs/results/addition.md",
-        ["results/bench-addition-development", "results/bench-provenance-confirmation", "rllib_p3o/tasks/addition.py"],
+        [
+            "results/bench-addition-development",
+            "results/bench-addition-confirmation",
+            "results/bench-provenance-confirmation",
+            "rllib_p3o/tasks/addition.py",
+        ],
         lambda root: _edit(
             root,
             "results/bench-addition-development/trials/lr_on_policy/cispo_seed0_lr0.001.csv",
