@@ -546,9 +546,8 @@ def readme_development(root: str) -> Optional[str]:
     said = "; ".join(aim[:-1]).replace("On the development set ", "", 1)
     confirmation = load(root, BENCH_ADDITION_CONFIRMATION, CONFIRMATION)
     done = confirmation is not None and not confirmation.note
-    seeds = f"seeds {DEVELOPMENT.seeds[0]}-{DEVELOPMENT.seeds[-1]}"
-    return f"on its development set ({seeds}, which chose the learning rates) {said}" + (
-        "" if done else f"; its confirmation set (seeds {CONFIRMATION.seeds[0]}-{CONFIRMATION.seeds[-1]}) is under way"
+    return f"on its development set ({seeds_words(DEVELOPMENT)}, which chose the learning rates) {said}" + (
+        "" if done else f"; its confirmation set ({seeds_words(CONFIRMATION)}) is under way"
     )
 
 
