@@ -458,13 +458,13 @@ def test_the_regime_by_task_table_shows_each_sets_finished_regimes_only_and_says
     assert cells["async_staleness_4"][2] == "running"
     assert cells["bf16_rollouts"][1:] == ["–", "–"] and cells["async_staleness_4_inflight"][0] == "–"
     assert quotes[-3] == (
-        "The sorting task's confirmation set: best or tied in 8 of its 13 regimes and every method tied in 1; ahead of "
-        "every peer's default by more than the SE in 1"
+        "The sorting task's confirmation set: best or tied in 9 of its 13 regimes (in 1 of them every method ties: no "
+        "evidence); ahead of every peer's default by more than the SE in 1"
     )
     assert quotes[-2] == "The addition task's development set: no regime finished yet"
     assert quotes[-1] == (
-        "The addition task's confirmation set: best or tied in 1 of 2 finished regimes (of 11) and every method tied "
-        "in 0; ahead of every peer's default by more than the SE in 1"
+        "The addition task's confirmation set: best or tied in 1 of 2 finished regimes of 11; ahead of every peer's "
+        "default by more than the SE in 1"
     )
 
 

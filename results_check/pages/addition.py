@@ -523,13 +523,16 @@ def regime_task_quotes(root: str, sets: Tuple[Tuple[str, str, str, SweepGrid], .
         ties = [r for r in done if states[r][0] == NO_EVIDENCE]
         ahead = [r for r in done if states[r][1]]
         of = (
-            f"{len(done)} finished regimes (of {len(grid.regimes)})"
+            f"{len(done)} finished regimes of {len(grid.regimes)}"
             if len(done) < len(grid.regimes)
             else (f"its {len(done)} regimes")
         )
         counts.append(
-            f"The {task} task's {name} set: best or tied in {len(held)} of {of} and every method tied in "
-            f"{len(ties)}; ahead of every peer's default by more than the SE in {len(ahead)}"
+            # Counted as the page's other sentences count them (a regime where every method ties is "best or tied"),
+            # those regimes said apart: they are no evidence.
+            f"The {task} task's {name} set: best or tied in {len(held) + len(ties)} of {of}"
+            + (f" (in {len(ties)} of them every method ties: no evidence)" if ties else "")
+            + f"; ahead of every peer's default by more than the SE in {len(ahead)}"
         )
     rows = [[f"`{r}`", *[column[r] for _, column in columns]] for r in regimes]
     return [*table(["regime", *[title for title, _ in columns]], rows), *counts]
