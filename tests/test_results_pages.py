@@ -812,3 +812,19 @@ def test_a_later_lr_stage_says_where_p3os_default_stands_against_the_best_cell(t
     quotes = addition.other_stage_quotes(str(tmp_path), stage)
     assert quotes[0] == "The stage has finished" and quotes[-1].startswith("Its best peak is 0.00025: ")
     assert addition.other_stage_quotes(str(tmp_path), "lr_offline_weaker") == []  # no complete cell
+
+
+def test_the_addition_pages_diagnostics_give_the_trust_regions_band_where_it_acts():
+    """The aim section's diagnostics give P3O's trust-region half-width ε = sqrt(1/ESS - 1) at the row's mean ESS,
+    only where the method's ``ess_clip`` trust region acts in that regime (on the policy's own lagging rows)."""
+    from results_check.pages.addition import CONFIRMATION
+    from results_check.pages.staleness import band_at
+
+    assert band_at(CONFIRMATION, "async_staleness_8", "p3o_other_alone", 0.998) == "0.045"
+    assert band_at(CONFIRMATION, "async_staleness_4", "p3o_clip_version", 0.959) == "0.207"
+    assert band_at(CONFIRMATION, "offline_stale", "p3o_other_alone", 1.0) == "0.000"
+    # No lagging rows: on-policy, or another model's recording read as such; no trust region of P3O's: a peer's loss.
+    assert band_at(CONFIRMATION, "on_policy", "p3o_other_alone", 0.998) == "–"
+    assert band_at(CONFIRMATION, "offline_weaker", "p3o_other_alone", 0.9) == "–"
+    assert band_at(CONFIRMATION, "async_staleness_8", "grpo_eps0.4", 0.998) == "–"
+    assert band_at(CONFIRMATION, "async_staleness_8", "p3o_reference", 0.998) == "–"

@@ -433,7 +433,7 @@ def aim_verdict_quotes(root: str) -> List[str]:
                 f"{_rate(g, DEFAULT_METHOD, r)}, `{closest}` at {_rate(g, closest, r)}"
             )
             pairs += [(r, DEFAULT_METHOD), (r, closest)]
-    return out + (diagnostics_quotes(g, list(dict.fromkeys(pairs))) if pairs else [])
+    return out + (diagnostics_quotes(g, list(dict.fromkeys(pairs)), CONFIRMATION) if pairs else [])
 
 
 def _rate(g: Grid, method: str, regime: str) -> str:

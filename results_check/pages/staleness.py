@@ -12,6 +12,7 @@ those files (`write_page`), and the check holds the page to them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shutil
@@ -23,7 +24,7 @@ from results_check.page import Page
 from results_check.pages._fmt import load_json, pm, table, words
 from results_check.pages._paths import BENCH_CONFIRMATION, BENCH_DEVELOPMENT
 from rllib_p3o.sweep import report
-from rllib_p3o.sweep.grid import DEFAULT_CANDIDATES, GRIDS, METHODS, STALENESS_DEFAULT
+from rllib_p3o.sweep.grid import DEFAULT_CANDIDATES, GRIDS, METHODS, REGIMES, STALENESS_DEFAULT, canonical_method
 from rllib_p3o.sweep.grid import Grid as SweepGrid
 from rllib_p3o.sweep.verdicts import (
     CHOICE_RULE,
@@ -203,9 +204,28 @@ def _mean(column: pd.Series) -> str:
     return "–" if column.isna().all() else f"{column.mean():.3f}"
 
 
-def diagnostics_quotes(g: Grid, pairs: Optional[List[Tuple[str, str]]] = None) -> List[str]:
+# The column `diagnostics_quotes` adds with a sweep grid: the half-width of P3O's ``ess_clip`` trust region at the
+# row's mean ESS.
+BAND = "its trust region's band ε at that ESS"
+
+
+def band_at(grid: SweepGrid, regime: str, method: str, ess: float) -> str:
+    """``ε = sqrt(1/ESS - 1)`` (`rllib_p3o.core.losses.trust_region.ess_band`: a lagging token whose ratio leaves
+    ``[1 - ε, 1 + ε]`` in the direction its advantage pushes gets no policy gradient) at ``ess``, to 3 decimals, where
+    ``method`` runs the ``ess_clip`` trust region in ``regime`` (`canonical_method`: it acts there, on lagging rows);
+    "–" elsewhere."""
+    _, settings, _ = canonical_method(method, REGIMES[regime], grid.method_defaults)
+    if dict(settings).get("trust_region") != "ess_clip" or math.isnan(ess):
+        return "–"
+    return f"{math.sqrt(max(1.0 / min(ess, 1.0) - 1.0, 0.0)):.3f}"
+
+
+def diagnostics_quotes(
+    g: Grid, pairs: Optional[List[Tuple[str, str]]] = None, grid: Optional[SweepGrid] = None
+) -> List[str]:
     """The learner's diagnostics per (regime, method) in ``pairs`` (by default: the chosen default and 0.2's in every
-    regime of the set), mean over trials and iterations."""
+    regime of the set), mean over trials and iterations; with the set's sweep ``grid``, also the trust region's band at
+    the mean ESS (`band_at`)."""
     assert g.curves is not None
     if pairs is None:
         pairs = [(r, m) for r in g.regimes for m in (STALENESS_DEFAULT, BEFORE)]
@@ -213,7 +233,10 @@ def diagnostics_quotes(g: Grid, pairs: Optional[List[Tuple[str, str]]] = None) -
     for r, m in pairs:
         trials = _trials(g, r, m)
         rows.append([f"`{r}`", f"`{m}`", *[_mean(trials[col]) for col, _ in DIAGNOSTICS]])
-    return table(["regime", "method", *[name for _, name in DIAGNOSTICS]], rows)
+        if grid is not None:
+            rows[-1].insert(3, band_at(grid, r, m, trials["ess"].mean()))
+    names = [name for _, name in DIAGNOSTICS]
+    return table(["regime", "method", *(names[:1] + [BAND] + names[1:] if grid is not None else names)], rows)
 
 
 def _trials(g: Grid, regime: str, method: str) -> pd.DataFrame:
