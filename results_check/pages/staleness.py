@@ -19,10 +19,12 @@ import shutil
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import pandas as pd
+import torch
 
 from results_check.page import Page
 from results_check.pages._fmt import load_json, pm, table, words
 from results_check.pages._paths import BENCH_CONFIRMATION, BENCH_DEVELOPMENT
+from rllib_p3o.core.losses.trust_region import ess_band
 from rllib_p3o.sweep import report
 from rllib_p3o.sweep.grid import DEFAULT_CANDIDATES, GRIDS, METHODS, REGIMES, STALENESS_DEFAULT, canonical_method
 from rllib_p3o.sweep.grid import Grid as SweepGrid
@@ -217,7 +219,8 @@ def band_at(grid: SweepGrid, regime: str, method: str, ess: float) -> str:
     _, settings, _ = canonical_method(method, REGIMES[regime], grid.method_defaults)
     if dict(settings).get("trust_region") != "ess_clip" or math.isnan(ess):
         return "–"
-    return f"{math.sqrt(max(1.0 / min(ess, 1.0) - 1.0, 0.0)):.3f}"
+    _, high = ess_band(torch.tensor(ess, dtype=torch.float64))  # the loss's own band, not a second copy of it
+    return f"{float(high) - 1.0:.3f}"
 
 
 def diagnostics_quotes(
