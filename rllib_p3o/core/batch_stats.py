@@ -100,11 +100,13 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float 
     r = torch.where(scored, rewards, torch.zeros_like(rewards))
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    counts = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, scored.to(torch.float64))
-    sums = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, r)
+    counts = torch.zeros(n_groups, dtype=torch.float64, device=rewards.device).index_add_(
+        0, inverse, scored.to(torch.float64)
+    )
+    sums = torch.zeros(n_groups, dtype=torch.float64, device=rewards.device).index_add_(0, inverse, r)
     means = sums / counts.clamp(min=1)
     centered = torch.where(scored, r - means[inverse], torch.zeros_like(r))
-    sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, centered * centered)
+    sq = torch.zeros(n_groups, dtype=torch.float64, device=rewards.device).index_add_(0, inverse, centered * centered)
     std = torch.sqrt(sq / (counts - 1).clamp(min=1))
     adv = centered / (std[inverse] + eps)
     return torch.where(scored & (counts[inverse] > 1), adv, torch.zeros_like(adv)).to(torch.float32)
@@ -127,8 +129,12 @@ def groups_without_signal(rewards: torch.Tensor, group_ids: torch.Tensor) -> flo
     if n_groups == 0:
         return 0.0
     rewards = rewards.to(torch.float64)
-    hi = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, inverse, rewards, "amax")
-    lo = torch.full((n_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, inverse, rewards, "amin")
+    hi = torch.full((n_groups,), -torch.inf, dtype=torch.float64, device=rewards.device).scatter_reduce(
+        0, inverse, rewards, "amax"
+    )
+    lo = torch.full((n_groups,), torch.inf, dtype=torch.float64, device=rewards.device).scatter_reduce(
+        0, inverse, rewards, "amin"
+    )
     return float((hi == lo).to(torch.float64).mean())
 
 

@@ -64,7 +64,11 @@ def m2po_loss(
     loss = pg_loss + reg_loss
     with torch.no_grad():
         m2 = reduce_across_learners(
-            torch.where(mask, log_ratios.detach().double() ** 2, torch.zeros((), dtype=torch.float64)).sum().reshape(1)
+            torch.where(
+                mask, log_ratios.detach().double() ** 2, torch.zeros((), dtype=torch.float64, device=mask.device)
+            )
+            .sum()
+            .reshape(1)
         )[0]
     metrics = diagnostics(log_ratios, mask, kl_k3(logprobs.detach(), behavior), n_global, cap=None, extra=extra)
     metrics.update(loss_metrics(loss, pg_loss, n_global, stats))

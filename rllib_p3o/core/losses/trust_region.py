@@ -68,13 +68,17 @@ def second_moment_mask(log_ratios: torch.Tensor, mask: torch.Tensor, threshold: 
     """
     with torch.no_grad():
         mask = mask.bool()
-        m2 = torch.where(mask, log_ratios.detach().to(torch.float64) ** 2, torch.zeros((), dtype=torch.float64))
+        m2 = torch.where(
+            mask, log_ratios.detach().to(torch.float64) ** 2, torch.zeros((), dtype=torch.float64, device=mask.device)
+        )
         values = _gather_valid(m2[mask])
         if values.numel() == 0:
             return mask
         ordered = torch.sort(values, descending=True).values
         n = ordered.numel()
-        suffix_mean = ordered.flip(0).cumsum(0).flip(0) / torch.arange(n, 0, -1, dtype=torch.float64)
+        suffix_mean = ordered.flip(0).cumsum(0).flip(0) / torch.arange(
+            n, 0, -1, dtype=torch.float64, device=ordered.device
+        )
         below = torch.nonzero(suffix_mean < threshold)
         if below.numel() == 0:  # not even the smallest M2 is below the threshold: nothing is kept
             return torch.zeros_like(mask)
