@@ -5,6 +5,7 @@
 #     OUT=/some/dir bash benchmarks/gpu_session.sh     # on the GPU machine (default OUT: results/benchmarks/gpu_session)
 #     bash benchmarks/gpu_session.sh --rehearse        # on a CPU: every stage at the tiny shape (OUT: runs/...)
 #
+# LEARNER_GPU_STAGES picks stages (default "flex check learner max_rows"; see STAGES below).
 # A rehearsal runs the stages without the compiled paths unless LEARNER_GPU_PATHS and LEARNER_GPU_MAX_ROWS_PATHS
 # name them, and with 4x the limits (LEARNER_GPU_LIMIT_SCALE); other knobs: LEARNER_GPU_SHAPES, LEARNER_GPU_ROWS,
 # LEARNER_GPU_DEVICE, LEARNER_GPU_MAX_ROWS_CAP, PYTHON.
@@ -66,6 +67,12 @@ CHECK_SHAPE=${LEARNER_GPU_CHECK_SHAPE:-${SHAPES%% *}}
 LARGEST=${SHAPES##* }
 ROWS=${LEARNER_GPU_ROWS:-"8 16"}
 PATHS=${LEARNER_GPU_PATHS:-$DEFAULT_PATHS}
+# The stages to run, in the order below. The default list is the first call's; a second call names what the first
+# left unmeasured: check_compiled (--check with compiled layers against eager ones), head (the LM head alone at
+# the 151,936 vocabulary, fused against chunked), flex_long (flex attention's rows longer than a block), repeat (the
+# first shape's smaller batch again at 20 timed steps per path: padded, packed, packed_fused, default); confirm (the
+# default path chosen from those figures against padding and the fused head, on another seed's batch).
+STAGES=${LEARNER_GPU_STAGES:-"flex check learner max_rows"}
 MAX_ROWS_PATHS=${LEARNER_GPU_MAX_ROWS_PATHS:-$DEFAULT_MAX_ROWS_PATHS}
 # The project's .venv where there is one (a CPU's checkout), else the machine's python (a GPU machine's).
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || command -v python || command -v python3)}
@@ -87,9 +94,12 @@ run() {  # run LIMIT_S NAME ARGS...: one stage under a time limit; its exit stat
     log "end $name: exit $rc after $((SECONDS - t0))s$([ $rc = 124 ] && echo ' (time limit: the JSON holds what it finished)')"
 }
 
-run 90 flex --flex --shape "$CHECK_SHAPE" --out "$OUT/flex.json"
-run 60 check --check --shape "$CHECK_SHAPE" --out "$OUT/check.json"
-for shape in $SHAPES; do
+wants() { case " $STAGES " in *" $1 "*) return 0;; *) return 1;; esac; }
+
+wants flex && run 90 flex --flex --shape "$CHECK_SHAPE" --out "$OUT/flex.json"
+wants check && run 60 check --check --shape "$CHECK_SHAPE" --out "$OUT/check.json"
+wants learner || SHAPES_TIMED=""
+for shape in ${SHAPES_TIMED-$SHAPES}; do
     # 2 warm-up + 5 timed steps per path and batch; a path's batch past 20 s of steps stops early. Each path is
     # prepared (compiled) once for all its batches.
     limit=100
@@ -98,6 +108,22 @@ for shape in $SHAPES; do
         --warmup 2 --steps 5 --path-budget-s 20 --out "$OUT/learner_$shape.json"
 done
 # From the larger of the measured batches up, one step per probe, 30 s per path (the fused head first).
-run 90 "max rows $LARGEST" --max-rows --shape "$LARGEST" --rows "${ROWS##* }" --paths $MAX_ROWS_PATHS \
+wants max_rows && run 90 "max rows $LARGEST" --max-rows --shape "$LARGEST" --rows "${ROWS##* }" --paths $MAX_ROWS_PATHS \
     --max-rows-cap "$MAX_ROWS_CAP" --max-rows-step 8 --path-budget-s 30 --out "$OUT/max_rows_$LARGEST.json"
+# The second call's stages (not in the default list): what the first left unmeasured.
+wants check_compiled && run 120 "check compiled" --check --check-compiled --shape "$CHECK_SHAPE" \
+    --out "$OUT/check_compiled.json"
+wants head && run 60 head --head --out "$OUT/head.json"
+wants flex_long && run 90 "flex long" --flex --flex-cases long --shape "$CHECK_SHAPE" --out "$OUT/flex_long.json"
+wants repeat && run 60 "repeat ${SHAPES%% *}" --shape "${SHAPES%% *}" --rows "${ROWS%% *}" \
+    --paths padded packed packed_fused default --warmup 2 --steps 20 --path-budget-s 12 \
+    --out "$OUT/repeat_${SHAPES%% *}.json"
+# After the GPU default was chosen from the runs above: the default path against padding and the fused head on
+# another seed's batch (a confirmation, run after the choice was committed), the smaller batch at each shape.
+if wants confirm; then
+    for shape in $SHAPES; do
+        run 75 "confirm $shape" --shape "$shape" --rows "${ROWS%% *}" --seed 1 --paths padded default packed_fused \
+            --warmup 2 --steps 10 --path-budget-s 12 --out "$OUT/confirm_$shape.json"
+    done
+fi
 log "done: $(ls "$OUT" | tr '\n' ' ')"

@@ -125,18 +125,19 @@ BATCH_KEYS = ("rows", "prompt", "mean_completion", "max_completion")
 QWEN25 = dict(tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768)
 
 # Every path but "default" names its LM head: the chunked head (fused_head="off", the only one before issue 64) or the
-# fused one ("on"); a path "X_fused" is "X" with the fused head.
+# fused one ("on"), and whether it compiles (compile="auto", the default, compiles on CUDA); a path "X_fused" is "X"
+# with the fused head.
 PATHS: Dict[str, Dict[str, Any]] = {
-    "buckets_64": dict(length_buckets=64, pack_sequences=False, fused_head="off"),
-    "padded": dict(length_buckets=False, pack_sequences=False, fused_head="off"),
-    "buckets_measured": dict(length_buckets="measure", pack_sequences=False, fused_head="off"),
+    "buckets_64": dict(length_buckets=64, pack_sequences=False, fused_head="off", compile=False),
+    "padded": dict(length_buckets=False, pack_sequences=False, fused_head="off", compile=False),
+    "buckets_measured": dict(length_buckets="measure", pack_sequences=False, fused_head="off", compile=False),
     "default": dict(),
-    "packed": dict(pack_sequences=True, fused_head="off"),
+    "packed": dict(pack_sequences=True, fused_head="off", compile=False),
     "compiled": dict(length_buckets=False, pack_sequences=False, compile=True, fused_head="off"),
     "packed_compiled": dict(pack_sequences=True, compile=True, fused_head="off"),
-    "packed_flex": dict(pack_sequences=True, attn="flex_attention", fused_head="off"),
-    "padded_fused": dict(length_buckets=False, pack_sequences=False, fused_head="on"),
-    "packed_fused": dict(pack_sequences=True, fused_head="on"),
+    "packed_flex": dict(pack_sequences=True, attn="flex_attention", fused_head="off", compile=False),
+    "padded_fused": dict(length_buckets=False, pack_sequences=False, fused_head="on", compile=False),
+    "packed_fused": dict(pack_sequences=True, fused_head="on", compile=False),
     "packed_compiled_fused": dict(pack_sequences=True, compile=True, fused_head="on"),
 }
 DEFAULT_PATHS = ("buckets_64", "padded", "buckets_measured", "packed", "compiled", "packed_compiled")
@@ -309,6 +310,7 @@ def path_core(name: str, model: torch.nn.Module, device: torch.device, label: st
             "prepare_s": time.perf_counter() - t0,
             "attn_implementation": model.config._attn_implementation,
             "packing": core.packing,
+            "compiled": bool(core._compiled),  # what compile resolved to on this device (the default's "auto")
         }
         yield core, info
     finally:
@@ -618,7 +620,7 @@ def check_packing(model, device, args, autocast: Optional[torch.dtype]) -> Dict[
     results = {}
     for name, options in (("padded", dict(length_buckets=False, pack_sequences=False)), ("packed", {})):
         options.setdefault("pack_sequences", True)
-        core = TokenLogprobs(model, autocast=autocast, **options)
+        core = TokenLogprobs(model, autocast=autocast, compile=False, **options)
         core.prepare(device)
         if name == "packed" and not core.packing:
             return {"error": "the packing check refused this model and backend on this device"}
@@ -649,7 +651,9 @@ def check_fused_head(model, device, args, autocast: Optional[torch.dtype]) -> Di
     spec, settings = get_loss("p3o"), get_loss("p3o").make_settings({})
     results = {}
     for mode in ("off", "on"):
-        core = TokenLogprobs(model, autocast=autocast, length_buckets=False, pack_sequences=False, fused_head=mode)
+        core = TokenLogprobs(
+            model, autocast=autocast, length_buckets=False, pack_sequences=False, fused_head=mode, compile=False
+        )
         core.head_chunking_min_bytes = 0
         core.prepare(device)
         model.zero_grad(set_to_none=True)
@@ -666,6 +670,38 @@ def check_fused_head(model, device, args, autocast: Optional[torch.dtype]) -> Di
         "logp_max_abs_diff": float((lp_a - lp_b)[valid].abs().max()),
         "loss_abs_diff": abs(loss_a - loss_b),
         "grad_max_abs_diff": float((g_a - g_b).abs().max()),
+        "grad_cosine": _cosine(g_a, g_b),
+        "grad_rel_diff": float((g_a - g_b).norm() / g_a.norm().clamp(min=1e-30)),
+    }
+
+
+def check_compiled(model, device, args, autocast: Optional[torch.dtype]) -> Dict[str, Any]:
+    """Packed rows with the decoder layers compiled (``compile=True``) against the same rows eager: log-probs on
+    completion tokens, the P3O loss and the gradient of every parameter (the compiled layers undone afterwards)."""
+    sizes = (4, max(4, args.prompt // 4), max(4, args.mean_completion // 4), max(8, args.max_completion // 4))
+    batch, lengths = make_batch(*sizes, model.config.vocab_size, seed=3)
+    b = {k: v.to(device) for k, v in batch.items()}
+    spec, settings = get_loss("p3o"), get_loss("p3o").make_settings({})
+    results = {}
+    for name in ("eager", "compiled"):
+        core = TokenLogprobs(model, autocast=autocast, pack_sequences=True, compile=name == "compiled")
+        try:
+            core.prepare(device)
+            model.zero_grad(set_to_none=True)
+            out = core.token_logprobs(b["ids"], b["mask"])
+            loss = compute_loss(spec, settings, out, b["behavior"], b["advantages"], b["completion_mask"]).loss
+            loss.backward()
+            grad = torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None])
+            results[name] = (out[TOKEN_LOGP].detach().double(), float(loss.detach()), grad)
+        finally:
+            core.uncompile()
+    model.zero_grad(set_to_none=True)
+    valid = b["completion_mask"]
+    (lp_a, loss_a, g_a), (lp_b, loss_b, g_b) = results["eager"], results["compiled"]
+    return {
+        "rows": lengths.tolist(),
+        "logp_max_abs_diff": float((lp_a - lp_b)[valid].abs().max()),
+        "loss_abs_diff": abs(loss_a - loss_b),
         "grad_cosine": _cosine(g_a, g_b),
         "grad_rel_diff": float((g_a - g_b).norm() / g_a.norm().clamp(min=1e-30)),
     }
@@ -718,6 +754,14 @@ def check(args) -> Dict[str, Any]:
             report[f"fused_vs_chunked_head_{label}"] = _error(e)
         _write(report, args.out)
     report["losses_device_vs_cpu_float64"] = check_losses(device)
+    _write(report, args.out)
+    if args.check_compiled:  # last: compilation takes the longest, and a killed stage keeps the rest
+        for label, autocast in (("float32", None), ("bf16_autocast", torch.bfloat16)):
+            try:
+                report[f"compiled_vs_eager_{label}"] = check_compiled(model, device, args, autocast)
+            except Exception as e:
+                report[f"compiled_vs_eager_{label}"] = _error(e)
+            _write(report, args.out)
     fp32 = report["packed_vs_padded_float32"]
     bf16 = report["packed_vs_padded_bf16_autocast"]
     fused32, fused16 = report["fused_vs_chunked_head_float32"], report["fused_vs_chunked_head_bf16_autocast"]
@@ -732,6 +776,14 @@ def check(args) -> Dict[str, Any]:
         "fused_head_bf16": fused16.get("logp_max_abs_diff", 1.0) < 0.1 and fused16.get("grad_cosine", 0.0) > 0.999,
         "losses": all(exact),
     }
+    if args.check_compiled:
+        c32, c16 = report["compiled_vs_eager_float32"], report["compiled_vs_eager_bf16_autocast"]
+        report["pass"]["compiled_float32"] = (
+            c32.get("logp_max_abs_diff", 1.0) < 1e-3 and c32.get("grad_cosine", 0.0) > 0.99999
+        )
+        report["pass"]["compiled_bf16"] = (
+            c16.get("logp_max_abs_diff", 1.0) < 0.1 and c16.get("grad_cosine", 0.0) > 0.999
+        )
     _write(report, args.out)
     return report
 
@@ -837,7 +889,7 @@ def _learner_packing_check(model, device: torch.device, autocast: Optional[torch
     previous = model.config._attn_implementation
     set_attention(model, "flex_attention")
     try:
-        core = TokenLogprobs(model, autocast=autocast, pack_sequences=True, name="flex")
+        core = TokenLogprobs(model, autocast=autocast, pack_sequences=True, name="flex", compile=False)
         core.prepare(device)
         return {"packing": core.packing}
     except Exception as e:
@@ -865,6 +917,8 @@ def flex_case(args) -> Dict[str, Any]:
     plan = [("tiny_hd64", FLEX_TINY, "float32", "test")]
     plan += [(args.shape, shape_sizes, p, c) for c in ("packing_check", "learner_packing_check") for p in precisions]
     plan += [(args.shape, shape_sizes, p, c) for c in ("test", "long") for p in precisions]
+    if args.flex_cases:  # a subset: e.g. the long rows alone, when an earlier stage ran out of time before them
+        plan = [entry for entry in plan if entry[3] in args.flex_cases]
     models: Dict[str, torch.nn.Module] = {}
     with eager_flex_on_cpu(device):
         for label, sizes, precision, case in plan:
@@ -975,7 +1029,12 @@ def head_variant(model: torch.nn.Module, spec: Dict[str, Any], device: torch.dev
     core = None
     if not spec["fused"]:
         core = TokenLogprobs(
-            model, chunk_size=HEAD_CHUNK_ROWS, length_buckets=False, pack_sequences=False, fused_head="off"
+            model,
+            chunk_size=HEAD_CHUNK_ROWS,
+            length_buckets=False,
+            pack_sequences=False,
+            fused_head="off",
+            compile=False,
         )
         core.prepare(device)
         assert core.chunked_head_ok
@@ -1100,6 +1159,13 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--path-budget-s", type=float, default=60.0, help="stop a path's timed steps past this")
     parser.add_argument("--check", action="store_true", help="correctness on the device instead of timings")
     parser.add_argument("--flex", action="store_true", help="flex attention on packed rows against padded SDPA")
+    parser.add_argument(
+        "--flex-cases", nargs="+", choices=[*FLEX_LENGTHS, "learner_packing_check"], default=None,
+        help="--flex runs only these cases (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--check-compiled", action="store_true", help="--check also compares the compiled layers with eager ones"
+    )
     parser.add_argument("--max-rows", action="store_true", help="the most rows per step that fit, per path")
     parser.add_argument("--max-rows-cap", type=int, default=1024, help="--max-rows probes no more rows than this")
     parser.add_argument("--max-rows-step", type=int, default=8, help="--max-rows stops when the gap is this small")

@@ -9,7 +9,15 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 import rllib_p3o.learner.compute as compute
 from rllib_p3o.core.losses.p3o import p3o_loss
-from rllib_p3o.learner.compute import REAL_TOKENS, TOKEN_ENTROPY, TOKEN_LOGP, TOKEN_POSITIONS, TokenLogprobs
+from rllib_p3o.learner.compute import (
+    DEFAULT_COMPILE,
+    REAL_TOKENS,
+    TOKEN_ENTROPY,
+    TOKEN_LOGP,
+    TOKEN_POSITIONS,
+    TokenLogprobs,
+    resolve_compile,
+)
 from rllib_p3o.learner.length_buckets import (
     DEFAULT_CALL_COST_TOKENS,
     MEASURE,
@@ -198,7 +206,7 @@ def test_compile_compiles_each_decoder_layer_with_dynamic_shapes_and_can_be_undo
         ({"length_buckets": "yes"}, "length_buckets must be"),
         ({"pack_sequences": "always"}, "pack_sequences must be 'auto', True or False"),
         ({"pack_sequences": 1}, "pack_sequences must be"),
-        ({"compile": "max-autotune"}, "compile must be True or False"),
+        ({"compile": "max-autotune"}, "compile must be 'auto', True or False"),
     ],
 )
 def test_the_options_are_validated_with_the_config(tiny_model, options, message):
@@ -208,3 +216,38 @@ def test_the_options_are_validated_with_the_config(tiny_model, options, message)
     config.rl_module(model_config={"pack_sequences": True, "compile": False, "length_buckets": MEASURE}).validate()
     with pytest.raises(ValueError, match=message):
         config.copy(copy_frozen=False).rl_module(model_config=options).validate()
+
+
+@pytest.mark.parametrize(
+    "setting,device,adapter,compiled",
+    [
+        ("auto", "cuda", False, True),  # the GPU default: the fastest exact path measured on an H200
+        ("auto", "cuda", True, False),  # a LoRA model's compiled step was not measured: eager
+        ("auto", "cpu", False, False),  # the CPU paths were tuned eager
+        (True, "cpu", True, True),
+        (False, "cuda", False, False),
+    ],
+)
+def test_compile_auto_compiles_a_full_weight_model_on_cuda_only(setting, device, adapter, compiled):
+    assert resolve_compile(setting, torch.device(device), adapter=adapter) is compiled
+
+
+def test_the_default_core_on_a_cpu_stays_eager():
+    lm = _tiny_lm()
+    core = TokenLogprobs(lm)
+    assert core.compile == DEFAULT_COMPILE == "auto"
+    core.prepare("cpu")
+    assert core._compiled == [] and all(layer._compiled_call_impl is None for layer in lm.model.layers)
+
+
+def test_the_fused_head_auto_keeps_the_chunked_head_on_cuda():
+    """On a GPU the chunked head was faster (the H200 session), so "auto" takes it there; on a CPU, past the chunking
+    threshold, the fused head. The device is set by hand (CI has no GPU): this is about the routing alone."""
+    core = TokenLogprobs(_tiny_lm(), fused_head="auto")
+    core.head_chunking_min_bytes = 0  # every batch past the threshold
+    core.prepare("cpu")
+    assert core.uses_fused_head(100)
+    core._prepared_for = torch.device("cuda", 0)
+    assert not core.uses_fused_head(100)
+    core.fused_head = "on"
+    assert core.uses_fused_head(100)

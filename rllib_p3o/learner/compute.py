@@ -26,8 +26,13 @@ batch ``input_ids`` [B, T] with ``attention_mask`` [B, T], ``token_logp`` [B, T-
 - **Top-k/top-p sampling** (``kept_ids``, the sampler's kept set of each target, `rllib_p3o.core.columns.Columns`):
   each target's log-prob is renormalized over its kept set (`kept_set_logprobs`), so that the learner's log-prob and
   the sampler's processed log-prob are of the same truncated distribution.
-- **torch.compile** (``compile=True``): each decoder layer is compiled with dynamic shapes (a new batch width
-  reuses the compiled code instead of recompiling), when the core is first used on a device.
+- **torch.compile** (``compile``): each decoder layer is compiled with dynamic shapes (a new batch width reuses the
+  compiled code instead of recompiling), when the core is first used on a device: ``"auto"`` (default) on CUDA for
+  a model trained in all its weights, ``True`` on any device, ``False`` never.
+- **The GPU default** (`resolve_compile`, `uses_fused_head`): on CUDA, ``"auto"`` packs, compiles and keeps the
+  chunked head: of the paths measured on an H200 (``benchmarks/gpu_session.sh``, `results/benchmarks/gpu_session`),
+  packed and compiled with the chunked head was the fastest exact one at both shapes and both batch sizes; the
+  fused head is faster only on a CPU, and on a GPU it is chosen for memory (``fused_head="on"``).
 
 `compute_loss` calls a registered loss (`rllib_p3o.core.losses`) on the outputs. The RLModule
 (`rllib_p3o.learner.rl_module`) and the Learner (`rllib_p3o.learner.p3o_torch_learner`) wrap both;
@@ -82,6 +87,8 @@ LONGEST_ROW_POSITIONS = "longest_row_positions"
 
 # Full-batch float32 logits below this size are computed in one piece, without chunks or recomputation.
 HEAD_CHUNKING_MIN_BYTES = 64 * 2**20
+# ``compile`` in an RLModule's model_config (`resolve_compile`): compiled on CUDA for a full-weight model.
+DEFAULT_COMPILE = "auto"
 # The packing check (`TokenLogprobs._check_packing`): how far packed log-probs may sit from padded ones, by the
 # compute dtype (float32: kernel-order differences; half precision: a rounding of the logits).
 PACKING_CHECK_ATOL = {torch.float32: 1e-4, torch.float64: 1e-8}
@@ -104,13 +111,23 @@ def validate_options(model_config: Mapping[str, Any]) -> None:
     pack = model_config.get("pack_sequences", "auto")
     if not (pack is True or pack is False or pack == "auto"):
         raise ValueError(f"pack_sequences must be 'auto', True or False, got {pack!r}")
-    if not isinstance(model_config.get("compile", False), bool):
-        raise ValueError(f"compile must be True or False, got {model_config.get('compile')!r}")
+    compile_setting = model_config.get("compile", DEFAULT_COMPILE)
+    if not (compile_setting is True or compile_setting is False or compile_setting == "auto"):
+        raise ValueError(f"compile must be 'auto', True or False, got {compile_setting!r}")
     fused = model_config.get("fused_head", DEFAULT_FUSED_HEAD)
     if not isinstance(fused, str) or fused not in FUSED_HEAD_MODES:
         raise ValueError(f"fused_head must be one of {', '.join(map(repr, FUSED_HEAD_MODES))}, got {fused!r}")
     if fused == "on" and model_config.get("compute_entropy"):
         raise ValueError(ENTROPY_REFUSAL)
+
+
+def resolve_compile(setting: Union[bool, str], device: torch.device, adapter: bool) -> bool:
+    """Whether the decoder layers are compiled on ``device``: ``True``/``False`` as set; ``"auto"`` on CUDA for a
+    model trained in all its weights (``adapter``: a peft model, whose compiled step was not measured), never on
+    other devices (inductor's C++ builds take minutes on a small CPU, and the CPU paths were tuned eager)."""
+    if setting == "auto":
+        return device.type == "cuda" and not adapter
+    return bool(setting)
 
 
 def is_right_padded(attention_mask: torch.Tensor) -> bool:
@@ -189,7 +206,7 @@ class TokenLogprobs:
         chunk_size: int = 8,
         length_buckets: Union[bool, float, str] = True,
         pack_sequences: Union[bool, str] = "auto",
-        compile: bool = False,
+        compile: Union[bool, str] = DEFAULT_COMPILE,
         fused_head: str = DEFAULT_FUSED_HEAD,
         measure_budget_s: float = MEASURE_BUDGET_S,
         clock: Callable[[], float] = time.perf_counter,
@@ -255,7 +272,7 @@ class TokenLogprobs:
         if self._prepared_for == device:
             return
         self._prepared_for = device
-        if self.compile and not self._compiled:
+        if resolve_compile(self.compile, device, adapter=self.lm is not self.causal_lm()) and not self._compiled:
             self._compile()
         wants_packing = self.pack_sequences is True or (self.pack_sequences == "auto" and device.type == "cuda")
         self.packing = wants_packing and self._check_packing(device)
@@ -521,9 +538,9 @@ class TokenLogprobs:
 
     def uses_fused_head(self, tokens: int, with_entropy: bool = False) -> bool:
         """Whether a forward pass over ``tokens`` target positions takes the fused head (``fused_head``): "on" always
-        (refusing entropies), "auto" where the chunked head would chunk (the float32 logits of those tokens reach
-        ``head_chunking_min_bytes``) and no entropy is asked for, never under "off" or where the fused head cannot
-        serve the model (`fused_head_refusal`)."""
+        (refusing entropies), "auto" off CUDA where the chunked head would chunk (the float32 logits of those tokens
+        reach ``head_chunking_min_bytes``) and no entropy is asked for, never under "off", under "auto" on CUDA, or
+        where the fused head cannot serve the model (`fused_head_refusal`)."""
         if self.fused_head == "off" or self.fused_head_refusal is not None:
             return False
         if with_entropy:
@@ -532,6 +549,8 @@ class TokenLogprobs:
             return False
         if self.fused_head == "on":
             return True
+        if self._prepared_for is not None and self._prepared_for.type == "cuda":
+            return False  # "auto" on a GPU: the chunked head, faster there (the module docstring's GPU default)
         vocab = self.causal_lm().get_output_embeddings().weight.shape[0]
         return 4 * tokens * vocab >= self.head_chunking_min_bytes
 

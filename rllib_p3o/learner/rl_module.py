@@ -28,6 +28,7 @@ from rllib_p3o.core.precision import MODEL_DTYPE_PRECISION, RolloutWeights, auto
 from rllib_p3o.core.settings import DEFAULT_FUSED_HEAD
 from rllib_p3o.data.provenance import write_lineage
 from rllib_p3o.learner.compute import (  # noqa: F401  (re-exported: the names' old home)
+    DEFAULT_COMPILE,
     HEAD_CHUNKING_MIN_BYTES,
     LONGEST_ROW_POSITIONS,
     REAL_TOKENS,
@@ -98,7 +99,7 @@ class HFCausalLMRLModule(TorchRLModule):
             chunk_size=int(cfg.get("logprob_chunk_size", 8)),
             length_buckets=cfg.get("length_buckets", True),
             pack_sequences=cfg.get("pack_sequences", "auto"),
-            compile=bool(cfg.get("compile", False)),
+            compile=cfg.get("compile", DEFAULT_COMPILE),
             fused_head=cfg.get("fused_head", DEFAULT_FUSED_HEAD),
             name=self.model_path,
         )
