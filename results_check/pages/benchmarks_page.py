@@ -7,7 +7,7 @@ import statistics
 from typing import Any, Dict, List
 
 from results_check.page import Page
-from results_check.pages._fmt import load_json, num, pct, span, table
+from results_check.pages._fmt import load_json, num, pct, span, table, words
 from results_check.pages._paths import BENCH_RESULTS, SWEEP
 
 PEER_STEP_TOKENS = "3 × 2 FLOP × 2.44M parameters × 1,280 token positions"
@@ -44,6 +44,7 @@ def quotes(root: str) -> List[str]:
     out += _startup(root)
     out += _export_offline(root)
     out += _learner_gpu(root)
+    out += _gpu_session(root)
     return out
 
 
@@ -91,6 +92,141 @@ def _learner_gpu(root: str) -> List[str]:
     best8 = load_json(root, f"{GPU}/learner_1.5b.json")["paths"]["packed_compiled"]["mfu"]
     best16 = load_json(root, f"{GPU}/learner_1.5b_rows16.json")["paths"]["packed_compiled"]["mfu"]
     out.append(f"{pct(best8, 1)} at 8 rows and {pct(best16, 1)} at 16")
+    return out
+
+
+SESSION = f"{BENCH_RESULTS}/gpu_session"
+# The paths of the session's learner stage, in the table's order, and the aims of issue 64.
+SESSION_PATHS = ("padded", "packed", "packed_fused", "packed_compiled", "packed_compiled_fused")
+MFU_AIM = 0.40
+
+
+def _session_runs(root: str) -> Dict[str, Dict[str, Any]]:
+    return {shape: load_json(root, f"{SESSION}/learner_{shape}.json") for shape in ("0.5b", "1.5b")}
+
+
+def _gpu_session(root: str) -> List[str]:
+    """The H200 session of `benchmarks/gpu_session.sh`: every path at both shapes and batches, the checks on CUDA,
+    the LM head alone, the most rows, the aims' verdicts and the default's confirmation on another seed."""
+    runs = _session_runs(root)
+    env = runs["0.5b"]
+    rows, fastest, slower_than_padded = [], set(), []
+    for shape, run in runs.items():
+        for n, batch in run["batches"].items():
+            paths = batch["paths"]
+            for path in SESSION_PATHS:
+                r = paths[path]
+                rows.append(
+                    [shape, n, f"`{path}`", f"{r['s_per_step']:.3f}", _k(r["real_tokens_per_s"]), pct(r["mfu"], 1),
+                     f"{r['peak_memory_gib']:.1f}", r["lm_head"]]
+                )  # fmt: skip
+            fastest.add(min(SESSION_PATHS, key=lambda name: paths[name]["s_per_step"]))
+            padded = paths["padded"]["s_per_step"]
+            slower_than_padded += [
+                (shape, n, name, paths[name]["s_per_step"], padded)
+                for name in SESSION_PATHS
+                if paths[name]["s_per_step"] > padded
+            ]
+    (best,) = fastest  # one path fastest everywhere, or this fails: the default's sentence would not hold
+    out = [
+        f"torch {env['torch']}, transformers {env['transformers']}, Python {env['python']}",
+        f"each path at {env['warmup_steps']} warm-up and {env['timed_steps']} timed steps (the median)",
+        *table(["shape", "rows", "path", "s/step", "real tokens/s", "MFU", "peak GiB", "LM head"], rows),
+        f"The fastest path at every shape and batch is `{best}`",
+    ]
+    ratios = [
+        v for run in runs.values() for batch in run["batches"].values() for v in batch["fused_vs_chunked"].values()
+    ]
+    step_peak = span([v["peak_memory_ratio"] for v in ratios], 2)
+    out.append(
+        f"the fused head took {span([v['time_ratio'] for v in ratios], 2)}× the chunked head's time per step and "
+        f"{step_peak}× its peak memory"
+    )
+    most = load_json(root, f"{SESSION}/max_rows_1.5b.json")
+    fit = most["paths"]
+    out.append(
+        f"{fit['packed_compiled_fused']['largest_fitting_rows']} rows per step fit at 1.5B with the fused head "
+        f"against {fit['packed_compiled']['largest_fitting_rows']} with the chunked one"
+    )
+    out.append(f"probes {most['resolution_rows']} rows apart")
+    head = load_json(root, f"{SESSION}/head.json")
+    shape = head["shape"]
+    out.append(f"a {shape['vocab']:,} × {shape['hidden']} head, {shape['rows']} rows of {shape['width']} tokens")
+    trains, frozen = head["fused_vs_today_head_trains"], head["fused_vs_today_head_frozen"]
+    out.append(
+        f"the fused head's peak above the start was {trains['peak_extra_ratio']:.2f}× the chunked head's with the "
+        f"head trained and {frozen['peak_extra_ratio']:.2f}× with it frozen"
+    )
+    check = load_json(root, f"{SESSION}/check_compiled.json")
+    long_cases = load_json(root, f"{SESSION}/flex_long.json")["cases"]
+    long32 = [v for k, v in long_cases.items() if "/float32/" in k]
+    flex32 = max(v["flex_packed"] for v in long32)
+    losses = check["losses_device_vs_cpu_float64"].values()
+
+    def agree(key: str, what: str) -> str:
+        r = check[key]
+        return f"{what} within {r['logp_max_abs_diff']:.1e} (rows of {min(r['rows'])}–{max(r['rows'])} tokens)"
+
+    out += [
+        agree("packed_vs_padded_float32", "packed and padded log-probs agree"),
+        f"packed rows under flex attention within {flex32:.1e} of padded SDPA (rows of "
+        f"{words([str(n) for n in long32[0]['lengths']])} tokens",
+        agree("compiled_vs_eager_float32", "compiled and eager layers"),
+        agree("fused_vs_chunked_head_float32", "the fused and the chunked head"),
+        f"every registered loss on CUDA within {max(v['grad_max_abs_diff'] for v in losses):.0e} of the CPU's",
+    ]
+    first = load_json(root, f"{SESSION}/check.json")["losses_device_vs_cpu_float64"]
+    failed = sorted(name for name, v in first.items() if "error" in v)
+    out.append(f"the first call's check found {words([f'`{n}`' for n in failed])} failing on CUDA")
+    # The aims, each verdict computed here.
+    at8 = runs["1.5b"]["batches"]["8"]["paths"][best]
+    mfu16 = runs["1.5b"]["batches"]["16"]["paths"][best]["mfu"]
+    verdict = "met" if at8["mfu"] >= MFU_AIM else "**not met**"
+    out.append(
+        f"≥ {pct(MFU_AIM)} MFU at 1.5B with 8 rows: {verdict} (best {pct(at8['mfu'], 1)}, `{best}`; "
+        f"{pct(mfu16, 1)} at 16 rows)"
+    )
+    out.append(f"padding ({pct(at8['padding_share'])} of the packed positions at 8 rows")
+    repeat_run = load_json(root, f"{SESSION}/repeat_0.5b.json")
+    repeat = repeat_run["batches"]["8"]["paths"]
+    confirm_runs = {shape: load_json(root, f"{SESSION}/confirm_{shape}.json") for shape in runs}
+    confirm = {shape: run["batches"]["8"]["paths"] for shape, run in confirm_runs.items()}
+    if slower_than_padded:
+        cells = [
+            f"`{name}` at {shape}, {n} rows ({t:.3f} against {pad:.3f} s)"
+            for shape, n, name, t, pad in slower_than_padded
+        ]
+        out.append(f"No path slower than padding: **not met**: {words(cells)}")
+        out.append(
+            f"at {repeat_run['timed_steps']} timed steps {repeat['packed_fused']['s_per_step']:.3f} against "
+            f"{repeat['padded']['s_per_step']:.3f} s, on another seed's batch "
+            f"{confirm['0.5b']['packed_fused']['s_per_step']:.3f} against {confirm['0.5b']['padded']['s_per_step']:.3f} s"
+        )
+    else:
+        out.append("No path slower than padding: met")
+    half = trains["peak_extra_ratio"] <= 0.5 and frozen["peak_extra_ratio"] <= 0.5
+    out.append(
+        f"The fused head's peak at most half the chunked head's: {'met' if half else '**not met**'} for the head "
+        f"alone; over a whole learner step, where the backbone's activations stay, {step_peak}×"
+    )
+    exact = check["packed_vs_padded_float32"]["logp_max_abs_diff"] <= 1e-4 and flex32 <= 1e-4
+    out.append(f"Packing exact on CUDA (within 1e-4 of padded): {'met' if exact else '**not met**'}")
+    c15 = confirm_runs["1.5b"]
+    out.append(
+        f"on another seed's batch of {c15['batches']['8']['batch']['rows']} rows (`confirm_*.json`, "
+        f"{c15['warmup_steps']} warm-up and {c15['timed_steps']} timed steps"
+    )
+    crows = []
+    for shape, paths in confirm.items():
+        for name in ("padded", "default", "packed_fused"):
+            r = paths[name]
+            crows.append(
+                [shape, f"`{name}`", f"{r['s_per_step']:.3f}", pct(r["mfu"], 1), f"{r['peak_memory_gib']:.1f}",
+                 "yes" if r.get("compiled") else "no", r["lm_head"]]
+            )  # fmt: skip
+    out += table(["shape", "path", "s/step", "MFU", "peak GiB", "compiled", "LM head"], crows)
+    speedups = [confirm[s]["padded"]["s_per_step"] / confirm[s]["default"]["s_per_step"] for s in confirm]
+    out.append(f"The default was {span(speedups, 2)}× as fast as padding")
     return out
 
 
@@ -585,6 +721,7 @@ PAGE = Page(
         "torch 2.11.0+cu130, transformers 5.17.0, Python 3.12; rllib-p3o 0.2.0.dev0",
         "rows of a 256-token prompt plus a completion of geometric length (mean 512, at most 1024)",
         "the goal of ≥ 35% MFU at that shape is met with 16 rows, not with 8",
+        "rllib-p3o 0.2.0.dev0.",
     ),
     unchecked={"Design choices and their measured effect": "A/B runs whose outputs were not kept"},
 )

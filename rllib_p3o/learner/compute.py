@@ -21,8 +21,8 @@ batch ``input_ids`` [B, T] with ``attention_mask`` [B, T], ``token_logp`` [B, T-
   (``fused_head``, `rllib_p3o.learner.fused_head`) computes the log-probs from the hidden states and the head's
   weight a token chunk at a time and never holds the logits of all tokens: ``"on"`` wherever it can serve the model
   (`fused_head_refusal`: a plain ``nn.Linear`` head whose output, soft-capped as the config says, is the model's
-  logits; refused otherwise, and with entropies), ``"auto"`` (default) where it can serve and the chunked head
-  would chunk, ``"off"`` never.
+  logits; refused otherwise, and with entropies), ``"auto"`` (default) off CUDA where it can serve and the
+  chunked head would chunk, ``"off"`` never.
 - **Top-k/top-p sampling** (``kept_ids``, the sampler's kept set of each target, `rllib_p3o.core.columns.Columns`):
   each target's log-prob is renormalized over its kept set (`kept_set_logprobs`), so that the learner's log-prob and
   the sampler's processed log-prob are of the same truncated distribution.
