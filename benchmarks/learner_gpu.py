@@ -611,60 +611,28 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.dot(a, b) / (a.norm() * b.norm()).clamp(min=1e-30))
 
 
-def check_packing(model, device, args, autocast: Optional[torch.dtype]) -> Dict[str, Any]:
-    """Packed against padded: log-probs on completion tokens, the P3O loss and the gradient of every parameter."""
+def _check_batch(model, device, args, seed: int):
+    """A quarter-size batch of the shape's rows for the correctness checks, on ``device``, and its row lengths."""
     sizes = (4, max(4, args.prompt // 4), max(4, args.mean_completion // 4), max(8, args.max_completion // 4))
-    batch, lengths = make_batch(*sizes, model.config.vocab_size, seed=1)
-    b = {k: v.to(device) for k, v in batch.items()}
-    spec, settings = get_loss("p3o"), get_loss("p3o").make_settings({})
-    results = {}
-    for name, options in (("padded", dict(length_buckets=False, pack_sequences=False)), ("packed", {})):
-        options.setdefault("pack_sequences", True)
-        core = TokenLogprobs(model, autocast=autocast, compile=False, **options)
-        core.prepare(device)
-        if name == "packed" and not core.packing:
-            return {"error": "the packing check refused this model and backend on this device"}
-        model.zero_grad(set_to_none=True)
-        out = core.token_logprobs(b["ids"], b["mask"])
-        loss = compute_loss(spec, settings, out, b["behavior"], b["advantages"], b["completion_mask"]).loss
-        loss.backward()
-        grad = torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None])
-        results[name] = (out[TOKEN_LOGP].detach().double(), float(loss.detach()), grad)
-    model.zero_grad(set_to_none=True)
-    valid = b["completion_mask"]
-    (lp_a, loss_a, g_a), (lp_b, loss_b, g_b) = results["padded"], results["packed"]
-    return {
-        "rows": lengths.tolist(),
-        "logp_max_abs_diff": float((lp_a - lp_b)[valid].abs().max()),
-        "loss_abs_diff": abs(loss_a - loss_b),
-        "grad_cosine": _cosine(g_a, g_b),
-        "grad_rel_diff": float((g_a - g_b).norm() / g_a.norm().clamp(min=1e-30)),
-    }
+    batch, lengths = make_batch(*sizes, model.config.vocab_size, seed=seed)
+    return {k: v.to(device) for k, v in batch.items()}, lengths
 
 
-def check_fused_head(model, device, args, autocast: Optional[torch.dtype]) -> Dict[str, Any]:
-    """The fused LM head against the chunked one on the device: log-probs on completion tokens, the P3O loss and the
-    gradient of every parameter (both heads forced on: the chunked one in checkpointed chunks)."""
-    sizes = (4, max(4, args.prompt // 4), max(4, args.mean_completion // 4), max(8, args.max_completion // 4))
-    batch, lengths = make_batch(*sizes, model.config.vocab_size, seed=2)
-    b = {k: v.to(device) for k, v in batch.items()}
-    spec, settings = get_loss("p3o"), get_loss("p3o").make_settings({})
-    results = {}
-    for mode in ("off", "on"):
-        core = TokenLogprobs(
-            model, autocast=autocast, length_buckets=False, pack_sequences=False, fused_head=mode, compile=False
-        )
-        core.head_chunking_min_bytes = 0
-        core.prepare(device)
-        model.zero_grad(set_to_none=True)
-        out = core.token_logprobs(b["ids"], b["mask"])
-        loss = compute_loss(spec, settings, out, b["behavior"], b["advantages"], b["completion_mask"]).loss
-        loss.backward()
-        grad = torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None])
-        results[mode] = (out[TOKEN_LOGP].detach().double(), float(loss.detach()), grad)
+def _step_outputs(core: TokenLogprobs, model, b: Dict[str, torch.Tensor]):
+    """Log-probs, P3O loss and every parameter's gradient of one forward and backward by ``core`` (float64)."""
+    spec = get_loss("p3o")
     model.zero_grad(set_to_none=True)
-    valid = b["completion_mask"]
-    (lp_a, loss_a, g_a), (lp_b, loss_b, g_b) = results["off"], results["on"]
+    out = core.token_logprobs(b["ids"], b["mask"])
+    loss = compute_loss(spec, spec.make_settings({}), out, b["behavior"], b["advantages"], b["completion_mask"]).loss
+    loss.backward()
+    grad = torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    return out[TOKEN_LOGP].detach().double(), float(loss.detach()), grad
+
+
+def _compared(reference, other, valid: torch.Tensor, lengths: np.ndarray) -> Dict[str, Any]:
+    """How far ``other``'s `_step_outputs` are from ``reference``'s, on the valid (completion) tokens."""
+    (lp_a, loss_a, g_a), (lp_b, loss_b, g_b) = reference, other
     return {
         "rows": lengths.tolist(),
         "logp_max_abs_diff": float((lp_a - lp_b)[valid].abs().max()),
@@ -675,36 +643,48 @@ def check_fused_head(model, device, args, autocast: Optional[torch.dtype]) -> Di
     }
 
 
+def check_packing(model, device, args, autocast: Optional[torch.dtype]) -> Dict[str, Any]:
+    """Packed against padded: log-probs on completion tokens, the P3O loss and the gradient of every parameter."""
+    b, lengths = _check_batch(model, device, args, seed=1)
+    results = {}
+    for name, options in (("padded", dict(length_buckets=False, pack_sequences=False)), ("packed", {})):
+        options.setdefault("pack_sequences", True)
+        core = TokenLogprobs(model, autocast=autocast, compile=False, **options)
+        core.prepare(device)
+        if name == "packed" and not core.packing:
+            return {"error": "the packing check refused this model and backend on this device"}
+        results[name] = _step_outputs(core, model, b)
+    return _compared(results["padded"], results["packed"], b["completion_mask"], lengths)
+
+
+def check_fused_head(model, device, args, autocast: Optional[torch.dtype]) -> Dict[str, Any]:
+    """The fused LM head against the chunked one on the device: log-probs on completion tokens, the P3O loss and the
+    gradient of every parameter (both heads forced on: the chunked one in checkpointed chunks)."""
+    b, lengths = _check_batch(model, device, args, seed=2)
+    results = {}
+    for mode in ("off", "on"):
+        core = TokenLogprobs(
+            model, autocast=autocast, length_buckets=False, pack_sequences=False, fused_head=mode, compile=False
+        )
+        core.head_chunking_min_bytes = 0
+        core.prepare(device)
+        results[mode] = _step_outputs(core, model, b)
+    return _compared(results["off"], results["on"], b["completion_mask"], lengths)
+
+
 def check_compiled(model, device, args, autocast: Optional[torch.dtype]) -> Dict[str, Any]:
     """Packed rows with the decoder layers compiled (``compile=True``) against the same rows eager: log-probs on
     completion tokens, the P3O loss and the gradient of every parameter (the compiled layers undone afterwards)."""
-    sizes = (4, max(4, args.prompt // 4), max(4, args.mean_completion // 4), max(8, args.max_completion // 4))
-    batch, lengths = make_batch(*sizes, model.config.vocab_size, seed=3)
-    b = {k: v.to(device) for k, v in batch.items()}
-    spec, settings = get_loss("p3o"), get_loss("p3o").make_settings({})
+    b, lengths = _check_batch(model, device, args, seed=3)
     results = {}
     for name in ("eager", "compiled"):
         core = TokenLogprobs(model, autocast=autocast, pack_sequences=True, compile=name == "compiled")
         try:
             core.prepare(device)
-            model.zero_grad(set_to_none=True)
-            out = core.token_logprobs(b["ids"], b["mask"])
-            loss = compute_loss(spec, settings, out, b["behavior"], b["advantages"], b["completion_mask"]).loss
-            loss.backward()
-            grad = torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None])
-            results[name] = (out[TOKEN_LOGP].detach().double(), float(loss.detach()), grad)
+            results[name] = _step_outputs(core, model, b)
         finally:
             core.uncompile()
-    model.zero_grad(set_to_none=True)
-    valid = b["completion_mask"]
-    (lp_a, loss_a, g_a), (lp_b, loss_b, g_b) = results["eager"], results["compiled"]
-    return {
-        "rows": lengths.tolist(),
-        "logp_max_abs_diff": float((lp_a - lp_b)[valid].abs().max()),
-        "loss_abs_diff": abs(loss_a - loss_b),
-        "grad_cosine": _cosine(g_a, g_b),
-        "grad_rel_diff": float((g_a - g_b).norm() / g_a.norm().clamp(min=1e-30)),
-    }
+    return _compared(results["eager"], results["compiled"], b["completion_mask"], lengths)
 
 
 def check_losses(device: torch.device) -> Dict[str, Any]:
@@ -737,54 +717,47 @@ def check_losses(device: torch.device) -> Dict[str, Any]:
     return out
 
 
+# Each comparison of `check`: its report key, the check, and its pass bounds (largest log-prob gap, smallest gradient
+# cosine) in float32 and under bf16 autocast. Float32 kernels differ in summation order only; bf16 rounds activations
+# to 8 bits of mantissa.
+CHECKS = (
+    ("packed_vs_padded", "packed", check_packing, (1e-3, 0.99999), (0.1, 0.999)),
+    ("fused_vs_chunked_head", "fused_head", check_fused_head, (1e-4, 0.99999), (0.1, 0.999)),
+)
+COMPILED_CHECK = ("compiled_vs_eager", "compiled", check_compiled, (1e-3, 0.99999), (0.1, 0.999))
+PRECISIONS = (("float32", None, "float32"), ("bf16_autocast", torch.bfloat16, "bf16"))
+
+
 def check(args) -> Dict[str, Any]:
     device = torch.device(args.device)
     model = build_model(args.shape, device, args.attn)
-    report: Dict[str, Any] = {"benchmark": "learner_gpu --check", "shape": args.shape, **environment(device)}
-    for label, autocast in (("float32", None), ("bf16_autocast", torch.bfloat16)):
-        try:
-            report[f"packed_vs_padded_{label}"] = check_packing(model, device, args, autocast)
-        except Exception as e:
-            report[f"packed_vs_padded_{label}"] = _error(e)
-        _write(report, args.out)
-    for label, autocast in (("float32", None), ("bf16_autocast", torch.bfloat16)):
-        try:
-            report[f"fused_vs_chunked_head_{label}"] = check_fused_head(model, device, args, autocast)
-        except Exception as e:
-            report[f"fused_vs_chunked_head_{label}"] = _error(e)
-        _write(report, args.out)
-    report["losses_device_vs_cpu_float64"] = check_losses(device)
+    report: Dict[str, Any] = {
+        "benchmark": "learner_gpu --check",
+        "shape": args.shape,
+        **environment(device),
+        "pass": {},
+    }
+
+    def compare(key, name, fn, *bounds) -> None:
+        for (label, autocast, short), (gap, cosine) in zip(PRECISIONS, bounds):
+            try:
+                r = fn(model, device, args, autocast)
+            except Exception as e:
+                r = _error(e)
+            report[f"{key}_{label}"] = r
+            report["pass"][f"{name}_{short}"] = (
+                r.get("logp_max_abs_diff", 1.0) < gap and r.get("grad_cosine", 0) > cosine
+            )
+            _write(report, args.out)
+
+    for spec in CHECKS:
+        compare(*spec)
+    losses = report["losses_device_vs_cpu_float64"] = check_losses(device)
+    exact = [v.get("loss_abs_diff", 1.0) < 1e-10 and v.get("grad_max_abs_diff", 1.0) < 1e-10 for v in losses.values()]
+    report["pass"]["losses"] = all(exact)
     _write(report, args.out)
     if args.check_compiled:  # last: compilation takes the longest, and a killed stage keeps the rest
-        for label, autocast in (("float32", None), ("bf16_autocast", torch.bfloat16)):
-            try:
-                report[f"compiled_vs_eager_{label}"] = check_compiled(model, device, args, autocast)
-            except Exception as e:
-                report[f"compiled_vs_eager_{label}"] = _error(e)
-            _write(report, args.out)
-    fp32 = report["packed_vs_padded_float32"]
-    bf16 = report["packed_vs_padded_bf16_autocast"]
-    fused32, fused16 = report["fused_vs_chunked_head_float32"], report["fused_vs_chunked_head_bf16_autocast"]
-    losses = report["losses_device_vs_cpu_float64"].values()
-    # Tolerances: float32 kernels differ in summation order only; bf16 rounds activations to 8 bits of mantissa.
-    exact = [v.get("loss_abs_diff", 1.0) < 1e-10 and v.get("grad_max_abs_diff", 1.0) < 1e-10 for v in losses]
-    report["pass"] = {
-        "packed_float32": fp32.get("logp_max_abs_diff", 1.0) < 1e-3 and fp32.get("grad_cosine", 0.0) > 0.99999,
-        "packed_bf16": bf16.get("logp_max_abs_diff", 1.0) < 0.1 and bf16.get("grad_cosine", 0.0) > 0.999,
-        "fused_head_float32": fused32.get("logp_max_abs_diff", 1.0) < 1e-4
-        and fused32.get("grad_cosine", 0.0) > 0.99999,
-        "fused_head_bf16": fused16.get("logp_max_abs_diff", 1.0) < 0.1 and fused16.get("grad_cosine", 0.0) > 0.999,
-        "losses": all(exact),
-    }
-    if args.check_compiled:
-        c32, c16 = report["compiled_vs_eager_float32"], report["compiled_vs_eager_bf16_autocast"]
-        report["pass"]["compiled_float32"] = (
-            c32.get("logp_max_abs_diff", 1.0) < 1e-3 and c32.get("grad_cosine", 0.0) > 0.99999
-        )
-        report["pass"]["compiled_bf16"] = (
-            c16.get("logp_max_abs_diff", 1.0) < 0.1 and c16.get("grad_cosine", 0.0) > 0.999
-        )
-    _write(report, args.out)
+        compare(*COMPILED_CHECK)
     return report
 
 
