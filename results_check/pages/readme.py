@@ -59,7 +59,7 @@ def quotes(root: str) -> List[str]:
 PAGE = Page(
     path="README.md",
     quotes=quotes,
-    settings=("2-core x86-64 CPUs", "at up to 512", "an AVX-512 one", "temperature 1.2,"),
+    settings=("2-core x86-64 CPUs", "at up to 512", "an AVX-512 one", "temperature 1.2,", "ran on one H200"),
     sections=("Results",),
     info_box=False,
 )
