@@ -223,13 +223,15 @@ def test_the_options_are_validated_with_the_config(tiny_model, options, message)
     [
         ("auto", "cuda", False, True),  # the GPU default: the fastest exact path measured on an H200
         ("auto", "cuda", True, False),  # a LoRA model's compiled step was not measured: eager
+        ("auto", "cuda", "checkpointing", False),  # nor one under activation checkpointing
         ("auto", "cpu", False, False),  # the CPU paths were tuned eager
         (True, "cpu", True, True),
         (False, "cuda", False, False),
     ],
 )
 def test_compile_auto_compiles_a_full_weight_model_on_cuda_only(setting, device, adapter, compiled):
-    assert resolve_compile(setting, torch.device(device), adapter=adapter) is compiled
+    checkpointing = adapter == "checkpointing"
+    assert resolve_compile(setting, torch.device(device), adapter is True, checkpointing) is compiled
 
 
 def test_the_default_core_on_a_cpu_stays_eager():

@@ -104,3 +104,22 @@ def test_bfloat16_state_roundtrip(tiny_model):
     for (n, a), b in zip(module.state_dict().items(), other.state_dict().values()):
         assert torch.equal(a, b), n
     assert np.isfinite(module.sequence_logprobs([3, 4, 5, 6])).all()
+
+
+def test_gradient_checkpointing_recomputes_and_gives_the_same_logprobs_and_gradients(tiny_model):
+    """``model_config={"gradient_checkpointing": True}`` (documented in the configuration reference) turns the model's
+    activation checkpointing on; the log-probs and gradients are those of the model without it."""
+    runs = {}
+    for checkpointing in (False, True):
+        module = _module(tiny_model, gradient_checkpointing=checkpointing)
+        module.lm.train()
+        assert module.lm.is_gradient_checkpointing is checkpointing
+        ids, mask = _padded_batch(module.lm.config.vocab_size)
+        module.lm.zero_grad(set_to_none=True)
+        logp = module.forward_train({"input_ids": ids, "attention_mask": mask})[TOKEN_LOGP]
+        (logp * mask[:, 1:]).sum().backward()
+        runs[checkpointing] = (logp.detach(), {n: p.grad for n, p in module.lm.named_parameters()})
+    (logp_a, grads_a), (logp_b, grads_b) = runs[False], runs[True]
+    torch.testing.assert_close(logp_a, logp_b)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, msg=name)

@@ -28,7 +28,7 @@ batch ``input_ids`` [B, T] with ``attention_mask`` [B, T], ``token_logp`` [B, T-
   the sampler's processed log-prob are of the same truncated distribution.
 - **torch.compile** (``compile``): each decoder layer is compiled with dynamic shapes (a new batch width reuses the
   compiled code instead of recompiling), when the core is first used on a device: ``"auto"`` (default) on CUDA for
-  a model trained in all its weights, ``True`` on any device, ``False`` never.
+  a model trained in all its weights without activation checkpointing, ``True`` on any device, ``False`` never.
 - **The GPU default** (`resolve_compile`, `uses_fused_head`): on CUDA, ``"auto"`` packs, compiles and keeps the
   chunked head: of the paths measured on an H200 (``benchmarks/gpu_session.sh``, `results/benchmarks/gpu_session`),
   packed and compiled with the chunked head was the fastest exact one at both shapes and both batch sizes; the
@@ -121,12 +121,16 @@ def validate_options(model_config: Mapping[str, Any]) -> None:
         raise ValueError(ENTROPY_REFUSAL)
 
 
-def resolve_compile(setting: Union[bool, str], device: torch.device, adapter: bool) -> bool:
-    """Whether the decoder layers are compiled on ``device``: ``True``/``False`` as set; ``"auto"`` on CUDA for a
-    model trained in all its weights (``adapter``: a peft model, whose compiled step was not measured), never on
-    other devices (inductor's C++ builds take minutes on a small CPU, and the CPU paths were tuned eager)."""
+def resolve_compile(
+    setting: Union[bool, str], device: torch.device, adapter: bool, checkpointing: bool = False
+) -> bool:
+    """Whether the decoder layers are compiled on ``device``: ``True``/``False`` as set; ``"auto"`` where it was
+    measured the fastest exact path (an H200: `results/benchmarks/gpu_session`): on CUDA, for a model trained in all
+    its weights without activation checkpointing. Eager elsewhere: a peft model (``adapter``) and checkpointed layers
+    (``checkpointing``), whose compiled steps were not measured, and other devices (inductor's C++ builds take minutes
+    on a small CPU, and the CPU paths were tuned eager)."""
     if setting == "auto":
-        return device.type == "cuda" and not adapter
+        return device.type == "cuda" and not adapter and not checkpointing
     return bool(setting)
 
 
@@ -272,7 +276,9 @@ class TokenLogprobs:
         if self._prepared_for == device:
             return
         self._prepared_for = device
-        if resolve_compile(self.compile, device, adapter=self.lm is not self.causal_lm()) and not self._compiled:
+        lm = self.causal_lm()
+        checkpointing = bool(getattr(lm, "is_gradient_checkpointing", False))
+        if resolve_compile(self.compile, device, self.lm is not lm, checkpointing) and not self._compiled:
             self._compile()
         wants_packing = self.pack_sequences is True or (self.pack_sequences == "auto" and device.type == "cuda")
         self.packing = wants_packing and self._check_packing(device)

@@ -61,8 +61,9 @@ class HFCausalLMRLModule(TorchRLModule):
     autocast), ``rollout_dtype`` and ``rollout_fp8_simulated`` (how the engines hold the weights, for
     `rollout_logprobs`), ``trust_remote_code`` (False), ``logprob_chunk_size`` (sequences per LM-head chunk, 8),
     ``compute_entropy`` (False; needed only for an entropy bonus), ``gradient_checkpointing`` (False),
-    ``length_buckets`` (True), ``pack_sequences`` ("auto"), ``compile`` (False), ``fused_head`` ("auto": the fused LM
-    head where it serves the model and the logits would be chunked; "on" refused with ``compute_entropy``)
+    ``length_buckets`` (True), ``pack_sequences`` ("auto"), ``compile`` ("auto": on CUDA for a full-weight model
+    without activation checkpointing), ``fused_head`` ("auto": off CUDA, the fused LM head where it serves the model
+    and the logits would be chunked; "on" refused with ``compute_entropy``)
     (`rllib_p3o.learner.compute`), ``lora``
     (None, or a validated `rllib_p3o.core.lora` spec: ``self.lm`` is then a peft model whose adapter alone trains; the
     module state, the weight sync and checkpoints hold the adapter only, and the frozen base doubles as the
