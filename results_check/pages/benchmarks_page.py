@@ -204,6 +204,10 @@ def _gpu_session(root: str) -> List[str]:
         )
     else:
         out.append("No path slower than padding: met")
+    out.append(
+        f"the defaults before this choice (packed, eager, the fused head) took {repeat['default']['s_per_step']:.3f} s "
+        f"against padding's {repeat['padded']['s_per_step']:.3f}, and `packed` {repeat['packed']['s_per_step']:.3f}"
+    )
     half = trains["peak_extra_ratio"] <= 0.5 and frozen["peak_extra_ratio"] <= 0.5
     out.append(
         f"The fused head's peak at most half the chunked head's: {'met' if half else '**not met**'} for the head "
