@@ -98,15 +98,16 @@ wants() { case " $STAGES " in *" $1 "*) return 0;; *) return 1;; esac; }
 
 wants flex && run 90 flex --flex --shape "$CHECK_SHAPE" --out "$OUT/flex.json"
 wants check && run 60 check --check --shape "$CHECK_SHAPE" --out "$OUT/check.json"
-wants learner || SHAPES_TIMED=""
-for shape in ${SHAPES_TIMED-$SHAPES}; do
-    # 2 warm-up + 5 timed steps per path and batch; a path's batch past 20 s of steps stops early. Each path is
-    # prepared (compiled) once for all its batches.
-    limit=100
-    [ "$shape" = "$LARGEST" ] && [ "$shape" != "${SHAPES%% *}" ] && limit=135
-    run "$limit" "learner $shape" --shape "$shape" --rows $ROWS --paths $PATHS \
-        --warmup 2 --steps 5 --path-budget-s 20 --out "$OUT/learner_$shape.json"
-done
+if wants learner; then
+    for shape in $SHAPES; do
+        # 2 warm-up + 5 timed steps per path and batch; a path's batch past 20 s of steps stops early. Each path is
+        # prepared (compiled) once for all its batches.
+        limit=100
+        [ "$shape" = "$LARGEST" ] && [ "$shape" != "${SHAPES%% *}" ] && limit=135
+        run "$limit" "learner $shape" --shape "$shape" --rows $ROWS --paths $PATHS \
+            --warmup 2 --steps 5 --path-budget-s 20 --out "$OUT/learner_$shape.json"
+    done
+fi
 # From the larger of the measured batches up, one step per probe, 30 s per path (the fused head first).
 wants max_rows && run 90 "max rows $LARGEST" --max-rows --shape "$LARGEST" --rows "${ROWS##* }" --paths $MAX_ROWS_PATHS \
     --max-rows-cap "$MAX_ROWS_CAP" --max-rows-step 8 --path-budget-s 30 --out "$OUT/max_rows_$LARGEST.json"
