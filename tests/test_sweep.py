@@ -669,3 +669,23 @@ def test_each_trial_file_names_the_cpu_it_ran_on_and_the_page_says_which(tmp_pat
     assert machine_words(trial_cpus(mixed)) == (
         "**Machine:** 2-core x86-64 CPUs (trials on AMD EPYC with AVX-512 and AMD EPYC with AVX2)"
     )
+
+
+def test_the_report_counts_a_trial_two_methods_share_once(tmp_path):
+    # On-policy, the addition set's P3O forms and GRPO's clip ranges compute the same update: one trial each group,
+    # reported under every method's name. The cost counts the trials run (one file each), not the cells.
+    from rllib_p3o.sweep.grid import GRIDS, Grid, method_peak, read_lr_peaks
+    from rllib_p3o.sweep.run import report_saved
+
+    confirmation = GRIDS["addition", "confirmation"]
+    grid = Grid(**{**confirmation.__dict__, "regimes": ("on_policy",), "seeds": (3,), "iterations": 2})
+    runs = grid.runs_in("on_policy")
+    assert len(runs) < len(grid.methods_in("on_policy"))  # some methods share a trial
+    peaks = read_lr_peaks(grid.lr_choice_from)
+    out = str(tmp_path / "set")
+    for method in runs:
+        _write_trial(out, "on_policy", (method, 3, method_peak(peaks, method, "on_policy")), 0.9)
+    summary = report_saved(out, grid)
+    assert len(summary["summary"]) == len(grid.methods_in("on_policy"))  # every method has its row
+    assert summary["cost"] == {"trial_time_s_sum": 20.0 * len(runs), "timed_trials": len(runs), "trials": len(runs)}
+    assert summary["startup"]["fresh_trials"] == len(runs)

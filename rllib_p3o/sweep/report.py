@@ -187,6 +187,9 @@ def per_trial(curves: pd.DataFrame, target: float, collapse_from: str = "first")
                 TIME_S: float(t[TIME_S].max()) if TIME_S in t else math.nan,
                 SETUP_S: float(t[SETUP_S].dropna().iloc[0]) if t[SETUP_S].notna().any() else math.nan,
                 ACTOR_REUSED: bool(t[ACTOR_REUSED].fillna(0).max() > 0),
+                SAME_RUN_AS: t[SAME_RUN_AS].dropna().iloc[0]
+                if SAME_RUN_AS in t and t[SAME_RUN_AS].notna().any()
+                else None,
             }
         )
     return pd.DataFrame(out)
@@ -514,7 +517,8 @@ def write_report(
         )
     else:
         lr_text = f"Peak lr {lr_peak:g} for every method"
-    fresh, reused = (trials[trials[ACTOR_REUSED] == flag][SETUP_S].dropna() for flag in (False, True))
+    own = _unique_runs(trials)
+    fresh, reused = (own[own[ACTOR_REUSED] == flag][SETUP_S].dropna() for flag in (False, True))
     startup = {
         "fresh_actor_setup_s_mean": float(fresh.mean()) if len(fresh) else None,
         "fresh_trials": len(fresh),
@@ -592,9 +596,12 @@ def _in_grid_order(curves: pd.DataFrame, grid) -> pd.DataFrame:
 
 
 def _unique_runs(trials: pd.DataFrame) -> pd.DataFrame:
-    """``trials`` with each run once: a regime stage's seeds taken from its lr stage are the same runs."""
+    """``trials`` with each run once: a regime stage's seeds taken from its lr stage are the same runs, and a method
+    that shares another's trial (`SAME_RUN_AS`) adds no run of its own."""
     if not len(trials):
         return trials
+    if SAME_RUN_AS in trials:
+        trials = trials[trials[SAME_RUN_AS].isna()]
     regime = trials[STAGE].map(_regime_of).rename("_regime")
     return trials.loc[~pd.concat([regime, trials[[METHOD, SEED, LR_PEAK]]], axis=1).duplicated()]
 
