@@ -689,3 +689,19 @@ def test_the_report_counts_a_trial_two_methods_share_once(tmp_path):
     assert len(summary["summary"]) == len(grid.methods_in("on_policy"))  # every method has its row
     assert summary["cost"] == {"trial_time_s_sum": 20.0 * len(runs), "timed_trials": len(runs), "trials": len(runs)}
     assert summary["startup"]["fresh_trials"] == len(runs)
+
+
+def test_every_committed_sets_cost_counts_each_of_its_trial_files_once():
+    # One file per trial run (a trial several methods share has one file): the committed reports' cost says as many.
+    from rllib_p3o.sweep.grid import repository_path
+
+    sets = [os.path.dirname(p) for p in glob.glob(os.path.join(repository_path("results"), "bench*", "summary.json"))]
+    checked = 0
+    for folder in sets:
+        files = glob.glob(os.path.join(folder, report.TRIALS_DIR, "*", "*.csv"))
+        if not files:  # a set committed without its trial files
+            continue
+        cost = json.load(open(os.path.join(folder, report.SUMMARY_JSON)))["cost"]
+        assert cost["trials"] == len(files), folder
+        checked += 1
+    assert checked >= 10
