@@ -619,10 +619,11 @@ def header(root: str) -> str:
 HEADER_TOP = """# A second task: addition with the carries written out
 
 !!! info "How this is measured"
-    - **Command:** `rllib-p3o sweep --task addition --development --parallel 2 --out runs/bench-addition-development`
-      (the development set, in a fresh clone; its files are in `results/bench-addition-development/`, partial while
-      it runs). Its confirmation set runs after its learning-rate choice is committed
-      ([the sweep guide](../guide/sweep.md) gives both commands).
+    - **Commands:** `rllib-p3o sweep --task addition --development --parallel 2 --out runs/bench-addition-development`
+      (the development set), then, after its learning-rate choice was committed,
+      `rllib-p3o sweep --task addition --confirmation --parallel 2 --out runs/bench-addition-confirmation` (the
+      confirmation set), each in a fresh clone; their files are in `results/bench-addition-development/` and
+      `results/bench-addition-confirmation/` ([the sweep guide](../guide/sweep.md) gives every command).
 """
 HEADER_BOTTOM = """
 Every claim on the [claims bench](claims.md), [under staleness](staleness.md) and on
