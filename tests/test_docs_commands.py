@@ -99,6 +99,7 @@ NOT_RUN = {
     ("docs/guide/sweep.md", ".venv/bin/rllib-p3o sweep --task sorting --confirmation --parallel 2 --out runs/bench-provenance-confirmation"): _MINUTES,
     ("docs/guide/sweep.md", ".venv/bin/rllib-p3o sweep --task addition --development --parallel 2 --out runs/bench-addition-development"): _MINUTES,
     ("docs/guide/sweep.md", ".venv/bin/rllib-p3o sweep --task addition --confirmation --parallel 2 --out runs/bench-addition-confirmation"): _MINUTES,
+    ("docs/guide/sweep.md", ".venv/bin/rllib-p3o sweep --task addition --confirmation --regimes async_staleness_8 four_steps_per_batch --methods p3o_other_alone --lr 0.000125 --parallel 2 --out runs/bench-addition-confirmation-rate"): _MINUTES,
     ("docs/guide/environments.md", "python examples/environments.py reasoning-gym"): "minutes each on 2 cores; the same "
     "wiring is trained end to end by tests/test_reward_recipes.py, tests/test_openenv_env.py, tests/test_reward_models.py "
     "and tests/test_verifiers_env.py",

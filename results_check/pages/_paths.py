@@ -15,3 +15,4 @@ BENCH_PROVENANCE_FIRST_CONFIRMATION = "results/bench-provenance-first-confirmati
 BENCH_PROVENANCE_RATE = "results/bench-provenance-confirmation-rate"  # ... its default at another learning rate
 BENCH_ADDITION_DEVELOPMENT = "results/bench-addition-development"  # the second task (addition): its development set
 BENCH_ADDITION_CONFIRMATION = "results/bench-addition-confirmation"  # ... and its confirmation set
+BENCH_ADDITION_RATE = "results/bench-addition-confirmation-rate"  # ... its default at the best method's learning rate

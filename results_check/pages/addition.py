@@ -28,9 +28,10 @@ from results_check.pages._fmt import info_box_tail, load_json, machine_words, pm
 from results_check.pages._paths import (
     BENCH_ADDITION_CONFIRMATION,
     BENCH_ADDITION_DEVELOPMENT,
+    BENCH_ADDITION_RATE,
     BENCH_PROVENANCE_CONFIRMATION,
 )
-from results_check.pages.provenance import CELL_LABEL, FAMILY_NAMES, effect, lr_quotes
+from results_check.pages.provenance import CELL_LABEL, FAMILY_NAMES, effect, lr_quotes, rate_quotes
 from results_check.pages.staleness import (
     PEER_DEFAULTS,
     Grid,
@@ -436,6 +437,12 @@ def aim_verdict_quotes(root: str) -> List[str]:
     return out + (diagnostics_quotes(g, list(dict.fromkeys(pairs)), CONFIRMATION) if pairs else [])
 
 
+def addition_rate_quotes(root: str) -> List[str]:
+    """The confirmation set's default at the learning rate of the regime's best method (`BENCH_ADDITION_RATE`), where
+    it is behind and trains at another rate (`provenance.rate_quotes`): a diagnosis run after the set."""
+    return rate_quotes(root, BENCH_ADDITION_RATE, BENCH_ADDITION_CONFIRMATION, CONFIRMATION)
+
+
 def _rate(g: Grid, method: str, regime: str) -> str:
     """A method's peak learning rate in a regime, as the set's report gives it."""
     return f"{method_peak(g.report['lr_peak'], method, regime):g}"
@@ -596,6 +603,7 @@ def quotes(root: str) -> List[str]:
         *(said := set_quotes(root, BENCH_ADDITION_CONFIRMATION, CONFIRMATION, "confirmation")),
         *([same_models_quote(root), dropped_quote()] if said else []),
         *aim_verdict_quotes(root),
+        *addition_rate_quotes(root),
         *regime_task_quotes(root),
         *([both[0].upper() + both[1:]] if (both := readme_both_tasks(root)) else []),  # as the page's sentence starts
         progress_quote(root),
@@ -694,6 +702,17 @@ the development set's choice was committed, every method at its committed rate.
 AIM_INTRO = """## The aim, and where it is missed
 """
 
+RATE_INTRO = """## Where the default is behind: its learning rate
+
+Where P3O's default is behind under staleness and with several steps per batch, it trains at twice the rate of the
+regime's best method (its async family's rate, chosen in `async_staleness_4` on the development set). The same update
+ran again on the same seeds at the best method's rate in the regime where it is furthest behind under staleness and
+in the one where a seed collapsed at four steps per batch:
+`rllib-p3o sweep --task addition --confirmation --regimes async_staleness_8 four_steps_per_batch --methods p3o_other_alone --lr 0.000125 --parallel 2 --out runs/bench-addition-confirmation-rate`
+(its files are in `results/bench-addition-confirmation-rate/`). It is a diagnosis run after the confirmation set,
+chosen by looking at it, not a choice: no rate or default was changed by it.
+"""
+
 STATUS_INTRO = """## What has run, and what follows
 
 The development set runs the learning-rate stages of the three families (on-policy, the policy's own stale data,
@@ -763,6 +782,8 @@ def page_text(root: str) -> str:
         if behind:
             parts += ["Where it is behind or a seed collapsed, and the learner's diagnostics there (mean over trials "
                       "and iterations):\n", "\n".join(f"- {q}." for q in behind) + "\n", _table(aim)]  # fmt: skip
+    if rate := addition_rate_quotes(root):
+        parts += [RATE_INTRO, *_sentences(rate)]
     verdicts = regime_task_quotes(root)
     parts += [VERDICTS_INTRO, _table(verdicts), *_sentences(verdicts)]
     both = readme_both_tasks(root)

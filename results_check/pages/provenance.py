@@ -403,26 +403,31 @@ def start_quote(g: Grid, regimes: List[str], default: str = DEFAULT_METHOD) -> s
     )
 
 
-def rate_quotes(root: str) -> List[str]:
-    """Where P3O's default is behind on the confirmation set, the same update on the same seeds at the learning rate
-    of the regime's highest mean (`BENCH_PROVENANCE_RATE`): how much of the gap its family's rate makes. A diagnosis,
-    not a choice: nothing was changed by it."""
-    rate = load(root, BENCH_PROVENANCE_RATE)
-    conf = load(root, BENCH_PROVENANCE_CONFIRMATION, CONFIRMATION)
+def rate_quotes(
+    root: str,
+    rate_folder: str = BENCH_PROVENANCE_RATE,
+    confirmation_folder: str = BENCH_PROVENANCE_CONFIRMATION,
+    grid: SweepGrid = CONFIRMATION,
+) -> List[str]:
+    """Where P3O's default is behind on a confirmation set (``confirmation_folder``, run by ``grid``), the same update
+    on the same seeds at the learning rate of the regime's highest mean (``rate_folder``): how much of the gap its
+    family's rate makes. A diagnosis, not a choice: nothing was changed by it."""
+    rate = load(root, rate_folder)
+    conf = load(root, confirmation_folder, grid)
     if rate is None or conf is None:
         return []
     rate_lr = float(rate.report["lr_peak"])
-    finished = complete(conf, len(CONFIRMATION.seeds), DEFAULT_METHOD, CONFIRMATION)
+    finished = complete(conf, len(grid.seeds), DEFAULT_METHOD, grid)
     out = []
     for regime in rate.regimes:
         if regime not in finished:
-            raise ValueError(f"{BENCH_PROVENANCE_RATE} ran `{regime}`, which the confirmation set has not finished")
+            raise ValueError(f"{rate_folder} ran `{regime}`, which the confirmation set has not finished")
         for method in rate.methods:
-            if CONFIRMATION.same_run_as(regime, method) != CONFIRMATION.same_run_as(regime, DEFAULT_METHOD):
+            if grid.same_run_as(regime, method) != grid.same_run_as(regime, DEFAULT_METHOD):
                 raise ValueError(f"`{method}` does not compute P3O's default's update in `{regime}`")
             best = max(conf.stats[regime], key=lambda m: conf.stats[regime][m][0])
             if not math.isclose(method_peak(conf.report["lr_peak"], best, regime), rate_lr):
-                raise ValueError(f"{BENCH_PROVENANCE_RATE} ran `{regime}` at {rate_lr:g}, not at `{best}`'s rate")
+                raise ValueError(f"{rate_folder} ran `{regime}` at {rate_lr:g}, not at `{best}`'s rate")
             stats = {"own": conf.stats[regime][DEFAULT_METHOD], "rate": rate.stats[regime][method]}
             stats["best"] = conf.stats[regime][best]
             own_lr = method_peak(conf.report["lr_peak"], DEFAULT_METHOD, regime)
