@@ -31,7 +31,14 @@ from results_check.pages._paths import (
     BENCH_ADDITION_RATE,
     BENCH_PROVENANCE_CONFIRMATION,
 )
-from results_check.pages.provenance import CELL_LABEL, FAMILY_NAMES, effect, lr_quotes, rate_quotes
+from results_check.pages.provenance import (
+    CELL_LABEL,
+    FAMILY_NAMES,
+    distinct_trials,
+    effect,
+    lr_quotes,
+    rate_quotes,
+)
 from results_check.pages.staleness import (
     PEER_DEFAULTS,
     Grid,
@@ -326,11 +333,6 @@ def lr_choice_quotes(root: str) -> List[str]:
     if not os.path.exists(os.path.join(root, BENCH_ADDITION_DEVELOPMENT, "lr_choice.json")):
         return []
     return lr_quotes(root, BENCH_ADDITION_DEVELOPMENT, DEVELOPMENT.methods)
-
-
-def distinct_trials(root: str, folder: str) -> int:
-    """How many trials a set ran: one file per trial under ``trials/<stage>/`` (a trial two cells share counts once)."""
-    return len(glob.glob(os.path.join(root, folder, report.TRIALS_DIR, "*", "*.csv")))
 
 
 def set_quotes(root: str, folder: str, grid: SweepGrid, name: str) -> List[str]:
