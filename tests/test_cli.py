@@ -122,6 +122,35 @@ def test_the_resume_command_carries_the_runs_overrides_and_resume_reads_them_bac
     assert merged == ["training.model=/models/my model", f"run.storage_path={tmp_path}", "training.lr=2e-4"]
 
 
+def test_resume_of_an_experiment_whose_state_tune_left_empty_says_so_before_ray_starts(
+    tiny_model, tmp_path, capsys, monkeypatch
+):
+    """A driver killed while Tune rewrote its experiment state leaves the file empty; Tune's restore then logged the
+    decoding error and started the experiment over (its trials from iteration 1). The command stops first (status
+    2) and names the file and each trial's newest checkpoint. The experiment is a stand-in of Tune's layout."""
+    import ray
+
+    from rllib_p3o.driver.progress import QUIET_ENV
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray was started"))  # the one piece faked
+    experiment = tmp_path / "demo"
+    trial = experiment / "P3O_TextEnv_0"
+    for n in (4, 5):
+        (trial / f"checkpoint_00000{n}").mkdir(parents=True)
+    (experiment / "tuner.pkl").write_bytes(b"")  # what Tuner.can_restore looks for
+    state = experiment / "experiment_state-2026-12-01_03-20-00.json"
+    state.write_text('{"trial_data": [["{\\"trainable_name\\": "')  # cut short
+    overrides = ["--set", f"training.model={tiny_model}", "--set", f"run.storage_path={tmp_path}"]
+    try:
+        assert main(["train", DEMO_YAML, *overrides, "--resume"]) == 2
+    finally:
+        for key in QUIET_ENV:  # the command sets them for its Ray workers
+            os.environ.pop(key, None)
+    err = capsys.readouterr().err
+    assert f"error: Tune's experiment state {state} is cut short or damaged" in err, err
+    assert f"Each trial's newest checkpoint: {trial / 'checkpoint_000005'}. P3O.from_checkpoint(path)" in err, err
+
+
 def test_a_config_that_needs_the_demos_base_model_says_how_to_build_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no runs/demo/base_model here
     with pytest.raises(ConfigFileError, match=r"model='runs/demo/base_model': no such directory .* `make demo` builds"):

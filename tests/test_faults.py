@@ -18,7 +18,10 @@ from helpers import rest_of_output, tiny_config
 
 from rllib_p3o import P3O
 from rllib_p3o.core import metrics as m
+from rllib_p3o.driver.interruption import DamagedExperimentStateError, check_experiment_state
 from rllib_p3o.driver.runner_calls import EnvRunnerFailedError
+
+TUNE_JOB = "faults"  # the experiment name of tests/fixtures/tune_job.py
 
 
 def _config(model, record_dir, num_env_runners, behavior=None, **training):
@@ -160,16 +163,31 @@ def test_driver_killed_mid_run_is_continued_by_tuner_restore_without_replay(tiny
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
     job = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 300
+    # Killed as soon as iteration 4's trajectory file lands (it is written after sampling, before the update): in the
+    # middle of the iteration, not during Tune's rewrite of its experiment state after a result. That rewrite is not
+    # atomic; a kill inside it is the case `check_experiment_state` names, checked below on this run's own file.
     while time.time() < deadline and len(glob.glob(str(tmp_path / "rec" / "part-*.parquet"))) < 4:
         assert job.poll() is None, job.stdout.read().decode()[-3000:]
-        time.sleep(0.2)
+        time.sleep(0.01)
     job.send_signal(signal.SIGKILL)  # the driver only: its Ray workers are left behind, as on a lost node
     job.wait()
+
+    experiment = str(tmp_path / "tune" / TUNE_JOB)
+    check_experiment_state(experiment)  # reads: no error
+    (state,) = glob.glob(os.path.join(experiment, "experiment_state-*.json"))
+    kept = state + ".kept"
+    os.rename(state, kept)
+    open(state, "w").close()  # as a kill during Tune's rewrite leaves it
+    with pytest.raises(DamagedExperimentStateError, match=re.escape(f"experiment state {state} is empty")) as error:
+        check_experiment_state(experiment)
+    assert "P3O.from_checkpoint(path)" in str(error.value)
+    assert re.search(r"newest checkpoint: \S+/P3O_\S+/checkpoint_0000\d\d\.", str(error.value)), str(error.value)
+    os.replace(kept, state)
 
     done = subprocess.run(args + ["--restore"], env=env, capture_output=True, text=True, timeout=600)
     assert "DONE 8" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
 
-    trial_dir = glob.glob(str(tmp_path / "tune" / "faults" / "P3O_*"))[0]
+    trial_dir = glob.glob(str(tmp_path / "tune" / TUNE_JOB / "P3O_*"))[0]
     with open(os.path.join(trial_dir, "result.json")) as f:
         iterations = [json.loads(line)["training_iteration"] for line in f if line.strip()]
     # None missing. Tune logs an iteration's result before it saves that iteration's checkpoint: a driver killed in

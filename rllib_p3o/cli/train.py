@@ -288,10 +288,13 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
     spec, overrides = run_spec(path, overrides, resume)
     run = dict(spec.get(RUN) or {})
     target = target_of(run)
+    from rllib_p3o.driver.interruption import check_experiment_state
     from rllib_p3o.driver.progress import silence_driver_and_workers
 
     env = silence_driver_and_workers()
     config = build_config(spec, path, overrides)
+    if resume:  # before Ray starts: Tune would start the experiment over on a state it cannot read
+        check_experiment_state(experiment_dir(spec, path))
     import ray
     from ray import tune
 
@@ -423,8 +426,10 @@ def _report(result: Any, target: Optional[Tuple[str, float]], resume: str = "") 
 
 
 def run(args: argparse.Namespace) -> int:
+    from rllib_p3o.driver.interruption import DamagedExperimentStateError
+
     try:
         return train(args.config, args.set, resume=args.resume)
-    except ConfigFileError as e:
+    except (ConfigFileError, DamagedExperimentStateError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
