@@ -123,7 +123,7 @@ def driver_kill(model: str, work: str, iterations: int = 10, kill_after: int = 5
     while len(glob.glob(os.path.join(rec, "part-*.parquet"))) < kill_after:
         if job.poll() is not None:
             raise RuntimeError("the Tune job ended before it could be killed")
-        time.sleep(0.1)
+        time.sleep(0.01)  # mid-iteration, away from Tune's rewrite of its experiment state (as tests/test_faults.py)
     job.send_signal(signal.SIGKILL)
     job.wait()
     parts_at_kill = len(glob.glob(os.path.join(rec, "part-*.parquet")))
