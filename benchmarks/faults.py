@@ -123,7 +123,7 @@ def driver_kill(model: str, work: str, iterations: int = 10, kill_after: int = 5
     while len(glob.glob(os.path.join(rec, "part-*.parquet"))) < kill_after:
         if job.poll() is not None:
             raise RuntimeError("the Tune job ended before it could be killed")
-        time.sleep(0.01)  # mid-iteration, away from Tune's rewrite of its experiment state (as tests/test_faults.py)
+        time.sleep(0.1)
     job.send_signal(signal.SIGKILL)
     job.wait()
     parts_at_kill = len(glob.glob(os.path.join(rec, "part-*.parquet")))
@@ -131,6 +131,10 @@ def driver_kill(model: str, work: str, iterations: int = 10, kill_after: int = 5
     with open(os.path.join(trial, "result.json")) as f:
         before = [json.loads(line)["training_iteration"] for line in f if line.strip()]
     t0 = time.time()
+    from rllib_p3o.driver.experiment_state import check_experiment_state
+
+    # As `rllib-p3o train --resume` does: a kill inside Tune's rewrite of its state leaves it unreadable.
+    check_experiment_state(os.path.join(storage, "faults"), repair=True)
     done = subprocess.run(args + ["--restore"], env=env, capture_output=True, text=True)
     if f"DONE {iterations}" not in done.stdout:
         raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rllib_p3o.cli import main
-from rllib_p3o.cli.train import ConfigFileError, build_config, read_config_file
+from rllib_p3o.cli.train import REPAIRED, ConfigFileError, build_config, read_config_file
 from rllib_p3o.cli.validate import detect_kind
 from rllib_p3o.driver.export import CheckpointNotFound, module_dir
 
@@ -122,17 +122,27 @@ def test_the_resume_command_carries_the_runs_overrides_and_resume_reads_them_bac
     assert merged == ["training.model=/models/my model", f"run.storage_path={tmp_path}", "training.lr=2e-4"]
 
 
-def test_resume_of_an_experiment_whose_state_tune_left_empty_says_so_before_ray_starts(
-    tiny_model, tmp_path, capsys, monkeypatch
-):
-    """A driver killed while Tune rewrote its experiment state leaves the file empty; Tune's restore then logged the
-    decoding error and started the experiment over (its trials from iteration 1). The command stops first (status
-    2) and names the file and each trial's newest checkpoint. The experiment is a stand-in of Tune's layout."""
+class _RayStarted(Exception):
+    pass
+
+
+def _start_ray(*args, **kwargs):
+    raise _RayStarted()
+
+
+def _experiment_tune_left_damaged(tmp_path, monkeypatch):
+    """A stand-in of Tune's files (the piece these tests are not about): an experiment of the demo file whose state
+    file is cut short, a trial with two checkpoints, and an empty Ray temp dir; Ray's start faked to raise
+    `_RayStarted`, so that the command's checks before it are what runs."""
     import ray
 
     from rllib_p3o.driver.progress import QUIET_ENV
 
-    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray was started"))  # the one piece faked
+    for key in QUIET_ENV:  # the command sets them for its Ray workers: undone after the test
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "ray_tmp"))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", _start_ray)
     experiment = tmp_path / "demo"
     trial = experiment / "P3O_TextEnv_0"
     for n in (4, 5):
@@ -140,15 +150,40 @@ def test_resume_of_an_experiment_whose_state_tune_left_empty_says_so_before_ray_
     (experiment / "tuner.pkl").write_bytes(b"")  # what Tuner.can_restore looks for
     state = experiment / "experiment_state-2026-12-01_03-20-00.json"
     state.write_text('{"trial_data": [["{\\"trainable_name\\": "')  # cut short
+    return experiment, trial, state
+
+
+def test_resume_of_an_experiment_whose_state_tune_left_cut_short_says_so_before_ray_starts(
+    tiny_model, tmp_path, capsys, monkeypatch
+):
+    """A driver killed while Tune copied its experiment state leaves the file cut short; Tune's restore then logged
+    the decoding error and started the experiment over (its trials from iteration 1). Without Tune's staged copy to
+    put back, the command stops first (status 2) and names the file and each trial's newest checkpoint."""
+    experiment, trial, state = _experiment_tune_left_damaged(tmp_path, monkeypatch)
     overrides = ["--set", f"training.model={tiny_model}", "--set", f"run.storage_path={tmp_path}"]
-    try:
-        assert main(["train", DEMO_YAML, *overrides, "--resume"]) == 2
-    finally:
-        for key in QUIET_ENV:  # the command sets them for its Ray workers
-            os.environ.pop(key, None)
+    assert main(["train", DEMO_YAML, *overrides, "--resume"]) == 2
     err = capsys.readouterr().err
     assert f"error: Tune's experiment state {state} is cut short or damaged" in err, err
-    assert f"Each trial's newest checkpoint: {trial / 'checkpoint_000005'}. P3O.from_checkpoint(path)" in err, err
+    assert f"newest checkpoint on disk: {trial / 'checkpoint_000005'}. P3O.from_checkpoint(path)" in err, err
+
+
+def test_resume_puts_back_tunes_intact_staged_copy_of_a_damaged_experiment_state(
+    tiny_model, tmp_path, capsys, monkeypatch
+):
+    """Tune writes the state into the Ray session's staging directory first: a driver killed during the copy leaves
+    that one whole, and --resume puts it back (the damaged file kept) before Ray starts."""
+    experiment, _, state = _experiment_tune_left_damaged(tmp_path, monkeypatch)
+    staging = tmp_path / "ray_tmp" / "ray" / "session_2026-12-01_03-19-58_1_2" / "artifacts" / "2026-12-01_03-20-00"
+    staged = staging / "demo" / "driver_artifacts" / state.name
+    staged.parent.mkdir(parents=True)
+    staged.write_text(json.dumps({"trial_data": [], "runner_data": {}}))
+    overrides = ["--set", f"training.model={tiny_model}", "--set", f"run.storage_path={tmp_path}"]
+    with pytest.raises(_RayStarted):
+        main(["train", DEMO_YAML, *overrides, "--resume"])
+    out = capsys.readouterr().out
+    assert f"{REPAIRED}: put back Tune's intact copy {staged}" in out, out
+    assert state.read_text() == staged.read_text()
+    assert (experiment / (state.name + ".damaged")).read_text().startswith('{"trial_data": [["')
 
 
 def test_a_config_that_needs_the_demos_base_model_says_how_to_build_it(tmp_path, monkeypatch):

@@ -18,7 +18,14 @@ from helpers import rest_of_output, tiny_config
 
 from rllib_p3o import P3O
 from rllib_p3o.core import metrics as m
-from rllib_p3o.driver.interruption import DamagedExperimentStateError, check_experiment_state
+from rllib_p3o.driver.experiment_state import (
+    DAMAGED_SUFFIX,
+    DamagedExperimentStateError,
+    check_experiment_state,
+    intact_staged_copy,
+    newest_state_file,
+    state_problem,
+)
 from rllib_p3o.driver.runner_calls import EnvRunnerFailedError
 
 TUNE_JOB = "faults"  # the experiment name of tests/fixtures/tune_job.py
@@ -163,26 +170,34 @@ def test_driver_killed_mid_run_is_continued_by_tuner_restore_without_replay(tiny
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
     job = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 300
-    # Killed as soon as iteration 4's trajectory file lands (it is written after sampling, before the update): in the
-    # middle of the iteration, not during Tune's rewrite of its experiment state after a result. That rewrite is not
-    # atomic; a kill inside it is the case `check_experiment_state` names, checked below on this run's own file.
     while time.time() < deadline and len(glob.glob(str(tmp_path / "rec" / "part-*.parquet"))) < 4:
         assert job.poll() is None, job.stdout.read().decode()[-3000:]
-        time.sleep(0.01)
+        time.sleep(0.2)
+    # Tune rewrites its experiment state about ten times a second here (TUNE_GLOBAL_CHECKPOINT_S=0), in place: a
+    # kill inside a rewrite leaves the file unreadable (CI hit that once). That case is checked below on this run's
+    # own file; the kill itself comes at a moment the file and Tune's staged copy read, found with every thread of
+    # the driver frozen (SIGSTOP), as a kill would leave them.
+    experiment = str(tmp_path / "tune" / TUNE_JOB)
+    for _ in range(100):
+        job.send_signal(signal.SIGSTOP)
+        state = newest_state_file(experiment)
+        if state and state_problem(state) is None and intact_staged_copy(state) is not None:
+            break
+        job.send_signal(signal.SIGCONT)
+        time.sleep(0.03)
     job.send_signal(signal.SIGKILL)  # the driver only: its Ray workers are left behind, as on a lost node
     job.wait()
 
-    experiment = str(tmp_path / "tune" / TUNE_JOB)
-    check_experiment_state(experiment)  # reads: no error
-    (state,) = glob.glob(os.path.join(experiment, "experiment_state-*.json"))
-    kept = state + ".kept"
-    os.rename(state, kept)
-    open(state, "w").close()  # as a kill during Tune's rewrite leaves it
+    # The file as a kill inside Tune's copy leaves it: named, then put back from Tune's staged copy.
+    with open(state, "w"):
+        pass
     with pytest.raises(DamagedExperimentStateError, match=re.escape(f"experiment state {state} is empty")) as error:
         check_experiment_state(experiment)
-    assert "P3O.from_checkpoint(path)" in str(error.value)
-    assert re.search(r"newest checkpoint: \S+/P3O_\S+/checkpoint_0000\d\d\.", str(error.value)), str(error.value)
-    os.replace(kept, state)
+    staged = intact_staged_copy(state)
+    assert f"Tune's intact copy of it is {staged}: copy it over" in str(error.value), str(error.value)
+    assert check_experiment_state(experiment, repair=True) == staged
+    assert state_problem(state) is None and os.path.getsize(state + DAMAGED_SUFFIX) == 0
+    check_experiment_state(experiment)  # reads now
 
     done = subprocess.run(args + ["--restore"], env=env, capture_output=True, text=True, timeout=600)
     assert "DONE 8" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]

@@ -69,6 +69,8 @@ TRACKERS = ("wandb", "mlflow")
 NO_CHECKPOINT_YET = (
     "one is written every run.checkpoint.checkpoint_frequency iterations; checkpoint_at_end does not run on Ctrl-C"
 )
+# A --resume whose experiment state Tune left unreadable, put back from Tune's staged copy (`experiment_state`).
+REPAIRED = "Tune's experiment state was damaged (the driver was killed while Tune wrote it)"
 # As the README's Tune example: a run that is interrupted resumes from its latest checkpoint, not from iteration 1.
 DEFAULT_CHECKPOINT = {"checkpoint_frequency": 10, "checkpoint_at_end": True}
 
@@ -288,13 +290,16 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
     spec, overrides = run_spec(path, overrides, resume)
     run = dict(spec.get(RUN) or {})
     target = target_of(run)
-    from rllib_p3o.driver.interruption import check_experiment_state
+    from rllib_p3o.driver.experiment_state import check_experiment_state
     from rllib_p3o.driver.progress import silence_driver_and_workers
 
     env = silence_driver_and_workers()
     config = build_config(spec, path, overrides)
     if resume:  # before Ray starts: Tune would start the experiment over on a state it cannot read
-        check_experiment_state(experiment_dir(spec, path))
+        experiment = experiment_dir(spec, path)
+        staged = check_experiment_state(experiment, repair=True)
+        if staged:
+            print(f"{REPAIRED}: put back Tune's intact copy {staged} (the damaged file is kept beside it)", flush=True)
     import ray
     from ray import tune
 
@@ -426,7 +431,7 @@ def _report(result: Any, target: Optional[Tuple[str, float]], resume: str = "") 
 
 
 def run(args: argparse.Namespace) -> int:
-    from rllib_p3o.driver.interruption import DamagedExperimentStateError
+    from rllib_p3o.driver.experiment_state import DamagedExperimentStateError
 
     try:
         return train(args.config, args.set, resume=args.resume)

@@ -20,6 +20,8 @@ import os
 import re
 from typing import Any, List, Optional
 
+from rllib_p3o.driver.experiment_state import newest_state_file
+
 # Tune's logger of ``tune.run``, which announces the signal and the interruption.
 TUNE_RUN_LOGGER = "ray.tune.tune"
 SIGNAL_NOTICE = "Stop signal received"
@@ -38,52 +40,10 @@ def restore_call(experiment_path: str) -> str:
     return f"tune.Tuner.restore({experiment_path!r}, trainable={trainable!r}).fit()"
 
 
-class DamagedExperimentStateError(RuntimeError):
-    """Tune's newest experiment state file of an experiment cannot be read, so ``Tuner.restore`` cannot continue it."""
-
-
-def _newest_state_file(experiment_path: str) -> Optional[str]:
-    """The experiment state file that ``Tuner.restore`` reads: the greatest ``experiment_state-*.json`` name."""
-    states = sorted(glob.glob(os.path.join(experiment_path, "experiment_state-*.json")))
-    return states[-1] if states else None
-
-
-def check_experiment_state(experiment_path: str) -> None:
-    """Raise `DamagedExperimentStateError` when the experiment state that ``Tuner.restore`` would read is empty or
-    cut short; nothing when it reads, or when there is none (Tune's own error names that case).
-
-    Tune rewrites the file in place after results (every result with ``TUNE_GLOBAL_CHECKPOINT_S=0``): a driver killed
-    during those few milliseconds leaves it empty or cut short. Tune's restore then logs the decoding error and starts
-    the experiment over, which trains its trials from iteration 1 again; the error says so first, and where each
-    trial's newest checkpoint is."""
-    state = _newest_state_file(experiment_path)
-    if state is None:
-        return
-    try:
-        with open(state) as f:
-            json.load(f)
-        return
-    except ValueError as error:  # json.JSONDecodeError and UnicodeDecodeError
-        problem = "is empty" if os.path.getsize(state) == 0 else f"is cut short or damaged ({error})"
-    checkpoints = sorted(glob.glob(os.path.join(experiment_path, "*", "checkpoint_*")))
-    newest = {os.path.dirname(c): c for c in checkpoints}  # sorted: the last of each trial is its newest
-    where = (
-        "Each trial's newest checkpoint: "
-        + "; ".join(newest.values())
-        + ". P3O.from_checkpoint(path) continues a trial from one outside Tune."
-        if newest
-        else "No trial has a checkpoint."
-    )
-    raise DamagedExperimentStateError(
-        f"Tune's experiment state {state} {problem}: a driver killed while Tune rewrote it leaves it so, and "
-        f"Tuner.restore would not continue it (Tune logs the decoding error and starts the experiment over). {where}"
-    )
-
-
 def _trainable_name(experiment_path: str) -> str:
     """The trainable's name as the experiment state records it; "P3O" when it cannot be read."""
     try:
-        with open(_newest_state_file(experiment_path) or "") as f:
+        with open(newest_state_file(experiment_path) or "") as f:
             trial = json.loads(json.load(f)["trial_data"][0][0])
         return str(trial["trainable_name"])
     except (IndexError, KeyError, OSError, TypeError, ValueError):
