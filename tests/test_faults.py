@@ -174,7 +174,7 @@ def test_driver_killed_mid_run_is_continued_by_tuner_restore_without_replay(tiny
         assert job.poll() is None, job.stdout.read().decode()[-3000:]
         time.sleep(0.2)
     # Tune rewrites its experiment state about ten times a second here (TUNE_GLOBAL_CHECKPOINT_S=0), in place: a
-    # kill inside a rewrite leaves the file unreadable (CI hit that once). That case is checked below on this run's
+    # kill inside a rewrite leaves the file unreadable. That case is checked below on this run's
     # own file; the kill itself comes at a moment the file and Tune's staged copy read, found with every thread of
     # the driver frozen (SIGSTOP), as a kill would leave them.
     experiment = str(tmp_path / "tune" / TUNE_JOB)

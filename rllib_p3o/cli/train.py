@@ -295,8 +295,8 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
 
     env = silence_driver_and_workers()
     config = build_config(spec, path, overrides)
+    experiment = experiment_dir(spec, path)
     if resume:  # before Ray starts: Tune would start the experiment over on a state it cannot read
-        experiment = experiment_dir(spec, path)
         staged = check_experiment_state(experiment, repair=True)
         if staged:
             print(f"{REPAIRED}: put back Tune's intact copy {staged} (the damaged file is kept beside it)", flush=True)
@@ -318,7 +318,6 @@ def train(path: str, overrides: List[str] = (), resume: bool = False) -> int:
             **ray_args,
         )
     try:
-        experiment = experiment_dir(spec, path)
         storage, name = os.path.split(experiment)
         stop = dict(run.get("stop") or {})
         if target:

@@ -18,6 +18,8 @@ import os
 import shutil
 from typing import List, Optional
 
+from rllib_p3o.driver.checkpoints import tune_siblings
+
 STATE_PATTERN = "experiment_state-*.json"
 # The keys Tune's restore reads from the file.
 STATE_KEYS = ("trial_data", "runner_data")
@@ -108,8 +110,8 @@ def check_experiment_state(experiment_path: str, repair: bool = False) -> Option
             "(rllib-p3o train CONFIG --resume does this itself)."
         )
     else:
-        checkpoints = sorted(glob.glob(os.path.join(glob.escape(experiment_path), "*", "checkpoint_*")))
-        newest = {os.path.dirname(c): c for c in checkpoints}  # checkpoint_%06d: the last of each trial is its newest
+        checkpoints = glob.glob(os.path.join(glob.escape(experiment_path), "*", "checkpoint_*"))
+        newest = {os.path.dirname(c): siblings[0] for c in sorted(checkpoints) if (siblings := tune_siblings(c))}
         way_out = (
             "No intact copy of it is left in the Ray sessions on this machine. Each trial's newest checkpoint on disk: "
             + "; ".join(newest.values())
